@@ -1,0 +1,1 @@
+"""memfit: fit GPU training jobs in memory at the lowest cost."""

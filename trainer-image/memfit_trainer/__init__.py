@@ -1,0 +1,1 @@
+"""memfit trainer runtime: runs inside the profiling and training pods."""
