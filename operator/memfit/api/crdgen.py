@@ -1,0 +1,282 @@
+"""Generate the CustomResourceDefinitions from the pydantic models (structural schema, CEL, columns)."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from pydantic import BaseModel
+
+from memfit.api.common import API_GROUP, API_VERSION
+from memfit.api.job import MemoryOptimizedTrainingJobSpec, MemoryOptimizedTrainingJobStatus
+from memfit.api.pool import GPUNodePoolSpec, GPUNodePoolStatus
+
+Schema = dict[str, Any]
+
+# Bounds for strings/lists that the models leave open (CEL cost estimation needs every one bounded).
+DEFAULT_MAX_LENGTH = 1024
+DEFAULT_MAX_ITEMS = 64
+DEFAULT_MAX_PROPERTIES = 64
+
+# Cross-field rules, keyed by the dotted schema path they attach to. Each mirrors a pydantic validator.
+CEL_RULES: dict[str, list[dict[str, str]]] = {
+    "spec": [
+        {
+            "rule": "!has(self.strategy) || !has(self.strategy.microBatchSize) || "
+            "type(self.strategy.microBatchSize) == string || !has(self.training) || "
+            "!has(self.training.globalBatchSize) || "
+            "self.training.globalBatchSize % int(self.strategy.microBatchSize) == 0",
+            "message": "strategy.microBatchSize must divide training.globalBatchSize",
+            "fieldPath": ".strategy.microBatchSize",
+            "reason": "FieldValueInvalid",
+        },
+    ],
+    "spec.problem": [
+        {
+            "rule": "(has(self.builtin) ? 1 : 0) + (has(self.huggingface) ? 1 : 0) + "
+            "(has(self.entrypoint) ? 1 : 0) == 1",
+            "message": "exactly one of builtin, huggingface or entrypoint must be set",
+        },
+    ],
+    "spec.problem.builtin": [
+        {
+            "rule": "self.hidden % self.heads == 0",
+            "message": "hidden must be divisible by heads",
+            "fieldPath": ".heads",
+            "reason": "FieldValueInvalid",
+        },
+        {
+            "rule": "self.kind != 'vit' || !has(self.imageSize) || !has(self.patchSize) || "
+            "self.imageSize % self.patchSize == 0",
+            "message": "imageSize must be divisible by patchSize",
+            "fieldPath": ".patchSize",
+            "reason": "FieldValueInvalid",
+        },
+    ],
+    "spec.strategy": [
+        {
+            "rule": "!has(self.zeroStage) || (type(self.zeroStage) == string ? self.zeroStage == 'auto' : "
+            "(int(self.zeroStage) >= 0 && int(self.zeroStage) <= 3))",
+            "message": "zeroStage must be auto or 0, 1, 2, 3",
+            "fieldPath": ".zeroStage",
+            "reason": "FieldValueNotSupported",
+        },
+        {
+            "rule": "!has(self.microBatchSize) || (type(self.microBatchSize) == string ? "
+            "self.microBatchSize == 'auto' : (int(self.microBatchSize) >= 1 && "
+            "int(self.microBatchSize) <= 65536))",
+            "message": "microBatchSize must be auto or 1..65536",
+            "fieldPath": ".microBatchSize",
+            "reason": "FieldValueInvalid",
+        },
+        {
+            "rule": "!has(self.offload) || self.offload != 'nvme' || !has(self.engine) || "
+            "self.engine in ['auto', 'deepspeed']",
+            "message": "offload nvme needs engine deepspeed or auto",
+            "fieldPath": ".offload",
+            "reason": "FieldValueForbidden",
+        },
+        {
+            "rule": "!has(self.engine) || self.engine != 'ddp' || !has(self.zeroStage) || "
+            "type(self.zeroStage) == string || int(self.zeroStage) == 0",
+            "message": "engine ddp does not shard: zeroStage must be auto or 0 (use fsdp or deepspeed)",
+            "fieldPath": ".zeroStage",
+            "reason": "FieldValueForbidden",
+        },
+        {
+            "rule": "!has(self.engine) || self.engine != 'ddp' || !has(self.offload) || "
+            "self.offload in ['auto', 'none']",
+            "message": "engine ddp cannot offload: offload must be auto or none",
+            "fieldPath": ".offload",
+            "reason": "FieldValueForbidden",
+        },
+    ],
+}
+
+
+def _inline(node: Any, defs: dict[str, Schema]) -> Any:
+    if isinstance(node, dict):
+        if "$ref" in node:
+            target = copy.deepcopy(defs[node["$ref"].split("/")[-1]])
+            rest = {k: v for k, v in node.items() if k != "$ref"}
+            target.update(rest)
+            return _inline(target, defs)
+        return {k: _inline(v, defs) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_inline(v, defs) for v in node]
+    return node
+
+
+def _structural(node: Schema, *, path: str, keep_defaults: bool) -> Schema:
+    """Turn one pydantic JSON-schema node into a Kubernetes structural-schema node."""
+    node = dict(node)
+    node.pop("title", None)
+    if node.pop("x-kubernetes-int-or-string", False):
+        out: Schema = {"x-kubernetes-int-or-string": True}
+        if keep_defaults and "default" in node:
+            out["default"] = node["default"]
+        if "description" in node:
+            out["description"] = node["description"]
+        return out
+    if "anyOf" in node:
+        options = [o for o in node.pop("anyOf") if o.get("type") != "null"]
+        if len(options) != 1:
+            raise ValueError(f"{path}: unions other than Optional need x-kubernetes-int-or-string")
+        merged = {**options[0], **{k: v for k, v in node.items() if k != "default" or v is not None}}
+        return _structural(merged, path=path, keep_defaults=keep_defaults)
+    if "const" in node:
+        node["enum"] = [node.pop("const")]
+        node.setdefault("type", "string")
+    preserve = node.pop("x-kubernetes-preserve-unknown-fields", False)
+    out = {k: v for k, v in node.items() if k in ("type", "description", "enum", "format", "pattern",
+                                                  "minimum", "maximum", "minLength", "maxLength",
+                                                  "minItems", "maxItems", "maxProperties")}
+    if "exclusiveMinimum" in node:
+        out["minimum"], out["exclusiveMinimum"] = node["exclusiveMinimum"], True
+    if "exclusiveMaximum" in node:
+        out["maximum"], out["exclusiveMaximum"] = node["exclusiveMaximum"], True
+    if keep_defaults and "default" in node and node["default"] is not None:
+        out["default"] = node["default"]
+    kind = node.get("type")
+    if preserve:
+        out = {k: v for k, v in out.items() if k in ("description",)}
+        out.update({"type": "object", "x-kubernetes-preserve-unknown-fields": True})
+        return out
+    if kind == "object":
+        props = node.get("properties")
+        if props:
+            out["properties"] = {
+                name: _structural(sub, path=f"{path}.{name}", keep_defaults=keep_defaults)
+                for name, sub in props.items()
+            }
+            required = node.get("required")
+            if required:
+                out["required"] = required
+            if keep_defaults:
+                for name, sub in out["properties"].items():
+                    if sub.get("type") == "object" and "properties" in sub and name not in (required or []):
+                        sub.setdefault("default", {})
+        else:
+            extra = node.get("additionalProperties", {"type": "string"})
+            out["additionalProperties"] = _structural(extra, path=f"{path}.*", keep_defaults=False)
+            out.setdefault("maxProperties", DEFAULT_MAX_PROPERTIES)
+    elif kind == "array":
+        out["items"] = _structural(node["items"], path=f"{path}[]", keep_defaults=keep_defaults)
+        out.setdefault("maxItems", DEFAULT_MAX_ITEMS)
+    elif kind == "string" and "enum" not in out and out.get("format") != "date-time":
+        out.setdefault("maxLength", DEFAULT_MAX_LENGTH)
+    rules = CEL_RULES.get(path)
+    if rules:
+        out["x-kubernetes-validations"] = rules
+    return out
+
+
+def model_openapi(model: type[BaseModel], *, path: str, keep_defaults: bool) -> Schema:
+    """Structural OpenAPI v3 schema for one pydantic model."""
+    raw = model.model_json_schema(by_alias=True, mode="validation")
+    defs = raw.pop("$defs", {})
+    return _structural(_inline(raw, defs), path=path, keep_defaults=keep_defaults)
+
+
+def _crd(*, kind: str, plural: str, short: str, scope: str, spec: Schema, status: Schema,
+         description: str, columns: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {
+            "name": f"{plural}.{API_GROUP}",
+            "labels": {"app.kubernetes.io/name": "memfit", "app.kubernetes.io/part-of": "memfit"},
+        },
+        "spec": {
+            "group": API_GROUP,
+            "names": {
+                "kind": kind,
+                "listKind": f"{kind}List",
+                "plural": plural,
+                "singular": kind.lower(),
+                "shortNames": [short],
+                "categories": ["memfit"],
+            },
+            "scope": scope,
+            "versions": [
+                {
+                    "name": API_VERSION,
+                    "served": True,
+                    "storage": True,
+                    "subresources": {"status": {}},
+                    "additionalPrinterColumns": columns,
+                    "schema": {
+                        "openAPIV3Schema": {
+                            "type": "object",
+                            "description": description,
+                            "required": ["spec"],
+                            "properties": {
+                                "apiVersion": {"type": "string", "description": "APIVersion of the object."},
+                                "kind": {"type": "string", "description": "Kind of the object."},
+                                "metadata": {"type": "object"},
+                                "spec": spec,
+                                "status": status,
+                            },
+                        }
+                    },
+                }
+            ],
+        },
+    }
+
+
+def _col(name: str, path: str, kind: str = "string", priority: int = 0, desc: str = "") -> dict[str, Any]:
+    col: dict[str, Any] = {"name": name, "type": kind, "jsonPath": path}
+    if priority:
+        col["priority"] = priority
+    if desc:
+        col["description"] = desc
+    return col
+
+
+def build_crds() -> dict[str, dict[str, Any]]:
+    """File name -> CRD object, for `crds/` and the chart."""
+    motj_columns = [
+        _col("Phase", ".status.phase"),
+        _col("Pool", ".status.plan.nodePool"),
+        _col("GPUs", ".status.plan.gpus", "integer"),
+        _col("Precision", ".status.plan.precision"),
+        _col("ZeRO", ".status.plan.zeroStage", "integer"),
+        _col("Predicted", ".status.plan.predictedPeak", desc="Predicted per-GPU peak memory"),
+        _col("$/h", ".status.plan.costPerHourText", desc="Plan price per hour"),
+        _col("Savings", ".status.plan.savings", desc="Cost change against the baseline"),
+        _col("Age", ".metadata.creationTimestamp", "date"),
+        _col("Engine", ".status.plan.engine", priority=1),
+        _col("MicroBatch", ".status.plan.microBatchSize", "integer", priority=1),
+        _col("Message", ".status.message", priority=1),
+    ]
+    pool_columns = [
+        _col("GPU", ".spec.gpu.product"),
+        _col("PerNode", ".spec.gpu.perNode", "integer"),
+        _col("$/Node-h", ".spec.pricePerNodeHour", "number"),
+        _col("Capacity", ".spec.capacityType"),
+        _col("Nodes", ".status.nodes", "integer"),
+        _col("Ready", ".status.readyNodes", "integer"),
+        _col("FreeGPUs", ".status.freeGpus", "integer"),
+        _col("Age", ".metadata.creationTimestamp", "date"),
+        _col("MemoryMiB", ".spec.gpu.memoryMiB", "integer", priority=1),
+        _col("MaxNodes", ".spec.maxNodes", "integer", priority=1),
+    ]
+    return {
+        "memfit.dev_memoryoptimizedtrainingjobs.yaml": _crd(
+            kind="MemoryOptimizedTrainingJob", plural="memoryoptimizedtrainingjobs", short="motj",
+            scope="Namespaced",
+            spec=model_openapi(MemoryOptimizedTrainingJobSpec, path="spec", keep_defaults=True),
+            status=model_openapi(MemoryOptimizedTrainingJobStatus, path="status", keep_defaults=False),
+            description="A training job that memfit profiles, fits in GPU memory at the lowest cost, "
+            "launches and re-plans.",
+            columns=motj_columns,
+        ),
+        "memfit.dev_gpunodepools.yaml": _crd(
+            kind="GPUNodePool", plural="gpunodepools", short="gpupool", scope="Cluster",
+            spec=model_openapi(GPUNodePoolSpec, path="spec", keep_defaults=True),
+            status=model_openapi(GPUNodePoolStatus, path="status", keep_defaults=False),
+            description="A pool of identical GPU nodes with a price, used by memfit's planner.",
+            columns=pool_columns,
+        ),
+    }

@@ -1,0 +1,270 @@
+"""MemoryOptimizedTrainingJob: spec (what the user asks) and status (what memfit observed and chose)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+from typing import Literal, Self
+
+from pydantic import Field, model_validator
+
+from memfit.api.common import (
+    API_GROUP_VERSION,
+    IMAGE_MAX,
+    LIST_MAX,
+    NAME_MAX,
+    ApiModel,
+    Checkpointing,
+    Condition,
+    DNSLabel,
+    Engine,
+    Offload,
+    Precision,
+    Toggle,
+)
+from memfit.api.problem import Problem
+
+Auto = Literal["auto"]
+
+
+class OptimizerKind(StrEnum):
+    ADAMW = "adamw"
+    ADAM = "adam"
+    SGD = "sgd"
+
+
+class CheckpointSpec(ApiModel):
+    """Where and how often training state is saved; a re-plan resumes from the latest one."""
+
+    volume_claim: str | None = Field(
+        default=None, max_length=NAME_MAX, description="PersistentVolumeClaim mounted at /checkpoints."
+    )
+    every_steps: int = Field(default=500, ge=1, le=10_000_000, description="Save every N optimizer steps.")
+
+
+class TrainingSpec(ApiModel):
+    """The training run the plan must honour (the global batch is fixed; accumulation adapts)."""
+
+    global_batch_size: int = Field(default=8, ge=1, le=1_048_576, description="Samples per optimizer step.")
+    max_steps: int = Field(default=100, ge=1, le=100_000_000, description="Optimizer steps to run.")
+    optimizer: OptimizerKind = Field(default=OptimizerKind.ADAMW, description="adamw, adam or sgd.")
+    learning_rate: float = Field(default=3e-4, gt=0, le=10, description="Peak learning rate.")
+    checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec, description="Checkpointing.")
+
+
+class StrategySpec(ApiModel):
+    """Memory-saving settings; every field is chosen by the planner unless pinned."""
+
+    engine: Engine = Field(default=Engine.AUTO, description="auto, ddp, fsdp or deepspeed.")
+    precision: Precision = Field(default=Precision.AUTO, description="auto, fp32, bf16 or fp16.")
+    activation_checkpointing: Checkpointing = Field(
+        default=Checkpointing.AUTO, description="auto, none, selective or full."
+    )
+    zero_stage: Auto | int = Field(
+        default="auto",
+        description="auto or a ZeRO stage 0-3 (FSDP: 2 = shard grads+optimizer, 3 = also params).",
+        json_schema_extra={"x-kubernetes-int-or-string": True},
+    )
+    offload: Offload = Field(default=Offload.AUTO, description="auto, none, cpu or nvme (DeepSpeed only).")
+    optimizer8bit: Toggle = Field(
+        default=Toggle.AUTO, description="auto, enabled or disabled: bitsandbytes 8-bit optimizer state."
+    )
+    micro_batch_size: Auto | int = Field(
+        default="auto",
+        description="auto or samples per GPU per forward pass; must divide the global batch per GPU.",
+        json_schema_extra={"x-kubernetes-int-or-string": True},
+    )
+
+    @model_validator(mode="after")
+    def _check_pins(self) -> Self:
+        if isinstance(self.zero_stage, int) and not 0 <= self.zero_stage <= 3:
+            raise ValueError(f"zeroStage must be auto or 0, 1, 2, 3; got {self.zero_stage}")
+        if isinstance(self.micro_batch_size, int) and not 1 <= self.micro_batch_size <= 65536:
+            raise ValueError(f"microBatchSize must be auto or 1..65536; got {self.micro_batch_size}")
+        if self.offload == Offload.NVME and self.engine not in (Engine.AUTO, Engine.DEEPSPEED):
+            raise ValueError(f"offload nvme needs engine deepspeed or auto; got engine {self.engine.value}")
+        if self.engine == Engine.DDP and isinstance(self.zero_stage, int) and self.zero_stage > 0:
+            raise ValueError("engine ddp does not shard: zeroStage must be auto or 0 (use fsdp or deepspeed)")
+        if self.engine == Engine.DDP and self.offload in (Offload.CPU, Offload.NVME):
+            raise ValueError("engine ddp cannot offload: offload must be auto or none")
+        return self
+
+
+class BaselineSpec(ApiModel):
+    """What the job would run on without memfit; savings are reported against it."""
+
+    node_pool: DNSLabel = Field(description="GPUNodePool name (or catalog GPU key offline), e.g. a100-80.")
+    nodes: int = Field(default=1, ge=1, le=1024, description="Nodes the baseline uses.")
+
+
+class PlacementSpec(ApiModel):
+    """Where the job may run."""
+
+    node_pools: list[DNSLabel] = Field(
+        default_factory=list, max_length=LIST_MAX, description="Allowed GPUNodePools; empty = all."
+    )
+    max_nodes: int = Field(default=8, ge=1, le=1024, description="Most nodes one attempt may use.")
+    baseline: BaselineSpec | None = Field(default=None, description="The pool the job would use otherwise.")
+
+
+class Minimize(StrEnum):
+    COST = "cost"
+    TIME = "time"
+
+
+class ObjectiveSpec(ApiModel):
+    """What the planner optimises and the limits it respects."""
+
+    minimize: Minimize = Field(default=Minimize.COST, description="cost (total $) or time (wall clock).")
+    max_cost_per_hour: float | None = Field(default=None, ge=0, le=1e6, description="Upper bound on $/h.")
+    deadline_hours: float | None = Field(default=None, gt=0, le=1e5, description="Upper bound on run hours.")
+    memory_headroom_percent: int = Field(
+        default=10, ge=0, le=90, description="Predicted peak x (1 + headroom) must fit usable GPU memory."
+    )
+
+
+class ProfilingSpec(ApiModel):
+    """The short profiling run that measures the job's memory."""
+
+    node_pool: str = Field(default="auto", max_length=NAME_MAX, description="auto or a GPUNodePool name.")
+    timeout_seconds: int = Field(default=600, ge=30, le=86400, description="Deadline of the profiling Job.")
+    reuse: bool = Field(default=True, description="Reuse a cached profile of the same problem.")
+
+
+class RecoverySpec(ApiModel):
+    """Re-planning on OOM or missing capacity."""
+
+    max_replans: int = Field(default=3, ge=0, le=20, description="Re-plans before the job fails.")
+    capacity_timeout_seconds: int = Field(
+        default=600, ge=10, le=86400, description="Unschedulable this long -> re-plan without that pool."
+    )
+
+
+class SchedulingSpec(ApiModel):
+    """Gang scheduling and priority."""
+
+    kueue_queue: str = Field(default="", max_length=NAME_MAX, description="Kueue LocalQueue; the Job is suspended for Kueue.")
+    pod_group: bool = Field(default=False, description="Create a scheduler-plugins PodGroup (gang).")
+    priority_class_name: str = Field(default="", max_length=253, description="PriorityClass of the pods.")
+
+
+class MemoryOptimizedTrainingJobSpec(ApiModel):
+    """A training job memfit fits in memory at the lowest cost."""
+
+    image: str = Field(default="", max_length=IMAGE_MAX, description="Trainer image; empty = operator default.")
+    problem: Problem = Field(description="What to train: exactly one of builtin, huggingface, entrypoint.")
+    training: TrainingSpec = Field(default_factory=TrainingSpec, description="Batch, steps, optimizer.")
+    strategy: StrategySpec = Field(default_factory=StrategySpec, description="Pinned or auto settings.")
+    placement: PlacementSpec = Field(default_factory=PlacementSpec, description="Pools and node limits.")
+    objective: ObjectiveSpec = Field(default_factory=ObjectiveSpec, description="Cost or time, limits.")
+    profiling: ProfilingSpec = Field(default_factory=ProfilingSpec, description="Profiling run.")
+    recovery: RecoverySpec = Field(default_factory=RecoverySpec, description="Re-planning bounds.")
+    scheduling: SchedulingSpec = Field(default_factory=SchedulingSpec, description="Gang scheduling.")
+
+    @model_validator(mode="after")
+    def _micro_batch_divides_global(self) -> Self:
+        mbs = self.strategy.micro_batch_size
+        if isinstance(mbs, int) and self.training.global_batch_size % mbs != 0:
+            raise ValueError(
+                f"strategy.microBatchSize ({mbs}) must divide training.globalBatchSize "
+                f"({self.training.global_batch_size})"
+            )
+        return self
+
+
+class Phase(StrEnum):
+    PENDING = "Pending"
+    PROFILING = "Profiling"
+    PLANNING = "Planning"
+    LAUNCHING = "Launching"
+    RUNNING = "Running"
+    REPLANNING = "Replanning"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+
+
+class ProfileSummary(ApiModel):
+    """Which profile the plan used."""
+
+    problem_hash: str = Field(max_length=64, description="Hash of the problem the profile belongs to.")
+    source: str = Field(max_length=32, description="measured, cached or analytic.")
+    config_map: str | None = Field(default=None, max_length=253, description="ConfigMap holding it.")
+    parameters: int | None = Field(default=None, ge=0, description="Parameter count.")
+
+
+class PlanSummary(ApiModel):
+    """The chosen configuration, as shown by kubectl get/describe."""
+
+    engine: Engine
+    zero_stage: int = Field(ge=0, le=3)
+    precision: Precision
+    activation_checkpointing: Checkpointing
+    offload: Offload
+    optimizer8bit: bool
+    micro_batch_size: int = Field(ge=1)
+    gradient_accumulation_steps: int = Field(ge=1)
+    node_pool: str = Field(max_length=NAME_MAX)
+    nodes: int = Field(ge=1)
+    gpus: int = Field(ge=1)
+    gpu_product: str = Field(max_length=128)
+    predicted_peak_bytes: int = Field(ge=0)
+    predicted_peak: str = Field(max_length=32, description="Human-readable predicted peak, e.g. 21.3Gi.")
+    gpu_memory_bytes: int = Field(ge=0)
+    cost_per_hour: float = Field(ge=0)
+    cost_per_hour_text: str = Field(max_length=32, description="e.g. $3.20.")
+    estimated_hours: float = Field(ge=0)
+    estimated_cost: float = Field(ge=0)
+    baseline_cost_per_hour: float | None = Field(default=None, ge=0)
+    baseline_cost: float | None = Field(default=None, ge=0)
+    savings_percent: float | None = Field(default=None)
+    savings: str | None = Field(default=None, max_length=16, description="e.g. -78%.")
+
+
+class Attempt(ApiModel):
+    """One launch of the training Job."""
+
+    index: int = Field(ge=0)
+    node_pool: str = Field(max_length=NAME_MAX)
+    nodes: int = Field(ge=1)
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    outcome: str = Field(max_length=32, description="Running, Succeeded, OutOfMemory, NoCapacity, Failed.")
+    measured_peak_bytes: int | None = Field(default=None, ge=0)
+    predicted_peak_bytes: int | None = Field(default=None, ge=0)
+    reason: str = Field(default="", max_length=1024)
+
+
+class MemoryOptimizedTrainingJobStatus(ApiModel):
+    """Observed state; written only by the operator."""
+
+    observed_generation: int | None = Field(default=None, ge=0)
+    phase: Phase = Field(default=Phase.PENDING)
+    conditions: list[Condition] = Field(default_factory=list, max_length=16)
+    profile: ProfileSummary | None = None
+    plan: PlanSummary | None = None
+    attempts: list[Attempt] = Field(default_factory=list, max_length=32)
+    measured_peak_bytes: int | None = Field(default=None, ge=0)
+    message: str = Field(default="", max_length=4096, description="Last decision in one line.")
+
+
+class ObjectMeta(ApiModel):
+    """The part of metav1.ObjectMeta memfit reads."""
+
+    model_config = ApiModel.model_config | {"extra": "ignore"}
+
+    name: str = Field(min_length=1, max_length=253)
+    namespace: str | None = Field(default=None, max_length=NAME_MAX)
+    labels: dict[str, str] = Field(default_factory=dict)
+    annotations: dict[str, str] = Field(default_factory=dict)
+    generation: int | None = None
+    uid: str | None = None
+
+
+class MemoryOptimizedTrainingJob(ApiModel):
+    """The MOTJ resource as a whole."""
+
+    api_version: Literal["memfit.dev/v1alpha1"] = Field(default=API_GROUP_VERSION, alias="apiVersion")
+    kind: Literal["MemoryOptimizedTrainingJob"] = "MemoryOptimizedTrainingJob"
+    metadata: ObjectMeta
+    spec: MemoryOptimizedTrainingJobSpec
+    status: MemoryOptimizedTrainingJobStatus | None = None

@@ -1,0 +1,64 @@
+"""Profile: what the profiling pod measured about a problem (profiler -> operator contract, <= 4 KiB JSON)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from memfit.api.common import ApiModel, Checkpointing, Precision
+
+PROFILE_SCHEMA = "memfit.dev/profile/v1"
+
+
+class ModelShape(ApiModel):
+    """The analytic shape of the model (enough for the memory and time model)."""
+
+    family: Literal["decoder", "encoder", "vision"] = "decoder"
+    parameters: int = Field(ge=0, description="All parameters.")
+    trainable_parameters: int | None = Field(default=None, ge=0, description="Trainable; default all.")
+    largest_layer_parameters: int = Field(ge=0, description="Largest single module's parameters (L_max).")
+    buffer_bytes: int = Field(default=0, ge=0, description="Non-parameter buffers in the model.")
+    layers: int = Field(ge=1)
+    hidden: int = Field(ge=1)
+    heads: int = Field(ge=1)
+    ffn_hidden: int = Field(ge=1)
+    vocab: int = Field(default=0, ge=0, description="Output vocabulary (0 for a classifier head).")
+    tokens_per_sample: int = Field(ge=1, description="Sequence positions per sample.")
+    gated_mlp: bool = Field(default=False, description="SwiGLU-style MLP with three matrices.")
+    flash_attention: bool = Field(default=True, description="Attention scores not materialised (SDPA).")
+
+    @property
+    def trainable(self) -> int:
+        return self.parameters if self.trainable_parameters is None else self.trainable_parameters
+
+
+class Measurement(ApiModel):
+    """One measured training configuration (single process, no sharding)."""
+
+    precision: Precision
+    checkpointing: Checkpointing
+    micro_batch_size: int = Field(ge=1)
+    optimizer8bit: bool = False
+    peak_allocated_bytes: int = Field(ge=0)
+    peak_reserved_bytes: int | None = Field(default=None, ge=0)
+    step_seconds: float = Field(ge=0)
+
+
+class Profile(ApiModel):
+    """A problem's measured memory and compute, from one short profiling run."""
+
+    schema_version: Literal["memfit.dev/profile/v1"] = PROFILE_SCHEMA
+    problem_hash: str = Field(max_length=64)
+    device: str = Field(default="cpu", max_length=64, description="cpu or cuda:<product>.")
+    shape: ModelShape | None = None
+    flops_per_sample: float = Field(default=0.0, ge=0, description="Training FLOPs per sample (fwd+bwd).")
+    achieved_tflops: float | None = Field(default=None, ge=0, description="Measured on the profiling device.")
+    mfu: float | None = Field(default=None, ge=0, le=1, description="Model FLOPs utilisation measured.")
+    measurements: list[Measurement] = Field(default_factory=list, max_length=16)
+    seconds: float = Field(default=0.0, ge=0, description="Wall time of the profiling run.")
+    error: str | None = Field(default=None, max_length=1024, description="Why profiling failed.")
+
+    def to_json(self) -> str:
+        """Compact JSON for the termination message (at most 4 KiB)."""
+        return self.model_dump_json(by_alias=True, exclude_none=True)

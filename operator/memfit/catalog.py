@@ -1,0 +1,80 @@
+"""Built-in GPU catalog: usable memory, throughput, bandwidth and approximate on-demand price per GPU.
+
+Usable MiB is what nvidia-smi reports as total with ECC on (modal-labs/modal-client PR #2797; H200 read
+off an H200). Dense TFLOPS are NVIDIA datasheet figures without sparsity. Prices are approximate
+on-demand $/GPU-hour with their source and date (shared/reference/memory-model.md §8): real prices
+vary by region and change; every field can be overridden per GPUNodePool.
+Host RAM and NVMe per GPU are those of the typical AWS instance family named in `instance`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class GPUModel:
+    """One GPU SKU."""
+
+    key: str
+    product: str  # nvidia.com/gpu.product as GPU Feature Discovery writes it
+    usable_mib: int
+    bf16_tflops: float  # dense tensor-core bf16 (0 = no bf16 support)
+    fp16_tflops: float  # dense tensor-core fp16
+    fp32_tflops: float  # CUDA-core fp32 (PyTorch disables TF32 for matmul by default)
+    hbm_gbps: float
+    price_per_gpu_hour: float
+    price_source: str
+    intra_node: str  # nvlink | pcie
+    host_memory_gib_per_gpu: int
+    nvme_gib_per_gpu: int
+    instance: str
+    aliases: tuple[str, ...] = ()
+
+    @property
+    def supports_bf16(self) -> bool:
+        """bf16 needs compute capability >= 8.0 (Ampere)."""
+        return self.bf16_tflops > 0
+
+    @property
+    def usable_bytes(self) -> int:
+        return self.usable_mib * 1024 * 1024
+
+
+CATALOG: tuple[GPUModel, ...] = (
+    GPUModel("t4", "Tesla-T4", 15360, 0.0, 65.0, 8.1, 320, 0.526,
+             "approx. AWS g4dn.xlarge on-demand, 2026", "pcie", 16, 125, "g4dn",
+             ("NVIDIA-T4", "Tesla-T4-SHARED")),
+    GPUModel("l4", "NVIDIA-L4", 23034, 121.0, 121.0, 30.3, 300, 0.805,
+             "approx. AWS g6.xlarge on-demand, 2026", "pcie", 16, 250, "g6"),
+    GPUModel("a10g", "NVIDIA-A10G", 23028, 70.0, 70.0, 31.2, 600, 1.006,
+             "AWS g5.xlarge us-east-1, June 2026 (factualminds.com)", "pcie", 16, 250, "g5"),
+    GPUModel("l40s", "NVIDIA-L40S", 46068, 362.0, 362.0, 91.6, 864, 1.861,
+             "approx. AWS g6e.xlarge on-demand, 2026 (lantern-works/gpu-cloud-prices)", "pcie", 32, 250, "g6e"),
+    GPUModel("a100-40", "NVIDIA-A100-SXM4-40GB", 40960, 312.0, 312.0, 19.5, 1555, 2.745,
+             "AWS p4d.24xlarge $21.96/8, 2026 (datareceipts)", "nvlink", 144, 1000, "p4d",
+             ("A100-SXM4-40GB", "NVIDIA-A100-PCIE-40GB")),
+    GPUModel("a100-80", "NVIDIA-A100-SXM4-80GB", 81920, 312.0, 312.0, 19.5, 2039, 3.43,
+             "AWS p4de on-demand, 2026 (datareceipts)", "nvlink", 144, 1000, "p4de",
+             ("A100-SXM4-80GB", "NVIDIA-A100-80GB-PCIe")),
+    GPUModel("h100-80", "NVIDIA-H100-80GB-HBM3", 81559, 989.0, 989.0, 67.0, 3350, 6.88,
+             "AWS p5.48xlarge $55.04/8, 2026 (datareceipts)", "nvlink", 256, 3800, "p5",
+             ("NVIDIA-H100-SXM5-80GB", "H100-80GB-HBM3")),
+    GPUModel("h200", "NVIDIA-H200", 143771, 989.0, 989.0, 67.0, 4800, 5.41,
+             "AWS p5e Capacity Blocks (older snapshot); market 2.50-7.00", "nvlink", 256, 3800, "p5e",
+             ("NVIDIA-H200-141GB-HBM3e",)),
+)
+
+_BY_KEY = {g.key: g for g in CATALOG}
+_BY_PRODUCT = {name.lower(): g for g in CATALOG for name in (g.product, *g.aliases)}
+
+
+def find_gpu(name: str) -> GPUModel | None:
+    """Look up a GPU by catalog key (`l4`) or GFD product label (`NVIDIA-L4`), case-insensitive."""
+    key = name.strip().lower()
+    return _BY_KEY.get(key) or _BY_PRODUCT.get(key)
+
+
+def gpu_keys() -> list[str]:
+    """Catalog keys, cheapest first."""
+    return [g.key for g in sorted(CATALOG, key=lambda g: (g.price_per_gpu_hour, g.key))]
