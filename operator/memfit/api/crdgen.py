@@ -128,9 +128,25 @@ def _structural(node: Schema, *, path: str, keep_defaults: bool) -> Schema:
         node["enum"] = [node.pop("const")]
         node.setdefault("type", "string")
     preserve = node.pop("x-kubernetes-preserve-unknown-fields", False)
-    out = {k: v for k, v in node.items() if k in ("type", "description", "enum", "format", "pattern",
-                                                  "minimum", "maximum", "minLength", "maxLength",
-                                                  "minItems", "maxItems", "maxProperties")}
+    out = {
+        k: v
+        for k, v in node.items()
+        if k
+        in (
+            "type",
+            "description",
+            "enum",
+            "format",
+            "pattern",
+            "minimum",
+            "maximum",
+            "minLength",
+            "maxLength",
+            "minItems",
+            "maxItems",
+            "maxProperties",
+        )
+    }
     if "exclusiveMinimum" in node:
         out["minimum"], out["exclusiveMinimum"] = node["exclusiveMinimum"], True
     if "exclusiveMaximum" in node:
@@ -178,8 +194,17 @@ def model_openapi(model: type[BaseModel], *, path: str, keep_defaults: bool) -> 
     return _structural(_inline(raw, defs), path=path, keep_defaults=keep_defaults)
 
 
-def _crd(*, kind: str, plural: str, short: str, scope: str, spec: Schema, status: Schema,
-         description: str, columns: list[dict[str, Any]]) -> dict[str, Any]:
+def _crd(
+    *,
+    kind: str,
+    plural: str,
+    short: str,
+    scope: str,
+    spec: Schema,
+    status: Schema,
+    description: str,
+    columns: list[dict[str, Any]],
+) -> dict[str, Any]:
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
@@ -264,7 +289,9 @@ def build_crds() -> dict[str, dict[str, Any]]:
     ]
     return {
         "memfit.dev_memoryoptimizedtrainingjobs.yaml": _crd(
-            kind="MemoryOptimizedTrainingJob", plural="memoryoptimizedtrainingjobs", short="motj",
+            kind="MemoryOptimizedTrainingJob",
+            plural="memoryoptimizedtrainingjobs",
+            short="motj",
             scope="Namespaced",
             spec=model_openapi(MemoryOptimizedTrainingJobSpec, path="spec", keep_defaults=True),
             status=model_openapi(MemoryOptimizedTrainingJobStatus, path="status", keep_defaults=False),
@@ -273,7 +300,10 @@ def build_crds() -> dict[str, dict[str, Any]]:
             columns=motj_columns,
         ),
         "memfit.dev_gpunodepools.yaml": _crd(
-            kind="GPUNodePool", plural="gpunodepools", short="gpupool", scope="Cluster",
+            kind="GPUNodePool",
+            plural="gpunodepools",
+            short="gpupool",
+            scope="Cluster",
             spec=model_openapi(GPUNodePoolSpec, path="spec", keep_defaults=True),
             status=model_openapi(GPUNodePoolStatus, path="status", keep_defaults=False),
             description="A pool of identical GPU nodes with a price, used by memfit's planner.",

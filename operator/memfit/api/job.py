@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime
 from enum import StrEnum
-from typing import Literal, Self
+from typing import Annotated, Any, Literal, Self
 
-from pydantic import Field, model_validator
+from pydantic import Field, PlainValidator, WithJsonSchema, model_validator
 
 from memfit.api.common import (
-    API_GROUP_VERSION,
     IMAGE_MAX,
     LIST_MAX,
     NAME_MAX,
@@ -23,8 +23,31 @@ from memfit.api.common import (
     Toggle,
 )
 from memfit.api.problem import Problem
+from memfit.api.rules import check_spec
 
 Auto = Literal["auto"]
+
+
+def _int_or_auto(*, low: int, high: int, name: str) -> Callable[[Any], str | int]:
+    def parse(value: Any) -> str | int:
+        if value == "auto":
+            return "auto"
+        if isinstance(value, int) and not isinstance(value, bool) and low <= value <= high:
+            return value
+        if isinstance(value, str) and value.isdigit() and low <= int(value) <= high:
+            return int(value)
+        raise ValueError(f"{name} must be auto or an integer {low}..{high}; got {value!r}")
+
+    return parse
+
+
+_INT_OR_STRING = WithJsonSchema({"x-kubernetes-int-or-string": True})
+ZeroStage = Annotated[
+    Auto | int, PlainValidator(_int_or_auto(low=0, high=3, name="zeroStage")), _INT_OR_STRING
+]
+MicroBatch = Annotated[
+    Auto | int, PlainValidator(_int_or_auto(low=1, high=65536, name="microBatchSize")), _INT_OR_STRING
+]
 
 
 class OptimizerKind(StrEnum):
@@ -60,34 +83,18 @@ class StrategySpec(ApiModel):
     activation_checkpointing: Checkpointing = Field(
         default=Checkpointing.AUTO, description="auto, none, selective or full."
     )
-    zero_stage: Auto | int = Field(
+    zero_stage: ZeroStage = Field(
         default="auto",
         description="auto or a ZeRO stage 0-3 (FSDP: 2 = shard grads+optimizer, 3 = also params).",
-        json_schema_extra={"x-kubernetes-int-or-string": True},
     )
     offload: Offload = Field(default=Offload.AUTO, description="auto, none, cpu or nvme (DeepSpeed only).")
     optimizer8bit: Toggle = Field(
         default=Toggle.AUTO, description="auto, enabled or disabled: bitsandbytes 8-bit optimizer state."
     )
-    micro_batch_size: Auto | int = Field(
+    micro_batch_size: MicroBatch = Field(
         default="auto",
         description="auto or samples per GPU per forward pass; must divide the global batch per GPU.",
-        json_schema_extra={"x-kubernetes-int-or-string": True},
     )
-
-    @model_validator(mode="after")
-    def _check_pins(self) -> Self:
-        if isinstance(self.zero_stage, int) and not 0 <= self.zero_stage <= 3:
-            raise ValueError(f"zeroStage must be auto or 0, 1, 2, 3; got {self.zero_stage}")
-        if isinstance(self.micro_batch_size, int) and not 1 <= self.micro_batch_size <= 65536:
-            raise ValueError(f"microBatchSize must be auto or 1..65536; got {self.micro_batch_size}")
-        if self.offload == Offload.NVME and self.engine not in (Engine.AUTO, Engine.DEEPSPEED):
-            raise ValueError(f"offload nvme needs engine deepspeed or auto; got engine {self.engine.value}")
-        if self.engine == Engine.DDP and isinstance(self.zero_stage, int) and self.zero_stage > 0:
-            raise ValueError("engine ddp does not shard: zeroStage must be auto or 0 (use fsdp or deepspeed)")
-        if self.engine == Engine.DDP and self.offload in (Offload.CPU, Offload.NVME):
-            raise ValueError("engine ddp cannot offload: offload must be auto or none")
-        return self
 
 
 class BaselineSpec(ApiModel):
@@ -143,7 +150,9 @@ class RecoverySpec(ApiModel):
 class SchedulingSpec(ApiModel):
     """Gang scheduling and priority."""
 
-    kueue_queue: str = Field(default="", max_length=NAME_MAX, description="Kueue LocalQueue; the Job is suspended for Kueue.")
+    kueue_queue: str = Field(
+        default="", max_length=NAME_MAX, description="Kueue LocalQueue; the Job is suspended for Kueue."
+    )
     pod_group: bool = Field(default=False, description="Create a scheduler-plugins PodGroup (gang).")
     priority_class_name: str = Field(default="", max_length=253, description="PriorityClass of the pods.")
 
@@ -151,7 +160,9 @@ class SchedulingSpec(ApiModel):
 class MemoryOptimizedTrainingJobSpec(ApiModel):
     """A training job memfit fits in memory at the lowest cost."""
 
-    image: str = Field(default="", max_length=IMAGE_MAX, description="Trainer image; empty = operator default.")
+    image: str = Field(
+        default="", max_length=IMAGE_MAX, description="Trainer image; empty = operator default."
+    )
     problem: Problem = Field(description="What to train: exactly one of builtin, huggingface, entrypoint.")
     training: TrainingSpec = Field(default_factory=TrainingSpec, description="Batch, steps, optimizer.")
     strategy: StrategySpec = Field(default_factory=StrategySpec, description="Pinned or auto settings.")
@@ -162,13 +173,10 @@ class MemoryOptimizedTrainingJobSpec(ApiModel):
     scheduling: SchedulingSpec = Field(default_factory=SchedulingSpec, description="Gang scheduling.")
 
     @model_validator(mode="after")
-    def _micro_batch_divides_global(self) -> Self:
-        mbs = self.strategy.micro_batch_size
-        if isinstance(mbs, int) and self.training.global_batch_size % mbs != 0:
-            raise ValueError(
-                f"strategy.microBatchSize ({mbs}) must divide training.globalBatchSize "
-                f"({self.training.global_batch_size})"
-            )
+    def _cross_field_rules(self) -> Self:
+        findings = check_spec(self.to_wire())
+        if findings:
+            raise ValueError("; ".join(f"{path}: {message}" for path, message in findings))
         return self
 
 
@@ -263,7 +271,7 @@ class ObjectMeta(ApiModel):
 class MemoryOptimizedTrainingJob(ApiModel):
     """The MOTJ resource as a whole."""
 
-    api_version: Literal["memfit.dev/v1alpha1"] = Field(default=API_GROUP_VERSION, alias="apiVersion")
+    api_version: Literal["memfit.dev/v1alpha1"] = Field(default="memfit.dev/v1alpha1", alias="apiVersion")
     kind: Literal["MemoryOptimizedTrainingJob"] = "MemoryOptimizedTrainingJob"
     metadata: ObjectMeta
     spec: MemoryOptimizedTrainingJobSpec

@@ -30,7 +30,7 @@ class MemoryBreakdown(ApiModel):
 class Plan(ApiModel):
     """Everything a training pod needs to apply the chosen configuration."""
 
-    schema_version: Literal["memfit.dev/plan/v1"] = PLAN_SCHEMA
+    schema_version: Literal["memfit.dev/plan/v1"] = "memfit.dev/plan/v1"
     engine: Engine
     zero_stage: int = Field(ge=0, le=3)
     precision: Precision

@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from memfit.api.common import API_GROUP_VERSION, LIST_MAX, ApiModel, Condition, Toleration
+from memfit.api.common import LIST_MAX, ApiModel, Condition, Toleration
 from memfit.api.job import ObjectMeta
 
 
@@ -26,7 +26,8 @@ class GPUSpec(ApiModel):
     """The GPUs of each node; unset fields come from the built-in catalog for a known product."""
 
     product: str = Field(
-        min_length=1, max_length=128,
+        min_length=1,
+        max_length=128,
         description="GFD product label (NVIDIA-L4) or catalog key (l4); see `memfit catalog`.",
     )
     memory_mi_b: int | None = Field(
@@ -41,15 +42,21 @@ class GPUSpec(ApiModel):
 class HostSpec(ApiModel):
     """Host resources available to offload."""
 
-    memory_gi_b: int | None = Field(default=None, ge=0, le=65536, alias="memoryGiB", description="Host RAM per node.")
-    nvme_gi_b: int | None = Field(default=None, ge=0, le=1_048_576, alias="nvmeGiB", description="Local NVMe per node.")
+    memory_gi_b: int | None = Field(
+        default=None, ge=0, le=65536, alias="memoryGiB", description="Host RAM per node."
+    )
+    nvme_gi_b: int | None = Field(
+        default=None, ge=0, le=1_048_576, alias="nvmeGiB", description="Local NVMe per node."
+    )
 
 
 class InterconnectSpec(ApiModel):
     """Bandwidth for collectives."""
 
     intra_node: IntraNode | None = Field(default=None, description="nvlink or pcie.")
-    inter_node_gbps: float | None = Field(default=None, gt=0, le=100_000, description="Network Gbit/s per node.")
+    inter_node_gbps: float | None = Field(
+        default=None, gt=0, le=100_000, description="Network Gbit/s per node."
+    )
 
 
 class GPUNodePoolSpec(ApiModel):
@@ -59,11 +66,15 @@ class GPUNodePoolSpec(ApiModel):
     node_selector: dict[str, str] = Field(
         default_factory=dict, max_length=16, description="Labels selecting the pool's nodes."
     )
-    tolerations: list[Toleration] = Field(default_factory=list, max_length=LIST_MAX, description="Pod tolerations.")
+    tolerations: list[Toleration] = Field(
+        default_factory=list, max_length=LIST_MAX, description="Pod tolerations."
+    )
     price_per_node_hour: float | None = Field(
         default=None, ge=0, le=100_000, description="$ per node-hour; default catalog price x GPUs."
     )
-    capacity_type: CapacityType = Field(default=CapacityType.ON_DEMAND, description="on-demand, spot or reserved.")
+    capacity_type: CapacityType = Field(
+        default=CapacityType.ON_DEMAND, description="on-demand, spot or reserved."
+    )
     max_nodes: int = Field(default=8, ge=0, le=10_000, description="Most nodes the pool can provide.")
     host: HostSpec = Field(default_factory=HostSpec, description="Host RAM and NVMe per node.")
     interconnect: InterconnectSpec = Field(default_factory=InterconnectSpec, description="Links.")
@@ -82,7 +93,7 @@ class GPUNodePoolStatus(ApiModel):
 class GPUNodePool(ApiModel):
     """The GPUNodePool resource as a whole."""
 
-    api_version: Literal["memfit.dev/v1alpha1"] = Field(default=API_GROUP_VERSION, alias="apiVersion")
+    api_version: Literal["memfit.dev/v1alpha1"] = Field(default="memfit.dev/v1alpha1", alias="apiVersion")
     kind: Literal["GPUNodePool"] = "GPUNodePool"
     metadata: ObjectMeta
     spec: GPUNodePoolSpec

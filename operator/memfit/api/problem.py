@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Any, Self
+from typing import Any
 
-from pydantic import Field, JsonValue, model_validator
+from pydantic import Field, JsonValue
 
 from memfit.api.common import ApiModel
 
@@ -29,25 +29,10 @@ class BuiltinProblem(ApiModel):
         default=None, ge=8, le=262144, description="MLP inner size; default 4 x hidden."
     )
     vocab: int = Field(default=32000, ge=2, le=1048576, description="Vocabulary size (gpt, bert).")
-    sequence_length: int = Field(
-        default=1024, ge=1, le=1048576, description="Tokens per sample (gpt, bert)."
-    )
+    sequence_length: int = Field(default=1024, ge=1, le=1048576, description="Tokens per sample (gpt, bert).")
     image_size: int = Field(default=224, ge=8, le=8192, description="Image side in pixels (vit).")
     patch_size: int = Field(default=16, ge=1, le=1024, description="Patch side in pixels (vit).")
     num_classes: int = Field(default=1000, ge=2, le=1048576, description="Classes (vit).")
-
-    @model_validator(mode="after")
-    def _check_shape(self) -> Self:
-        if self.hidden % self.heads != 0:
-            raise ValueError(
-                f"hidden ({self.hidden}) must be divisible by heads ({self.heads}); "
-                f"allowed heads for this hidden: divisors such as {_divisors(self.hidden)}"
-            )
-        if self.kind == ModelKind.VIT and self.image_size % self.patch_size != 0:
-            raise ValueError(
-                f"imageSize ({self.image_size}) must be divisible by patchSize ({self.patch_size})"
-            )
-        return self
 
     @property
     def ffn(self) -> int:
@@ -62,15 +47,13 @@ class BuiltinProblem(ApiModel):
         return self.sequence_length
 
 
-def _divisors(n: int) -> list[int]:
-    return [d for d in (1, 2, 4, 8, 12, 16, 24, 32, 64) if n % d == 0][:6]
-
-
 class HuggingFaceProblem(ApiModel):
     """A Hugging Face transformers model built with from_config (random weights, no download if inline)."""
 
     model: str = Field(
-        min_length=1, max_length=256, pattern=r"^[\w.\-]+(/[\w.\-]+)?$",
+        min_length=1,
+        max_length=256,
+        pattern=r"^[\w.\-]+(/[\w.\-]+)?$",
         description="Model id, e.g. meta-llama/Llama-3.2-1B; used for the config when none is inline.",
     )
     config: dict[str, JsonValue] | None = Field(
@@ -92,15 +75,6 @@ class Problem(ApiModel):
         pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$",
         description="module.path:function in the image returning a memfit_trainer Problem.",
     )
-
-    @model_validator(mode="after")
-    def _exactly_one(self) -> Self:
-        given = [n for n in ("builtin", "huggingface", "entrypoint") if getattr(self, n) is not None]
-        if len(given) != 1:
-            raise ValueError(
-                f"exactly one of builtin, huggingface or entrypoint must be set; got {given or 'none'}"
-            )
-        return self
 
 
 def problem_config(problem: Problem) -> dict[str, Any]:

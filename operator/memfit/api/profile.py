@@ -48,7 +48,7 @@ class Measurement(ApiModel):
 class Profile(ApiModel):
     """A problem's measured memory and compute, from one short profiling run."""
 
-    schema_version: Literal["memfit.dev/profile/v1"] = PROFILE_SCHEMA
+    schema_version: Literal["memfit.dev/profile/v1"] = "memfit.dev/profile/v1"
     problem_hash: str = Field(max_length=64)
     device: str = Field(default="cpu", max_length=64, description="cpu or cuda:<product>.")
     shape: ModelShape | None = None

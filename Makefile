@@ -1,0 +1,41 @@
+# memfit developer entry points. `make test` is what CI (.ci/run) runs.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+VENV ?= $(HOME)/.cache/memfit/venv-py311
+PY := $(VENV)/bin/python
+PURE := operator/memfit/api operator/memfit/memory operator/memfit/planner operator/memfit/kube operator/memfit/catalog.py
+export TORCH_EXTENSIONS_DIR ?= $(HOME)/.cache/memfit/torch_extensions
+export PIP_DISABLE_PIP_VERSION_CHECK := 1
+
+.PHONY: help venv testbin lint test test-unit test-trainer test-integration crds demo plan bench clean
+
+help: ## list targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
+
+venv: ## create or reuse the venv (outside the repo) with every extra installed
+	@MEMFIT_VENV=$(VENV) hack/venv.sh >/dev/null
+
+testbin: ## build etcd, kube-apiserver, controller-manager, scheduler, kwok, helm (cached by version)
+	@hack/install-testbin.sh >/dev/null
+
+crds: venv ## regenerate crds/ from the API models
+	$(VENV)/bin/memfit crds
+
+lint: venv ## ruff, mypy --strict on the pure packages, import boundaries, CRD drift
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy --strict $(wildcard $(PURE))
+	$(VENV)/bin/lint-imports
+	$(VENV)/bin/memfit crds --check
+
+test-unit: venv ## pure modules, fast
+	$(PY) -m pytest tests/unit -q
+
+test: venv testbin lint ## everything this machine supports: lint + unit + trainer + integration + e2e
+	MEMFIT_REQUIRE_CLUSTER=$${MEMFIT_REQUIRE_CLUSTER:-1} $(PY) -m pytest tests -q -ra
+
+plan: venv ## offline plan of the quickstart with the built-in GPU catalog
+	$(VENV)/bin/memfit plan examples/quickstart.yaml
+
+clean: ## remove local caches inside the repo (the venv and binaries live outside)
+	rm -rf .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,1 @@
+"""kopf handlers and reconcile: the only place that talks to the API server."""

@@ -1,0 +1,1 @@
+"""Pure builders: (job, plan) -> Kubernetes manifests. No API calls here."""

@@ -1,0 +1,159 @@
+"""MOTJ model: examples validate, bad specs name the field and the allowed values."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from memfit.api import MemoryOptimizedTrainingJob
+from memfit.api.validation import load_file, validate_document
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def make_job(**spec: Any) -> dict[str, Any]:
+    """A minimal valid MOTJ document, with spec sections overridden."""
+    doc: dict[str, Any] = {
+        "apiVersion": "memfit.dev/v1alpha1",
+        "kind": "MemoryOptimizedTrainingJob",
+        "metadata": {"name": "t"},
+        "spec": {"problem": {"builtin": {"kind": "gpt", "layers": 2, "hidden": 64, "heads": 4}}},
+    }
+    doc["spec"].update(copy.deepcopy(spec))
+    return doc
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "examples").glob("*.yaml")), ids=lambda p: p.name)
+def test_every_example_validates(path: Path) -> None:
+    loaded, problems = load_file(path)
+    assert problems == []
+    assert loaded
+
+
+def test_defaults_are_auto() -> None:
+    job = MemoryOptimizedTrainingJob.model_validate(make_job())
+    s = job.spec.strategy
+    assert (s.engine, s.precision, s.zero_stage, s.micro_batch_size) == ("auto", "auto", "auto", "auto")
+    assert job.spec.objective.memory_headroom_percent == 10
+    assert job.spec.recovery.max_replans == 3
+
+
+def test_wire_round_trip_is_camel_case() -> None:
+    job = MemoryOptimizedTrainingJob.model_validate(make_job(strategy={"zeroStage": 2, "microBatchSize": 4}))
+    wire = job.to_wire()
+    assert wire["spec"]["strategy"]["zeroStage"] == 2
+    assert "optimizer8bit" in wire["spec"]["strategy"]
+    assert MemoryOptimizedTrainingJob.model_validate(wire) == job
+
+
+CASES: dict[str, tuple[dict[str, Any], str, str]] = {
+    "no problem source": (
+        {"problem": {}},
+        "spec.problem",
+        "exactly one of builtin, huggingface or entrypoint",
+    ),
+    "two problem sources": (
+        {"problem": {"entrypoint": "a:b", "builtin": {"kind": "gpt", "layers": 1, "hidden": 64, "heads": 4}}},
+        "spec.problem",
+        "got builtin, entrypoint",
+    ),
+    "heads do not divide hidden": (
+        {"problem": {"builtin": {"kind": "gpt", "layers": 1, "hidden": 100, "heads": 3}}},
+        "spec.problem.builtin.heads",
+        "divisible by heads",
+    ),
+    "unknown model kind": (
+        {"problem": {"builtin": {"kind": "resnet", "layers": 1, "hidden": 64, "heads": 4}}},
+        "spec.problem.builtin.kind",
+        "'gpt', 'bert' or 'vit'",
+    ),
+    "negative layers": (
+        {"problem": {"builtin": {"kind": "gpt", "layers": -2, "hidden": 64, "heads": 4}}},
+        "spec.problem.builtin.layers",
+        "greater than or equal to 1",
+    ),
+    "micro-batch does not divide global": (
+        {"training": {"globalBatchSize": 10}, "strategy": {"microBatchSize": 4}},
+        "spec.strategy.microBatchSize",
+        "must divide training.globalBatchSize (10)",
+    ),
+    "zero stage 5": ({"strategy": {"zeroStage": 5}}, "spec.strategy.zeroStage", "auto or an integer 0..3"),
+    "zero stage word": ({"strategy": {"zeroStage": "two"}}, "spec.strategy.zeroStage", "got 'two'"),
+    "nvme with fsdp": (
+        {"strategy": {"engine": "fsdp", "offload": "nvme"}},
+        "spec.strategy.offload",
+        "nvme needs engine deepspeed",
+    ),
+    "ddp with zero-3": (
+        {"strategy": {"engine": "ddp", "zeroStage": 3}},
+        "spec.strategy.zeroStage",
+        "ddp does not shard",
+    ),
+    "unknown field": ({"trainingg": {}}, "spec.trainingg", "unknown field"),
+    "bad precision": (
+        {"strategy": {"precision": "int8"}},
+        "spec.strategy.precision",
+        "'auto', 'fp32', 'bf16' or 'fp16'",
+    ),
+    "headroom too large": (
+        {"objective": {"memoryHeadroomPercent": 500}},
+        "spec.objective.memoryHeadroomPercent",
+        "less than or equal to 90",
+    ),
+    "too many pools": (
+        {"placement": {"nodePools": [f"p{i}" for i in range(40)]}},
+        "spec.placement.nodePools",
+        "at most 32",
+    ),
+    "pool name not a DNS label": (
+        {"placement": {"nodePools": ["Big_Pool"]}},
+        "spec.placement.nodePools[0]",
+        "should match pattern",
+    ),
+}
+
+
+@pytest.mark.parametrize(("spec", "path", "text"), CASES.values(), ids=CASES.keys())
+def test_bad_spec_names_the_field(spec: dict[str, Any], path: str, text: str) -> None:
+    loaded, problems = validate_document(make_job(**spec), "job.yaml")
+    assert loaded is None
+    matching = [p for p in problems if p.path == path]
+    assert matching, f"no violation at {path}: {[str(p) for p in problems]}"
+    assert any(text in p.message for p in matching), [str(p) for p in matching]
+
+
+def test_every_violation_is_reported_at_once() -> None:
+    spec = {
+        "problem": {
+            "builtin": {"kind": "gpt2", "layers": -1, "hidden": 100, "heads": 3},
+            "entrypoint": "x:y",
+        },
+        "strategy": {"engine": "ddp", "zeroStage": 3, "precision": "int8"},
+    }
+    _, problems = validate_document(make_job(**spec), "job.yaml")
+    paths = {p.path for p in problems}
+    assert {
+        "spec.problem",
+        "spec.problem.builtin.kind",
+        "spec.problem.builtin.layers",
+        "spec.problem.builtin.heads",
+        "spec.strategy.zeroStage",
+        "spec.strategy.precision",
+    } <= paths
+
+
+def test_unknown_kind_lists_allowed_kinds() -> None:
+    _, problems = validate_document({"kind": "TrainJob"}, "x.yaml")
+    assert problems[0].path == "kind"
+    assert "MemoryOptimizedTrainingJob, GPUNodePool" in problems[0].message
+
+
+def test_gpunodepool_negative_price_rejected() -> None:
+    doc = yaml.safe_load((REPO / "examples" / "gpunodepools.yaml").read_text().split("---")[1])
+    doc["spec"]["pricePerNodeHour"] = -1
+    _, problems = validate_document(doc, "pools.yaml")
+    assert [p.path for p in problems] == ["spec.pricePerNodeHour"]
