@@ -1,0 +1,41 @@
+"""What to train: builtin gpt/bert/vit, Hugging Face `from_config`, or a user entrypoint.
+
+Shared by the trainer and the profiler. `build_problem(spec, seed=…)` seeds torch first, so every
+rank builds identical initial weights.
+"""
+
+from __future__ import annotations
+
+import torch
+from memfit.api.problem import Problem as ProblemSpec
+
+from memfit_trainer.problems.base import Batch, BatchKey, TrainingProblem, default_attention_of
+from memfit_trainer.problems.builtin import build_builtin
+from memfit_trainer.problems.entrypoint import load_entrypoint
+from memfit_trainer.problems.errors import ProblemError
+from memfit_trainer.problems.huggingface import build_huggingface
+
+Problem = TrainingProblem
+"""Alias for entrypoint authors (`memfit_trainer.problems.Problem`)."""
+
+__all__ = [
+    "Batch",
+    "BatchKey",
+    "Problem",
+    "ProblemError",
+    "TrainingProblem",
+    "build_problem",
+    "default_attention_of",
+]
+
+
+def build_problem(spec: ProblemSpec, *, seed: int = 0) -> TrainingProblem:
+    """Build the model and data source of a job's problem with deterministic initial weights."""
+    torch.manual_seed(seed)
+    if spec.builtin is not None:
+        return build_builtin(spec.builtin)
+    if spec.huggingface is not None:
+        return build_huggingface(spec.huggingface)
+    if spec.entrypoint is not None:
+        return load_entrypoint(spec.entrypoint)
+    raise ProblemError("problem: exactly one of builtin, huggingface or entrypoint must be set")
