@@ -2,6 +2,7 @@
 # Build the test cluster's binaries (etcd, kube-apiserver, kube-controller-manager, kube-scheduler,
 # kwok, helm) from the Go module proxy at pinned versions, into a cache outside the repo keyed by
 # version. Idempotent: does nothing when the binaries are already there.
+# Usage: hack/install-testbin.sh [--print-dir]   (prints the bin dir; --print-dir builds nothing)
 # Recipe and pins: docs/testcluster.md (derived from shared/reference/testcluster.md).
 set -euo pipefail
 
@@ -22,13 +23,17 @@ build_kubernetes() {
   minor=$(echo "$K8S_VERSION" | cut -d. -f2); patch=$(echo "$K8S_VERSION" | cut -d. -f3)
   mkdir -p "$src"; cd "$src"
   [ -f go.mod ] || go mod init example.invalid/memfit-k8s-testbin >/dev/null 2>&1
+  sed -i '/^godebug/d' go.mod   # rewritten below; a stale line can make go.mod unloadable
   local gomod
   gomod=$(go mod download -json "k8s.io/kubernetes@v$K8S_VERSION" | python3 -c 'import json,sys;print(json.load(sys.stdin)["GoMod"])')
   # Each staging module is required at v0.0.0 and replaced by ./staging; point them at v0.MINOR.PATCH.
   for m in $(sed -n 's#^[[:space:]]*\(k8s.io/[^ ]*\) => \./staging/src/.*#\1#p' "$gomod"); do
     go mod edit -replace="$m=$m@v0.$minor.$patch"
   done
-  grep -q '^godebug' go.mod || echo "godebug default=go1.$minor" >> go.mod
+  # Carry upstream's godebug defaults (a dependency's godebug line is ignored); 1.36 -> go1.26.
+  local godebug
+  godebug=$(sed -n 's/^godebug[[:space:]]\{1,\}\([^ ]*\)$/\1/p' "$gomod" | head -1)
+  if [ -n "$godebug" ]; then go mod edit -godebug="$godebug"; fi
   go get -tool "k8s.io/kubernetes/cmd/kube-apiserver@v$K8S_VERSION" \
     "k8s.io/kubernetes/cmd/kube-controller-manager@v$K8S_VERSION" \
     "k8s.io/kubernetes/cmd/kube-scheduler@v$K8S_VERSION"
@@ -56,6 +61,7 @@ build_etcd() {
   return 1
 }
 
+if [ "${1:-}" = "--print-dir" ]; then echo "$BIN"; exit 0; fi
 mkdir -p "$BIN"
 if [ ! -x "$BIN/etcd" ]; then log "building etcd"; build_etcd; fi
 if [ ! -x "$BIN/kwok" ]; then log "building kwok v$KWOK_VERSION"; GOBIN="$BIN" go install "sigs.k8s.io/kwok/cmd/kwok@v$KWOK_VERSION"; fi
