@@ -8,6 +8,8 @@ from typing import Any
 from pydantic import BaseModel
 
 from memfit.api.common import API_GROUP, API_VERSION
+
+MAX_JOB_NAME = 40  # same bound as memfit.kube.names.MAX_JOB_NAME
 from memfit.api.job import MemoryOptimizedTrainingJobSpec, MemoryOptimizedTrainingJobStatus
 from memfit.api.pool import GPUNodePoolSpec, GPUNodePoolStatus
 
@@ -204,7 +206,22 @@ def _crd(
     status: Schema,
     description: str,
     columns: list[dict[str, Any]],
+    root_rules: list[dict[str, str]] | None = None,
 ) -> dict[str, Any]:
+    root: Schema = {
+        "type": "object",
+        "description": description,
+        "required": ["spec"],
+        "properties": {
+            "apiVersion": {"type": "string", "description": "APIVersion of the object."},
+            "kind": {"type": "string", "description": "Kind of the object."},
+            "metadata": {"type": "object"},
+            "spec": spec,
+            "status": status,
+        },
+    }
+    if root_rules:
+        root["x-kubernetes-validations"] = root_rules
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
@@ -230,20 +247,7 @@ def _crd(
                     "storage": True,
                     "subresources": {"status": {}},
                     "additionalPrinterColumns": columns,
-                    "schema": {
-                        "openAPIV3Schema": {
-                            "type": "object",
-                            "description": description,
-                            "required": ["spec"],
-                            "properties": {
-                                "apiVersion": {"type": "string", "description": "APIVersion of the object."},
-                                "kind": {"type": "string", "description": "Kind of the object."},
-                                "metadata": {"type": "object"},
-                                "spec": spec,
-                                "status": status,
-                            },
-                        }
-                    },
+                    "schema": {"openAPIV3Schema": root},
                 }
             ],
         },
@@ -298,6 +302,13 @@ def build_crds() -> dict[str, dict[str, Any]]:
             description="A training job that memfit profiles, fits in GPU memory at the lowest cost, "
             "launches and re-plans.",
             columns=motj_columns,
+            root_rules=[
+                {
+                    "rule": f"self.metadata.name.size() <= {MAX_JOB_NAME}",
+                    "message": f"metadata.name must be at most {MAX_JOB_NAME} characters so that child names "
+                    "(<name>-train-<attempt>-<index>) stay valid DNS labels",
+                }
+            ],
         ),
         "memfit.dev_gpunodepools.yaml": _crd(
             kind="GPUNodePool",

@@ -1,0 +1,104 @@
+"""`memfit operator` (run the controller) and `memfit pools discover` (pools from node labels)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import threading
+from typing import Any
+
+import yaml
+
+
+def register(sub: Any) -> None:
+    op = sub.add_parser("operator", help="run the memfit operator (kopf) against the current cluster")
+    op.add_argument(
+        "--namespace",
+        "-n",
+        action="append",
+        default=[],
+        help="watch only this namespace (repeatable); default: cluster-wide",
+    )
+    op.add_argument("--metrics-host", default="0.0.0.0", help="bind address of /metrics and /healthz")
+    op.add_argument("--metrics-port", type=int, default=8080, help="port of /metrics and /healthz (0: off)")
+    op.add_argument("--trainer-image", default=None, help="default trainer image (env MEMFIT_TRAINER_IMAGE)")
+    op.add_argument(
+        "--extra-pod-label",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="label added to every profiling/training pod (repeatable)",
+    )
+    op.add_argument("--resync-seconds", type=float, default=5.0, help="re-check unfinished jobs this often")
+    op.add_argument("--pod-group", action="store_true", help="allow scheduler-plugins PodGroups (gang)")
+    op.add_argument("--verbose", "-v", action="store_true", help="debug logging")
+    op.set_defaults(func=cmd_operator)
+
+    pools = sub.add_parser("pools", help="GPUNodePool helpers")
+    pools_sub = pools.add_subparsers(dest="pools_command", required=True)
+    discover = pools_sub.add_parser("discover", help="write GPUNodePools from the nodes' GFD labels")
+    discover.add_argument("--out", default="-", help="output file (default stdout)")
+    discover.set_defaults(func=cmd_pools_discover)
+
+
+def _load_kube_config() -> None:
+    from kubernetes import config
+
+    try:
+        config.load_incluster_config()
+    except config.ConfigException:
+        config.load_kube_config()
+
+
+def cmd_operator(args: argparse.Namespace) -> int:
+    import kopf
+
+    from memfit import metrics
+    from memfit.controller import handlers
+    from memfit.controller.kubeapi import KubeApi
+    from memfit.controller.settings import OperatorSettings
+
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    labels = dict(item.split("=", 1) for item in args.extra_pod_label if "=" in item)
+    overrides: dict[str, Any] = {
+        "namespaces": tuple(args.namespace),
+        "requeue_seconds": args.resync_seconds,
+        "pod_group_enabled": args.pod_group,
+    }
+    if args.trainer_image:
+        overrides["trainer_image"] = args.trainer_image
+    settings = OperatorSettings.from_env(**overrides)
+    if labels:
+        settings = OperatorSettings.from_env(**overrides, extra_pod_labels=settings.extra_pod_labels | labels)
+    _load_kube_config()
+    handlers.RUNTIME.settings = settings
+    handlers.RUNTIME.api = KubeApi.from_client()
+    if args.metrics_port:
+        metrics.serve(args.metrics_host, args.metrics_port, handlers.RUNTIME.healthy)
+    threading.Thread(
+        target=handlers.resync_forever, args=(settings.requeue_seconds,), name="memfit-resync", daemon=True
+    ).start()
+    kopf.run(standalone=True, clusterwide=not args.namespace, namespaces=args.namespace or None)
+    return 0
+
+
+def cmd_pools_discover(args: argparse.Namespace) -> int:
+    from kubernetes import client
+
+    from memfit.kube.discover import discover_pools
+
+    _load_kube_config()
+    nodes = client.ApiClient().sanitize_for_serialization(client.CoreV1Api().list_node().items)
+    pools = discover_pools(nodes)
+    text = yaml.safe_dump_all(pools, sort_keys=False) if pools else ""
+    if args.out == "-":
+        sys.stdout.write(text)
+    else:
+        with open(args.out, "w", encoding="utf-8") as handle:
+            handle.write(text)
+    print(f"discovered {len(pools)} GPUNodePool(s) from node labels", file=sys.stderr)
+    return 0 if pools else 1

@@ -1,0 +1,158 @@
+"""Thin, typed access to the API server: get, idempotent ensure (create, 409 = ours), status patches."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from memfit.api.common import API_GROUP, API_VERSION
+
+log = logging.getLogger(__name__)
+
+Manifest = dict[str, Any]
+MOTJ_PLURAL = "memoryoptimizedtrainingjobs"
+POOL_PLURAL = "gpunodepools"
+
+
+class ForeignObjectError(RuntimeError):
+    """A child's name is taken by an object memfit does not own."""
+
+
+@dataclass
+class KubeApi:
+    """The API clients memfit uses; one instance per operator process."""
+
+    core: client.CoreV1Api
+    batch: client.BatchV1Api
+    custom: client.CustomObjectsApi
+
+    @classmethod
+    def from_client(cls, api_client: client.ApiClient | None = None) -> KubeApi:
+        api_client = api_client or client.ApiClient()
+        return cls(
+            client.CoreV1Api(api_client), client.BatchV1Api(api_client), client.CustomObjectsApi(api_client)
+        )
+
+    # --- reads -------------------------------------------------------------------------------------
+    def get_job(self, namespace: str, name: str) -> Manifest | None:
+        return _or_none(lambda: self._dict(self.batch.read_namespaced_job(name, namespace)))
+
+    def get_config_map(self, namespace: str, name: str) -> Manifest | None:
+        return _or_none(lambda: self._dict(self.core.read_namespaced_config_map(name, namespace)))
+
+    def get_motj(self, namespace: str, name: str) -> Manifest | None:
+        return _or_none(
+            lambda: self.custom.get_namespaced_custom_object(
+                API_GROUP, API_VERSION, namespace, MOTJ_PLURAL, name
+            )
+        )
+
+    def list_pods(self, namespace: str, selector: str) -> list[Manifest]:
+        pods = self.core.list_namespaced_pod(namespace, label_selector=selector)
+        return [self._dict(p) for p in pods.items]
+
+    def list_pools(self) -> list[Manifest]:
+        result = self.custom.list_cluster_custom_object(API_GROUP, API_VERSION, POOL_PLURAL)
+        return list(result.get("items", []))
+
+    def list_nodes(self) -> list[Manifest]:
+        return [self._dict(n) for n in self.core.list_node().items]
+
+    def list_all_pods(self) -> list[Manifest]:
+        return [self._dict(p) for p in self.core.list_pod_for_all_namespaces().items]
+
+    # --- writes ------------------------------------------------------------------------------------
+    def ensure(self, manifest: Manifest) -> tuple[Manifest, bool]:
+        """Create the object; on 409 return the existing one if memfit owns it. Returns (object, created)."""
+        kind = manifest["kind"]
+        namespace = manifest["metadata"].get("namespace", "")
+        name = manifest["metadata"]["name"]
+        try:
+            return self._create(kind, namespace, manifest), True
+        except ApiException as error:
+            if error.status != 409:
+                raise
+        existing = self._read(kind, namespace, name)
+        if existing is None:  # deleted between create and read: next reconcile creates it
+            raise ApiException(status=409, reason=f"{kind} {namespace}/{name} is being deleted")
+        wanted = {r.get("uid") for r in manifest["metadata"].get("ownerReferences", [])}
+        owners = {r.get("uid") for r in existing.get("metadata", {}).get("ownerReferences") or []}
+        if wanted and not wanted & owners:
+            raise ForeignObjectError(f"{kind} {namespace}/{name} exists and is not owned by this job")
+        return existing, False
+
+    def replace_config_map_data(self, namespace: str, name: str, data: dict[str, str]) -> None:
+        self.core.patch_namespaced_config_map(name, namespace, {"data": data})
+
+    def delete_job(self, namespace: str, name: str) -> None:
+        try:
+            self.batch.delete_namespaced_job(name, namespace, propagation_policy="Background")
+        except ApiException as error:
+            if error.status != 404:
+                raise
+
+    def patch_motj_status(
+        self, namespace: str, name: str, status: Manifest, resource_version: str
+    ) -> Manifest:
+        """Merge-patch the status subresource, guarded by resourceVersion (409 on a concurrent write)."""
+        body = {"metadata": {"resourceVersion": resource_version}, "status": status}
+        result: Manifest = self.custom.patch_namespaced_custom_object_status(
+            API_GROUP, API_VERSION, namespace, MOTJ_PLURAL, name, body
+        )
+        return result
+
+    def patch_pool_status(self, name: str, status: Manifest) -> None:
+        self.custom.patch_cluster_custom_object_status(
+            API_GROUP, API_VERSION, POOL_PLURAL, name, {"status": status}
+        )
+
+    def create_event(self, event: Manifest) -> None:
+        self.core.create_namespaced_event(event["metadata"]["namespace"], event)
+
+    # --- helpers -----------------------------------------------------------------------------------
+    def _create(self, kind: str, namespace: str, manifest: Manifest) -> Manifest:
+        if kind == "Job":
+            return self._dict(self.batch.create_namespaced_job(namespace, manifest))
+        if kind == "ConfigMap":
+            return self._dict(self.core.create_namespaced_config_map(namespace, manifest))
+        if kind == "Service":
+            return self._dict(self.core.create_namespaced_service(namespace, manifest))
+        if kind == "PodGroup":
+            result: Manifest = self.custom.create_namespaced_custom_object(
+                "scheduling.x-k8s.io", "v1alpha1", namespace, "podgroups", manifest
+            )
+            return result
+        raise ValueError(f"memfit does not create {kind}")
+
+    def _read(self, kind: str, namespace: str, name: str) -> Manifest | None:
+        if kind == "Job":
+            return self.get_job(namespace, name)
+        if kind == "ConfigMap":
+            return self.get_config_map(namespace, name)
+        if kind == "Service":
+            return _or_none(lambda: self._dict(self.core.read_namespaced_service(name, namespace)))
+        if kind == "PodGroup":
+            return _or_none(
+                lambda: self.custom.get_namespaced_custom_object(
+                    "scheduling.x-k8s.io", "v1alpha1", namespace, "podgroups", name
+                )
+            )
+        raise ValueError(f"memfit does not read {kind}")
+
+    def _dict(self, obj: Any) -> Manifest:
+        result: Manifest = self.core.api_client.sanitize_for_serialization(obj)
+        return result
+
+
+def _or_none(read: Any) -> Manifest | None:
+    try:
+        result: Manifest = read()
+        return result
+    except ApiException as error:
+        if error.status == 404:
+            return None
+        raise

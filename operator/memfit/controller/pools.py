@@ -1,0 +1,85 @@
+"""GPUNodePool status from the cluster's Nodes and Pods: nodes, ready nodes, allocatable and free GPUs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from memfit.kube.common import GPU_RESOURCE
+
+Manifest = dict[str, Any]
+TERMINAL_PHASES = ("Succeeded", "Failed")
+
+
+@dataclass(frozen=True, slots=True)
+class PoolCapacity:
+    """Live capacity of one pool."""
+
+    nodes: int
+    ready_nodes: int
+    allocatable_gpus: int
+    free_gpus: int
+    free_whole_nodes: int  # ready nodes with every GPU free: what a multi-GPU pod per node needs
+
+    def to_status(self) -> Manifest:
+        return {
+            "nodes": self.nodes,
+            "readyNodes": self.ready_nodes,
+            "allocatableGpus": self.allocatable_gpus,
+            "freeGpus": self.free_gpus,
+        }
+
+
+def _quantity(value: Any) -> int:
+    try:
+        return int(str(value))
+    except (TypeError, ValueError):
+        return 0
+
+
+def node_matches(node: Manifest, selector: dict[str, str]) -> bool:
+    labels = (node.get("metadata") or {}).get("labels") or {}
+    return bool(selector) and all(labels.get(k) == v for k, v in selector.items())
+
+
+def node_ready(node: Manifest) -> bool:
+    if (node.get("spec") or {}).get("unschedulable"):
+        return False
+    conditions = (node.get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+
+def gpus_requested_by_node(pods: list[Manifest]) -> dict[str, int]:
+    """GPUs held by non-terminated pods, per node name."""
+    used: dict[str, int] = {}
+    for pod in pods:
+        node = (pod.get("spec") or {}).get("nodeName")
+        if not node or (pod.get("status") or {}).get("phase") in TERMINAL_PHASES:
+            continue
+        for container in (pod.get("spec") or {}).get("containers") or []:
+            resources = container.get("resources") or {}
+            limits = resources.get("limits") or {}
+            requests = resources.get("requests") or {}
+            used[node] = used.get(node, 0) + _quantity(
+                limits.get(GPU_RESOURCE, requests.get(GPU_RESOURCE, 0))
+            )
+    return used
+
+
+def observe_pool_capacity(
+    *, selector: dict[str, str], gpus_per_node: int, nodes: list[Manifest], used_by_node: dict[str, int]
+) -> PoolCapacity:
+    """Capacity of the pool whose node selector is `selector`."""
+    members = [n for n in nodes if node_matches(n, selector)]
+    ready = [n for n in members if node_ready(n)]
+    allocatable = 0
+    free = 0
+    whole = 0
+    for node in ready:
+        alloc = _quantity(((node.get("status") or {}).get("allocatable") or {}).get(GPU_RESOURCE, 0))
+        node_free = max(0, alloc - used_by_node.get(node["metadata"]["name"], 0))
+        allocatable += alloc
+        free += node_free
+        if node_free >= max(1, gpus_per_node):
+            whole += 1
+    return PoolCapacity(len(members), len(ready), allocatable, free, whole)

@@ -1,0 +1,757 @@
+"""The one level-triggered reconcile of a MemoryOptimizedTrainingJob.
+
+create, resume, update, timers and child events all call `reconcile_job`, which reads the job and
+its children, decides the next step from spec + status + the world, ensures children with
+deterministic names (409 with our owner = already done), and patches status only when it changed.
+Running it twice in a row writes nothing the second time.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from pydantic import ValidationError
+
+from memfit.api.hashing import problem_hash
+from memfit.api.job import MemoryOptimizedTrainingJobSpec, Phase
+from memfit.api.plan import Plan
+from memfit.api.pool import GPUNodePool
+from memfit.api.profile import Profile
+from memfit.api.validation import violations_from
+from memfit.controller import conditions as c
+from memfit.controller.kubeapi import KubeApi
+from memfit.controller.observe import (
+    REASON_CUDA_OOM,
+    REASON_INVALID_PLAN,
+    JobSummary,
+    pod_selector,
+    summarize_job,
+)
+from memfit.controller.planning import PlanOutcome, config_key, plan_job, plan_status
+from memfit.controller.pools import PoolCapacity, gpus_requested_by_node, observe_pool_capacity
+from memfit.controller.settings import OperatorSettings
+from memfit.kube.common import Owner, Placement, PodSettings
+from memfit.kube.names import (
+    COMPONENT_PROFILER,
+    COMPONENT_TRAINER,
+    MAX_JOB_NAME,
+    profile_cache_name,
+    profile_job_name,
+    train_job_name,
+)
+from memfit.kube.profile_cache import CachedProfile, Observation, build_profile_cache, parse_profile_cache
+from memfit.kube.profile_job import build_profile_input, build_profile_job
+from memfit.kube.train_job import build_plan_config_map, build_pod_group, build_service, build_training_job
+
+log = logging.getLogger(__name__)
+
+Manifest = dict[str, Any]
+ANNOTATION_PLAN_JSON = "memfit.dev/plan-json"
+OUTCOME_LAUNCHING = "Launching"
+OUTCOME_RUNNING = "Running"
+OUTCOME_SUCCEEDED = "Succeeded"
+OUTCOME_OOM = "OutOfMemory"
+OUTCOME_NO_CAPACITY = "NoCapacity"
+OUTCOME_FAILED = "Failed"
+ACTIVE_OUTCOMES = (OUTCOME_LAUNCHING, OUTCOME_RUNNING)
+REPLAN_OUTCOMES = (OUTCOME_OOM, OUTCOME_NO_CAPACITY)
+
+
+@dataclass
+class Decision:
+    """What one reconcile decided: the new status and the events that explain it."""
+
+    status: Manifest
+    events: list[tuple[str, str, str]] = field(default_factory=list)  # (type, reason, message)
+
+    def event(self, reason: str, message: str, *, warning: bool = False) -> None:
+        self.events.append(("Warning" if warning else "Normal", reason, message))
+
+
+@dataclass(frozen=True, slots=True)
+class World:
+    """Cluster-wide inputs of a reconcile: pools and their live capacity."""
+
+    pools: tuple[GPUNodePool, ...]
+    capacity: dict[str, PoolCapacity]
+
+
+def observe_world(api: KubeApi) -> World:
+    """Read GPUNodePools and compute their capacity from Nodes and Pods."""
+    pools: list[GPUNodePool] = []
+    for raw in api.list_pools():
+        try:
+            pools.append(GPUNodePool.model_validate(raw | {"status": None}))
+        except ValidationError as error:
+            log.warning("ignoring invalid GPUNodePool %s: %s", raw.get("metadata", {}).get("name"), error)
+    nodes = api.list_nodes()
+    used = gpus_requested_by_node(api.list_all_pods())
+    capacity = {
+        p.metadata.name: observe_pool_capacity(
+            selector=p.spec.node_selector, gpus_per_node=p.spec.gpu.per_node, nodes=nodes, used_by_node=used
+        )
+        for p in pools
+    }
+    return World(tuple(sorted(pools, key=lambda p: p.metadata.name)), capacity)
+
+
+def reconcile_job(
+    api: KubeApi,
+    body: Manifest,
+    *,
+    settings: OperatorSettings,
+    world: World | None = None,
+    now: datetime | None = None,
+) -> Decision | None:
+    """Reconcile one MOTJ; returns the decision it persisted, or None when nothing changed."""
+    now = now or datetime.now(UTC)
+    meta = body["metadata"]
+    old_status: Manifest = copy.deepcopy(body.get("status") or {})
+    decision = Decision(status=copy.deepcopy(old_status))
+    generation = meta.get("generation")
+    status = decision.status
+    if not status.get("conditions"):
+        status["conditions"] = c.initial_conditions(generation, now)
+    status.setdefault("phase", Phase.PENDING.value)
+    status.setdefault("attempts", [])
+
+    spec, problems = _parse_spec(body)
+    if spec is None or problems:
+        _fail(decision, reason=c.INVALID_SPEC, message="; ".join(problems), generation=generation, now=now)
+    elif status["phase"] in (Phase.SUCCEEDED.value, Phase.FAILED.value):
+        pass  # terminal: nothing more to do (children are kept for inspection; GC removes them)
+    else:
+        owner = Owner(name=meta["name"], namespace=meta["namespace"], uid=meta["uid"])
+        _advance(
+            api,
+            decision,
+            owner=owner,
+            spec=spec,
+            generation=generation,
+            settings=settings,
+            world=world,
+            now=now,
+        )
+    status["observedGeneration"] = generation
+    if status == old_status:
+        return None
+    api.patch_motj_status(meta["namespace"], meta["name"], status, meta["resourceVersion"])
+    for type_, reason, message in decision.events:
+        _post_event(api, body, type_=type_, reason=reason, message=message, now=now)
+    return decision
+
+
+# --- steps -----------------------------------------------------------------------------------------
+def _advance(
+    api: KubeApi,
+    decision: Decision,
+    *,
+    owner: Owner,
+    spec: MemoryOptimizedTrainingJobSpec,
+    generation: int | None,
+    settings: OperatorSettings,
+    world: World | None,
+    now: datetime,
+) -> None:
+    status = decision.status
+    digest = problem_hash(spec.problem)
+    cache_raw = api.get_config_map(owner.namespace, profile_cache_name(digest))
+    cached = parse_profile_cache((cache_raw or {}).get("data"))
+    world = world or observe_world(api)
+    pod = PodSettings(
+        image=spec.image or settings.trainer_image,
+        image_pull_policy=settings.image_pull_policy,
+        extra_labels=settings.extra_pod_labels,
+        service_account=settings.trainer_service_account,
+    )
+
+    profile = _profile_step(
+        api,
+        decision,
+        owner=owner,
+        spec=spec,
+        digest=digest,
+        cached=cached,
+        world=world,
+        pod=pod,
+        generation=generation,
+        now=now,
+    )
+    if profile is None:
+        return
+    observations = cached.observations if cached else ()
+
+    attempts: list[Manifest] = status["attempts"]
+    current = attempts[-1] if attempts else None
+    if current is None or current.get("outcome") in REPLAN_OUTCOMES:
+        replans_used = max(0, len(attempts) - 1) + (1 if current else 0)
+        if current is not None and replans_used > spec.recovery.max_replans:
+            _fail(
+                decision,
+                reason=c.REPLANS_EXHAUSTED,
+                message=f"{len(attempts)} attempts, last: {current.get('reason', '')}; "
+                f"recovery.maxReplans is {spec.recovery.max_replans}",
+                generation=generation,
+                now=now,
+            )
+            return
+        _launch_step(
+            api,
+            decision,
+            owner=owner,
+            spec=spec,
+            profile=profile,
+            world=world,
+            pod=pod,
+            observations=observations,
+            settings=settings,
+            generation=generation,
+            now=now,
+        )
+        return
+    if current.get("outcome") in ACTIVE_OUTCOMES:
+        _monitor_step(
+            api,
+            decision,
+            owner=owner,
+            spec=spec,
+            attempt=current,
+            digest=digest,
+            cached=cached,
+            world=world,
+            pod=pod,
+            settings=settings,
+            generation=generation,
+            now=now,
+        )
+
+
+def _profile_step(
+    api: KubeApi,
+    decision: Decision,
+    *,
+    owner: Owner,
+    spec: MemoryOptimizedTrainingJobSpec,
+    digest: str,
+    cached: CachedProfile | None,
+    world: World,
+    pod: PodSettings,
+    generation: int | None,
+    now: datetime,
+) -> Profile | None:
+    status = decision.status
+    own_profile_job = api.get_job(owner.namespace, profile_job_name(owner.name))
+    if cached and (spec.profiling.reuse or own_profile_job is not None):
+        if not _condition_is(status, c.PROFILED, "True"):
+            source = "measured" if own_profile_job is not None else "cached"
+            status["profile"] = {
+                "problemHash": digest[:16],
+                "source": source,
+                "configMap": profile_cache_name(digest),
+                "parameters": cached.profile.shape.parameters if cached.profile.shape else None,
+            }
+            status["profile"] = {k: v for k, v in status["profile"].items() if v is not None}
+            reason = c.PROFILE_MEASURED if own_profile_job is not None else c.PROFILE_CACHED
+            msg = f"profile {digest[:16]} ({source}) from ConfigMap {profile_cache_name(digest)}"
+            _set(decision, c.PROFILED, True, reason, msg, generation, now)
+            decision.event(reason, msg)
+        return cached.profile
+
+    placement = _profiling_placement(spec, world)
+    if placement is None:
+        _fail(
+            decision,
+            reason=c.PROFILING_FAILED,
+            message=f"profiling.nodePool {spec.profiling.node_pool!r} is not a GPUNodePool "
+            f"(pools: {', '.join(p.metadata.name for p in world.pools) or 'none'})",
+            generation=generation,
+            now=now,
+        )
+        return None
+    api.ensure(build_profile_input(owner=owner, problem=spec.problem, problem_hash=digest))
+    job, created = api.ensure(
+        build_profile_job(
+            owner=owner,
+            problem_hash=digest,
+            placement=placement,
+            pod=pod,
+            timeout_seconds=spec.profiling.timeout_seconds,
+        )
+    )
+    pods = api.list_pods(owner.namespace, pod_selector(owner.name, COMPONENT_PROFILER))
+    summary = summarize_job(job, pods, profile_job_name(owner.name))
+    if created or not summary.finished:
+        if status["phase"] != Phase.PROFILING.value:
+            msg = f"profiling on pool {placement.pool} (Job {summary.name})"
+            _phase(decision, Phase.PROFILING, msg)
+            _set(decision, c.PROFILED, False, c.PROFILING, msg, generation, now)
+            decision.event(c.PROFILING, msg)
+        return None
+    profile, error = _profile_from(summary)
+    if profile is None:
+        _fail(decision, reason=c.PROFILING_FAILED, message=error, generation=generation, now=now)
+        return None
+    fresh = CachedProfile(
+        profile.model_copy(update={"problem_hash": digest[:16]}), cached.observations if cached else ()
+    )
+    manifest = build_profile_cache(namespace=owner.namespace, problem_hash=digest, cached=fresh)
+    _, created_cache = api.ensure(manifest)
+    if not created_cache:
+        api.replace_config_map_data(owner.namespace, manifest["metadata"]["name"], manifest["data"])
+    return _profile_step(
+        api,
+        decision,
+        owner=owner,
+        spec=spec,
+        digest=digest,
+        cached=fresh,
+        world=world,
+        pod=pod,
+        generation=generation,
+        now=now,
+    )
+
+
+def _profile_from(summary: JobSummary) -> tuple[Profile | None, str]:
+    """The Profile from the profiler pod's termination message, or why there is none."""
+    for pod in reversed(summary.pods):
+        if not pod.raw_message:
+            continue
+        try:
+            profile = Profile.model_validate_json(pod.raw_message)
+        except ValidationError as error:
+            return None, f"pod {pod.name}: termination message is not a Profile: {error.errors()[0]['msg']}"
+        if profile.error:
+            return None, f"profiler: {profile.error}"
+        if summary.complete:
+            return profile, ""
+    if summary.failed:
+        detail = summary.failure_message or summary.failure_reason
+        return None, f"profiling Job {summary.name} failed: {detail or 'no termination message'}"
+    return None, f"profiling Job {summary.name} finished without a Profile in its termination message"
+
+
+def _profiling_placement(spec: MemoryOptimizedTrainingJobSpec, world: World) -> Placement | None:
+    pools = {p.metadata.name: p for p in world.pools}
+    if spec.profiling.node_pool != "auto":
+        pool = pools.get(spec.profiling.node_pool)
+        return _placement(pool) if pool else None
+    allowed = [
+        p
+        for p in world.pools
+        if not spec.placement.node_pools or p.metadata.name in spec.placement.node_pools
+    ]
+    if not allowed:
+        return Placement(pool="any", node_selector={})
+
+    def rank(p: GPUNodePool) -> tuple[int, float, str]:
+        free = world.capacity.get(p.metadata.name)
+        price = p.spec.price_per_node_hour or 0.0
+        return (0 if free and free.free_gpus > 0 else 1, price / p.spec.gpu.per_node, p.metadata.name)
+
+    return _placement(min(allowed, key=rank))
+
+
+def _placement(pool: GPUNodePool) -> Placement:
+    return Placement(
+        pool=pool.metadata.name,
+        node_selector=dict(pool.spec.node_selector),
+        tolerations=tuple(pool.spec.tolerations),
+    )
+
+
+def _launch_step(
+    api: KubeApi,
+    decision: Decision,
+    *,
+    owner: Owner,
+    spec: MemoryOptimizedTrainingJobSpec,
+    profile: Profile,
+    world: World,
+    pod: PodSettings,
+    observations: tuple[Observation, ...],
+    settings: OperatorSettings,
+    generation: int | None,
+    now: datetime,
+) -> None:
+    status = decision.status
+    attempts: list[Manifest] = status["attempts"]
+    index = len(attempts)
+    excluded = {str(a.get("nodePool")) for a in attempts if a.get("outcome") == OUTCOME_NO_CAPACITY}
+    existing_cm = api.get_config_map(owner.namespace, f"{owner.name}-plan-{index}")
+    plan: Plan | None = None
+    outcome: PlanOutcome | None = None
+    if existing_cm is not None:  # decided before a crash: the ConfigMap is the record of the decision
+        plan = Plan.model_validate_json(existing_cm["data"]["plan.json"])
+    else:
+        outcome = plan_job(
+            spec=spec,
+            profile=profile,
+            pools=world.pools,
+            capacity=world.capacity,
+            excluded_pools=frozenset(excluded),
+            observations=observations,
+            attempt=index,
+            job_name=owner.name,
+        )
+        if outcome.plan is None:
+            _fail(decision, reason=c.NO_FIT, message=outcome.message(), generation=generation, now=now)
+            _set(decision, c.PLANNED, False, c.NO_FIT, outcome.message(), generation, now)
+            return
+        plan = outcome.plan
+    pools = {p.metadata.name: p for p in world.pools}
+    pool = pools.get(plan.node_pool)
+    if pool is None:
+        _fail(
+            decision,
+            reason=c.NO_FIT,
+            message=f"planned pool {plan.node_pool} no longer exists",
+            generation=generation,
+            now=now,
+        )
+        return
+    placement = _placement(pool)
+    cm = build_plan_config_map(owner=owner, plan=plan)
+    api.ensure(cm)
+    api.ensure(build_service(owner=owner))
+    gang = spec.scheduling.pod_group and settings.pod_group_enabled
+    if gang:
+        api.ensure(build_pod_group(owner=owner, plan=plan))
+    job = build_training_job(
+        owner=owner,
+        spec=spec,
+        plan=plan,
+        placement=placement,
+        pod=pod,
+        suspend=bool(spec.scheduling.kueue_queue),
+    )
+    job["metadata"]["annotations"][ANNOTATION_PLAN_JSON] = cm["data"]["plan.json"]
+    api.ensure(job)
+
+    summary = outcome.summary if outcome else plan_status(plan, spec=spec, pools=world.pools)
+    status["plan"] = summary
+    attempts.append(
+        {
+            "index": index,
+            "nodePool": plan.node_pool,
+            "nodes": plan.nodes,
+            "startedAt": c.now_iso(now),
+            "outcome": OUTCOME_LAUNCHING,
+            "predictedPeakBytes": plan.memory.peak_bytes,
+            "reason": plan.describe(),
+        }
+    )
+    savings = f", {summary['savings']} vs baseline" if summary.get("savings") else ""
+    msg = (
+        f"attempt {index}: {plan.describe()} on {plan.node_pool}, "
+        f"predicted peak {summary['predictedPeak']}, {summary['costPerHourText']}/h{savings}"
+    )
+    _set(decision, c.PLANNED, True, c.PLAN_FOUND, msg, generation, now)
+    _set(
+        decision,
+        c.RUNNING,
+        False,
+        c.LAUNCHING,
+        f"training Job {train_job_name(owner.name, index)} created",
+        generation,
+        now,
+    )
+    _phase(decision, Phase.LAUNCHING if index == 0 else Phase.REPLANNING, msg)
+    decision.event(c.PLAN_FOUND if index == 0 else c.REPLANNING, msg)
+
+
+def _monitor_step(
+    api: KubeApi,
+    decision: Decision,
+    *,
+    owner: Owner,
+    spec: MemoryOptimizedTrainingJobSpec,
+    attempt: Manifest,
+    digest: str,
+    cached: CachedProfile | None,
+    world: World,
+    pod: PodSettings,
+    settings: OperatorSettings,
+    generation: int | None,
+    now: datetime,
+) -> None:
+    index = int(attempt["index"])
+    name = train_job_name(owner.name, index)
+    job = api.get_job(owner.namespace, name)
+    plan = _plan_of(api, owner, index, job)
+    if job is None or plan is None:
+        # A child was deleted under us: rebuild it from the recorded plan (or re-plan if it is gone too).
+        if plan is None:
+            _finish_attempt(attempt, OUTCOME_NO_CAPACITY, now, reason="plan record lost; re-planning")
+            return
+        _relaunch(api, owner=owner, spec=spec, plan=plan, world=world, pod=pod, settings=settings)
+        return
+    if api.get_config_map(owner.namespace, f"{owner.name}-plan-{index}") is None:
+        api.ensure(build_plan_config_map(owner=owner, plan=plan))
+    pods = api.list_pods(owner.namespace, pod_selector(owner.name, COMPONENT_TRAINER, index))
+    summary = summarize_job(job, pods, name)
+    peaks = [p.peak_bytes for p in summary.pods if p.peak_bytes is not None]
+    measured = max(peaks) if peaks else None
+
+    if summary.complete:
+        _finish_attempt(attempt, OUTCOME_SUCCEEDED, now, measured=measured, reason="training completed")
+        decision.status["measuredPeakBytes"] = measured
+        if measured is not None:
+            _learn(api, owner=owner, digest=digest, cached=cached, plan=plan, measured=measured, oom=False)
+        predicted = plan.memory.peak_bytes
+        error = f", prediction error {100 * (predicted - measured) / measured:+.1f}%" if measured else ""
+        msg = (
+            f"training succeeded on {plan.node_pool}: measured peak "
+            f"{_gib(measured) if measured else 'n/a'} vs predicted {_gib(predicted)}{error}"
+        )
+        _set(decision, c.RUNNING, False, c.TRAINING_SUCCEEDED, msg, generation, now)
+        _set(decision, c.SUCCEEDED, True, c.TRAINING_SUCCEEDED, msg, generation, now)
+        _set(decision, c.FAILED, False, c.TRAINING_SUCCEEDED, "", generation, now)
+        _phase(decision, Phase.SUCCEEDED, msg)
+        decision.event(c.TRAINING_SUCCEEDED, msg)
+        return
+
+    oom = next((p for p in summary.pods if p.out_of_memory), None)
+    invalid = next((p for p in summary.pods if p.message.get("reason") == REASON_INVALID_PLAN), None)
+    if summary.failed or oom is not None or invalid is not None:
+        if invalid is not None:
+            _finish_attempt(attempt, OUTCOME_FAILED, now, measured=measured, reason=c.INVALID_PLAN)
+            _fail(
+                decision,
+                reason=c.INVALID_PLAN,
+                message=str(invalid.message.get("message", invalid.raw_message)),
+                generation=generation,
+                now=now,
+            )
+            return
+        if oom is not None:
+            kind = oom.out_of_memory or REASON_CUDA_OOM
+            peak = oom.peak_bytes or measured
+            step = oom.message.get("step")
+            reason = f"{kind} at step {step} on {plan.node_pool} (peak {_gib(peak) if peak else 'n/a'})"
+            _finish_attempt(attempt, OUTCOME_OOM, now, measured=peak, reason=reason)
+            _learn(api, owner=owner, digest=digest, cached=cached, plan=plan, measured=peak or 0, oom=True)
+            api.delete_job(owner.namespace, name)
+            _set(decision, c.RUNNING, False, c.OUT_OF_MEMORY, reason, generation, now)
+            _phase(decision, Phase.REPLANNING, f"attempt {index}: {reason}; re-planning")
+            decision.event(c.OUT_OF_MEMORY, reason, warning=True)
+            return
+        detail = summary.failure_message or summary.failure_reason or "pods failed"
+        last = next((p for p in reversed(summary.pods) if p.phase == "Failed"), None)
+        if last and last.raw_message:
+            detail += f"; {last.raw_message[:512]}"
+        _finish_attempt(attempt, OUTCOME_FAILED, now, measured=measured, reason=detail[:1024])
+        _fail(
+            decision,
+            reason=c.TRAINING_FAILED,
+            message=f"training Job {name} failed: {detail}",
+            generation=generation,
+            now=now,
+        )
+        return
+
+    stuck = [p for p in summary.pods if p.unschedulable_since is not None]
+    if stuck:
+        since = min(p.unschedulable_since for p in stuck if p.unschedulable_since)
+        waited = (now - since).total_seconds()
+        if waited >= spec.recovery.capacity_timeout_seconds:
+            reason = (
+                f"pool {plan.node_pool} had no capacity for {int(waited)}s "
+                f"(capacityTimeoutSeconds {spec.recovery.capacity_timeout_seconds}): "
+                f"{stuck[0].unschedulable_message[:300]}"
+            )
+            _finish_attempt(attempt, OUTCOME_NO_CAPACITY, now, reason=reason)
+            api.delete_job(owner.namespace, name)
+            _set(decision, c.RUNNING, False, c.NO_CAPACITY, reason, generation, now)
+            _phase(decision, Phase.REPLANNING, f"attempt {index}: {reason}; re-planning without it")
+            decision.event(c.NO_CAPACITY, reason, warning=True)
+            return
+        _set(
+            decision,
+            c.RUNNING,
+            False,
+            c.PODS_PENDING,
+            f"{len(stuck)} pod(s) unschedulable for {int(waited)}s on {plan.node_pool}",
+            generation,
+            now,
+        )
+        return
+
+    running = [p for p in summary.pods if p.running]
+    if len(running) >= plan.nodes and attempt.get("outcome") != OUTCOME_RUNNING:
+        attempt["outcome"] = OUTCOME_RUNNING
+        msg = f"{len(running)} training pod(s) running on {plan.node_pool}: {plan.describe()}"
+        _set(decision, c.RUNNING, True, c.PODS_RUNNING, msg, generation, now)
+        _phase(decision, Phase.RUNNING, msg)
+        decision.event(c.PODS_RUNNING, msg)
+
+
+def _relaunch(
+    api: KubeApi,
+    *,
+    owner: Owner,
+    spec: MemoryOptimizedTrainingJobSpec,
+    plan: Plan,
+    world: World,
+    pod: PodSettings,
+    settings: OperatorSettings,
+) -> None:
+    pool = next((p for p in world.pools if p.metadata.name == plan.node_pool), None)
+    if pool is None:
+        return
+    cm = build_plan_config_map(owner=owner, plan=plan)
+    api.ensure(cm)
+    api.ensure(build_service(owner=owner))
+    job = build_training_job(
+        owner=owner,
+        spec=spec,
+        plan=plan,
+        placement=_placement(pool),
+        pod=pod,
+        suspend=bool(spec.scheduling.kueue_queue),
+    )
+    job["metadata"]["annotations"][ANNOTATION_PLAN_JSON] = cm["data"]["plan.json"]
+    api.ensure(job)
+
+
+def _plan_of(api: KubeApi, owner: Owner, index: int, job: Manifest | None) -> Plan | None:
+    cm = api.get_config_map(owner.namespace, f"{owner.name}-plan-{index}")
+    raw = (cm or {}).get("data", {}).get("plan.json")
+    if raw is None and job is not None:
+        raw = (job["metadata"].get("annotations") or {}).get(ANNOTATION_PLAN_JSON)
+    if raw is None:
+        return None
+    try:
+        return Plan.model_validate_json(raw)
+    except ValidationError:
+        return None
+
+
+def _learn(
+    api: KubeApi,
+    *,
+    owner: Owner,
+    digest: str,
+    cached: CachedProfile | None,
+    plan: Plan,
+    measured: int,
+    oom: bool,
+) -> None:
+    """Store the attempt's measured peak with the profile (auto-downsizing and OOM escalation)."""
+    if cached is None:
+        return
+    observation = Observation(
+        config_key=config_key(plan),
+        gpu_product=plan.gpu_product,
+        predicted_peak_bytes=plan.memory.peak_bytes,
+        measured_peak_bytes=measured,
+        gpu_memory_bytes=plan.gpu_memory_bytes,
+        out_of_memory=oom,
+        job=f"{owner.name}/{plan.attempt}",
+    )
+    if any(o.job == observation.job for o in cached.observations):
+        return
+    updated = CachedProfile(cached.profile, (*cached.observations, observation))
+    manifest = build_profile_cache(namespace=owner.namespace, problem_hash=digest, cached=updated)
+    api.replace_config_map_data(owner.namespace, manifest["metadata"]["name"], manifest["data"])
+
+
+# --- status helpers --------------------------------------------------------------------------------
+def _parse_spec(body: Manifest) -> tuple[MemoryOptimizedTrainingJobSpec | None, list[str]]:
+    problems: list[str] = []
+    name = body["metadata"]["name"]
+    if len(name) > MAX_JOB_NAME:
+        problems.append(f"metadata.name: at most {MAX_JOB_NAME} characters so that child names stay valid")
+    try:
+        spec = MemoryOptimizedTrainingJobSpec.model_validate(body.get("spec") or {})
+    except ValidationError as error:
+        return None, problems + [str(v).removeprefix("spec: ") for v in violations_from(error, "spec")]
+    return spec, problems
+
+
+def _condition_is(status: Manifest, type_: str, value: str) -> bool:
+    return any(x.get("type") == type_ and x.get("status") == value for x in status.get("conditions", []))
+
+
+def _set(
+    decision: Decision,
+    type_: str,
+    value: bool | None,
+    reason: str,
+    message: str,
+    generation: int | None,
+    now: datetime,
+) -> None:
+    decision.status["conditions"] = c.set_condition(
+        decision.status["conditions"],
+        type_=type_,
+        status=value,
+        reason=reason,
+        message=message,
+        generation=generation,
+        now=now,
+    )
+
+
+def _phase(decision: Decision, phase: Phase, message: str) -> None:
+    decision.status["phase"] = phase.value
+    decision.status["message"] = message[:4096]
+
+
+def _fail(decision: Decision, *, reason: str, message: str, generation: int | None, now: datetime) -> None:
+    if decision.status.get("phase") == Phase.FAILED.value and _condition_is(
+        decision.status, c.FAILED, "True"
+    ):
+        return
+    _set(decision, c.FAILED, True, reason, message, generation, now)
+    _set(decision, c.SUCCEEDED, False, reason, message, generation, now)
+    _set(decision, c.RUNNING, False, reason, message, generation, now)
+    _phase(decision, Phase.FAILED, f"{reason}: {message}")
+    decision.event(reason, message, warning=True)
+
+
+def _finish_attempt(
+    attempt: Manifest, outcome: str, now: datetime, *, measured: int | None = None, reason: str = ""
+) -> None:
+    attempt["outcome"] = outcome
+    attempt["finishedAt"] = c.now_iso(now)
+    if measured is not None:
+        attempt["measuredPeakBytes"] = measured
+    attempt["reason"] = reason[:1024]
+
+
+def _gib(value: int | None) -> str:
+    return "n/a" if value is None else f"{value / 2**30:.2f}Gi"
+
+
+def _post_event(
+    api: KubeApi, body: Manifest, *, type_: str, reason: str, message: str, now: datetime
+) -> None:
+    meta = body["metadata"]
+    event = {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+        "involvedObject": {
+            "apiVersion": body.get("apiVersion", "memfit.dev/v1alpha1"),
+            "kind": body.get("kind", "MemoryOptimizedTrainingJob"),
+            "name": meta["name"],
+            "namespace": meta["namespace"],
+            "uid": meta["uid"],
+        },
+        "reason": reason,
+        "message": message[:1024],
+        "type": type_,
+        "source": {"component": "memfit-operator"},
+        "firstTimestamp": c.now_iso(now),
+        "lastTimestamp": c.now_iso(now),
+        "count": 1,
+    }
+    try:
+        api.create_event(event)
+    except Exception as error:  # events are best effort; never fail a reconcile over one
+        log.warning("could not post event %s for %s/%s: %s", reason, meta["namespace"], meta["name"], error)

@@ -1,0 +1,35 @@
+"""Operator-wide settings (flags and Helm values)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+DEFAULT_TRAINER_IMAGE = "ghcr.io/memfit/memfit-trainer:0.1.0"
+
+
+@dataclass(frozen=True, slots=True)
+class OperatorSettings:
+    trainer_image: str = DEFAULT_TRAINER_IMAGE
+    image_pull_policy: str = "IfNotPresent"
+    extra_pod_labels: dict[str, str] = field(default_factory=dict)
+    namespaces: tuple[str, ...] = ()  # empty = cluster-wide
+    requeue_seconds: float = 5.0
+    pod_group_enabled: bool = False
+    trainer_service_account: str = ""
+
+    @classmethod
+    def from_env(cls, **overrides: object) -> OperatorSettings:
+        labels: dict[str, str] = {}
+        for item in os.environ.get("MEMFIT_EXTRA_POD_LABELS", "").split(","):
+            if "=" in item:
+                key, value = item.split("=", 1)
+                labels[key.strip()] = value.strip()
+        base = cls(
+            trainer_image=os.environ.get("MEMFIT_TRAINER_IMAGE", DEFAULT_TRAINER_IMAGE),
+            image_pull_policy=os.environ.get("MEMFIT_IMAGE_PULL_POLICY", "IfNotPresent"),
+            extra_pod_labels=labels,
+        )
+        values = {name: getattr(base, name) for name in cls.__slots__}  # type: ignore[attr-defined]
+        values.update(overrides)
+        return cls(**values)  # type: ignore[arg-type]

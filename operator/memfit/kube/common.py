@@ -1,0 +1,95 @@
+"""Shared manifest pieces: owner references, the restricted pod security context, pool placement."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from memfit.api.common import Toleration
+
+Manifest = dict[str, Any]
+
+RUN_AS_USER = 1000
+GPU_RESOURCE = "nvidia.com/gpu"
+GPU_TOLERATION: Manifest = {"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}
+
+
+@dataclass(frozen=True, slots=True)
+class Owner:
+    """The MOTJ that owns a child (controller ownerReference)."""
+
+    name: str
+    namespace: str
+    uid: str
+    api_version: str = "memfit.dev/v1alpha1"
+    kind: str = "MemoryOptimizedTrainingJob"
+
+    def reference(self) -> Manifest:
+        return {
+            "apiVersion": self.api_version,
+            "kind": self.kind,
+            "name": self.name,
+            "uid": self.uid,
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """Where pods go: a pool's node selector and tolerations."""
+
+    pool: str
+    node_selector: dict[str, str]
+    tolerations: tuple[Toleration, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class PodSettings:
+    """Operator-wide settings for the pods memfit creates (from Helm values / flags)."""
+
+    image: str
+    image_pull_policy: str = "IfNotPresent"
+    extra_labels: dict[str, str] = field(default_factory=dict)
+    service_account: str = ""
+
+
+def metadata(
+    *, name: str, owner: Owner, labels: dict[str, str], annotations: dict[str, str] | None = None
+) -> Manifest:
+    meta: Manifest = {
+        "name": name,
+        "namespace": owner.namespace,
+        "labels": dict(labels),
+        "ownerReferences": [owner.reference()],
+    }
+    if annotations:
+        meta["annotations"] = dict(annotations)
+    return meta
+
+
+def pod_security_context() -> Manifest:
+    """Pod Security Standard `restricted`: non-root, seccomp RuntimeDefault."""
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": RUN_AS_USER,
+        "runAsGroup": RUN_AS_USER,
+        "fsGroup": RUN_AS_USER,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def container_security_context() -> Manifest:
+    return {
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "capabilities": {"drop": ["ALL"]},
+        "runAsNonRoot": True,
+    }
+
+
+def tolerations(placement: Placement) -> list[Manifest]:
+    out = [t.to_wire() for t in placement.tolerations]
+    if not any(t.get("key") == GPU_RESOURCE for t in out):
+        out.append(dict(GPU_TOLERATION))
+    return out

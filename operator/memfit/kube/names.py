@@ -1,0 +1,55 @@
+"""Deterministic child names and the labels memfit puts on everything it creates."""
+
+from __future__ import annotations
+
+GROUP = "memfit.dev"
+LABEL_JOB = f"{GROUP}/job"
+LABEL_COMPONENT = f"{GROUP}/component"
+LABEL_ATTEMPT = f"{GROUP}/attempt"
+LABEL_POOL = f"{GROUP}/pool"
+LABEL_PROBLEM = f"{GROUP}/problem-hash"
+LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+MANAGED_BY = "memfit"
+ANNOTATION_PLAN = f"{GROUP}/plan"
+
+COMPONENT_PROFILER = "profiler"
+COMPONENT_TRAINER = "trainer"
+COMPONENT_PROFILE_CACHE = "profile-cache"
+
+# A MOTJ name must leave room for `-train-NN` and the Indexed Job's `-N` pod suffix within 63.
+MAX_JOB_NAME = 40
+PLAN_MOUNT = "/etc/memfit"
+CHECKPOINT_MOUNT = "/checkpoints"
+NVME_MOUNT = "/nvme"
+MASTER_PORT = 29500
+METRICS_PORT = 9400
+
+
+def profile_job_name(job: str) -> str:
+    return f"{job}-profile"
+
+
+def profile_input_name(job: str) -> str:
+    """ConfigMap with the problem the profiler measures."""
+    return f"{job}-profile"
+
+
+def plan_config_map_name(job: str, attempt: int) -> str:
+    return f"{job}-plan-{attempt}"
+
+
+def train_job_name(job: str, attempt: int) -> str:
+    return f"{job}-train-{attempt}"
+
+
+def service_name(job: str) -> str:
+    return job
+
+
+def profile_cache_name(problem_hash: str) -> str:
+    """Cached profile of a problem, shared by every job of that problem in the namespace."""
+    return f"memfit-profile-{problem_hash[:16]}"
+
+
+def job_labels(job: str, component: str) -> dict[str, str]:
+    return {LABEL_JOB: job, LABEL_COMPONENT: component, LABEL_MANAGED_BY: MANAGED_BY}

@@ -1,0 +1,95 @@
+"""The profiling Job: one GPU, a deadline, the problem mounted, the Profile in the termination message."""
+
+from __future__ import annotations
+
+import json
+
+from memfit.api.problem import Problem
+from memfit.kube.common import (
+    GPU_RESOURCE,
+    Manifest,
+    Owner,
+    Placement,
+    PodSettings,
+    container_security_context,
+    metadata,
+    pod_security_context,
+    tolerations,
+)
+from memfit.kube.names import (
+    COMPONENT_PROFILER,
+    LABEL_POOL,
+    LABEL_PROBLEM,
+    PLAN_MOUNT,
+    job_labels,
+    profile_input_name,
+    profile_job_name,
+)
+
+PROFILE_BACKOFF_LIMIT = 1  # one retry for a flaky node; a deterministic failure fails fast
+
+
+def build_profile_input(*, owner: Owner, problem: Problem, problem_hash: str) -> Manifest:
+    """ConfigMap with the problem JSON the profiler reads."""
+    labels = job_labels(owner.name, COMPONENT_PROFILER) | {LABEL_PROBLEM: problem_hash[:16]}
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": metadata(name=profile_input_name(owner.name), owner=owner, labels=labels),
+        "data": {"problem.json": json.dumps(problem.to_wire(), sort_keys=True)},
+    }
+
+
+def build_profile_job(
+    *,
+    owner: Owner,
+    problem_hash: str,
+    placement: Placement,
+    pod: PodSettings,
+    timeout_seconds: int,
+) -> Manifest:
+    """Job `<job>-profile`: runs `memfit-trainer profile` on one GPU of the profiling pool."""
+    labels = job_labels(owner.name, COMPONENT_PROFILER) | {
+        LABEL_PROBLEM: problem_hash[:16],
+        LABEL_POOL: placement.pool,
+    }
+    container: Manifest = {
+        "name": "profiler",
+        "image": pod.image,
+        "imagePullPolicy": pod.image_pull_policy,
+        "command": ["memfit-trainer", "profile"],
+        "args": ["--problem", f"{PLAN_MOUNT}/problem.json", "--out", "/tmp/profile.json"],
+        "env": [{"name": "MEMFIT_JOB", "value": owner.name}],
+        "resources": {"limits": {GPU_RESOURCE: "1"}},
+        "terminationMessagePath": "/dev/termination-log",
+        "terminationMessagePolicy": "File",
+        "securityContext": container_security_context(),
+        "volumeMounts": [
+            {"name": "problem", "mountPath": PLAN_MOUNT, "readOnly": True},
+            {"name": "tmp", "mountPath": "/tmp"},
+        ],
+    }
+    pod_spec: Manifest = {
+        "restartPolicy": "Never",
+        "securityContext": pod_security_context(),
+        "nodeSelector": dict(placement.node_selector),
+        "tolerations": tolerations(placement),
+        "containers": [container],
+        "volumes": [
+            {"name": "problem", "configMap": {"name": profile_input_name(owner.name)}},
+            {"name": "tmp", "emptyDir": {}},
+        ],
+        "automountServiceAccountToken": False,
+    }
+    if pod.service_account:
+        pod_spec["serviceAccountName"] = pod.service_account
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": metadata(name=profile_job_name(owner.name), owner=owner, labels=labels),
+        "spec": {
+            "backoffLimit": PROFILE_BACKOFF_LIMIT,
+            "activeDeadlineSeconds": timeout_seconds,
+            "template": {"metadata": {"labels": labels | pod.extra_labels}, "spec": pod_spec},
+        },
+    }

@@ -1,0 +1,210 @@
+"""The training children: plan ConfigMap, headless Service and the Indexed Job running torchrun."""
+
+from __future__ import annotations
+
+from memfit.api.common import Offload
+from memfit.api.job import MemoryOptimizedTrainingJobSpec
+from memfit.api.plan import Plan
+from memfit.kube.common import (
+    GPU_RESOURCE,
+    Manifest,
+    Owner,
+    Placement,
+    PodSettings,
+    container_security_context,
+    metadata,
+    pod_security_context,
+    tolerations,
+)
+from memfit.kube.names import (
+    ANNOTATION_PLAN,
+    CHECKPOINT_MOUNT,
+    COMPONENT_TRAINER,
+    LABEL_ATTEMPT,
+    LABEL_COMPONENT,
+    LABEL_JOB,
+    LABEL_POOL,
+    MASTER_PORT,
+    METRICS_PORT,
+    NVME_MOUNT,
+    PLAN_MOUNT,
+    job_labels,
+    plan_config_map_name,
+    service_name,
+    train_job_name,
+)
+
+# Exit codes from the trainer (memfit_trainer.termination): fail the Job at once, no pod retry.
+EXIT_OUT_OF_MEMORY = 87
+EXIT_INVALID_PLAN = 88
+RETRYABLE_POD_FAILURES = 3  # other crashes: the pod restarts and resumes from the last checkpoint
+SHM_MIN_BYTES = 1 << 30
+COMPLETION_INDEX = "metadata.annotations['batch.kubernetes.io/job-completion-index']"
+
+
+def build_plan_config_map(*, owner: Owner, plan: Plan, deepspeed_config: str | None = None) -> Manifest:
+    """ConfigMap `<job>-plan-<attempt>`: the Plan JSON (and the engine config) mounted at /etc/memfit."""
+    data = {"plan.json": plan.model_dump_json(by_alias=True, exclude_none=True, indent=1)}
+    if deepspeed_config:
+        data["deepspeed.json"] = deepspeed_config
+    labels = job_labels(owner.name, COMPONENT_TRAINER) | {LABEL_ATTEMPT: str(plan.attempt)}
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": metadata(name=plan_config_map_name(owner.name, plan.attempt), owner=owner, labels=labels),
+        "data": data,
+    }
+
+
+def build_service(*, owner: Owner) -> Manifest:
+    """Headless Service `<job>`: stable DNS `<job>-train-<k>-<index>.<job>` for torchrun rendezvous."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": metadata(
+            name=service_name(owner.name), owner=owner, labels=job_labels(owner.name, COMPONENT_TRAINER)
+        ),
+        "spec": {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": True,
+            "selector": {LABEL_JOB: owner.name, LABEL_COMPONENT: COMPONENT_TRAINER},
+            "ports": [{"name": "rendezvous", "port": MASTER_PORT, "targetPort": MASTER_PORT}],
+        },
+    }
+
+
+def _env(*, owner: Owner, plan: Plan) -> list[Manifest]:
+    job = train_job_name(owner.name, plan.attempt)
+    return [
+        {"name": "PET_NNODES", "value": str(plan.nodes)},
+        {"name": "PET_NPROC_PER_NODE", "value": str(plan.gpus_per_node)},
+        {"name": "PET_NODE_RANK", "valueFrom": {"fieldRef": {"fieldPath": COMPLETION_INDEX}}},
+        {"name": "PET_MASTER_ADDR", "value": f"{job}-0.{service_name(owner.name)}"},
+        {"name": "PET_MASTER_PORT", "value": str(MASTER_PORT)},
+        {"name": "MEMFIT_JOB", "value": owner.name},
+        {"name": "MEMFIT_METRICS_PORT", "value": str(METRICS_PORT)},
+        {"name": "MEMFIT_PLAN_PATH", "value": f"{PLAN_MOUNT}/plan.json"},
+    ]
+
+
+def build_training_job(
+    *,
+    owner: Owner,
+    spec: MemoryOptimizedTrainingJobSpec,
+    plan: Plan,
+    placement: Placement,
+    pod: PodSettings,
+    suspend: bool = False,
+) -> Manifest:
+    """Indexed Job `<job>-train-<attempt>`: one pod per node, torchrun with the node rank from the index."""
+    name = train_job_name(owner.name, plan.attempt)
+    labels = job_labels(owner.name, COMPONENT_TRAINER) | {
+        LABEL_ATTEMPT: str(plan.attempt),
+        LABEL_POOL: placement.pool,
+    }
+    job_meta_labels = dict(labels)
+    if spec.scheduling.kueue_queue:
+        job_meta_labels["kueue.x-k8s.io/queue-name"] = spec.scheduling.kueue_queue
+    shm_bytes = max(SHM_MIN_BYTES, plan.memory.host_bytes * plan.gpus_per_node // 4)
+    mounts: list[Manifest] = [
+        {"name": "plan", "mountPath": PLAN_MOUNT, "readOnly": True},
+        {"name": "shm", "mountPath": "/dev/shm"},
+        {"name": "tmp", "mountPath": "/tmp"},
+        {"name": "checkpoints", "mountPath": CHECKPOINT_MOUNT},
+    ]
+    volumes: list[Manifest] = [
+        {"name": "plan", "configMap": {"name": plan_config_map_name(owner.name, plan.attempt)}},
+        {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": str(shm_bytes)}},
+        {"name": "tmp", "emptyDir": {}},
+    ]
+    claim = spec.training.checkpoint.volume_claim
+    volumes.append(
+        {"name": "checkpoints", "persistentVolumeClaim": {"claimName": claim}}
+        if claim
+        else {"name": "checkpoints", "emptyDir": {}}
+    )
+    if plan.offload == Offload.NVME:
+        mounts.append({"name": "nvme", "mountPath": NVME_MOUNT})
+        volumes.append(
+            {"name": "nvme", "emptyDir": {"sizeLimit": str(plan.memory.nvme_bytes * plan.gpus_per_node)}}
+        )
+    resources: Manifest = {"limits": {GPU_RESOURCE: str(plan.gpus_per_node)}}
+    host_bytes = plan.memory.host_bytes * plan.gpus_per_node
+    if host_bytes:
+        # Offloaded optimizer state lives in host RAM (plus /dev/shm, which counts against the limit).
+        resources["requests"] = {"memory": str(host_bytes + shm_bytes)}
+    container: Manifest = {
+        "name": "trainer",
+        "image": pod.image,
+        "imagePullPolicy": pod.image_pull_policy,
+        "command": ["torchrun"],
+        "args": ["-m", "memfit_trainer.cli", "train", "--plan", f"{PLAN_MOUNT}/plan.json"],
+        "env": _env(owner=owner, plan=plan),
+        "ports": [
+            {"name": "metrics", "containerPort": METRICS_PORT},
+            {"name": "rendezvous", "containerPort": MASTER_PORT},
+        ],
+        "resources": resources,
+        "terminationMessagePath": "/dev/termination-log",
+        "terminationMessagePolicy": "File",
+        "securityContext": container_security_context(),
+        "volumeMounts": mounts,
+    }
+    pod_spec: Manifest = {
+        "restartPolicy": "Never",
+        "subdomain": service_name(owner.name),
+        "securityContext": pod_security_context(),
+        "nodeSelector": dict(placement.node_selector),
+        "tolerations": tolerations(placement),
+        "containers": [container],
+        "volumes": volumes,
+        "automountServiceAccountToken": False,
+    }
+    if spec.scheduling.priority_class_name:
+        pod_spec["priorityClassName"] = spec.scheduling.priority_class_name
+    if pod.service_account:
+        pod_spec["serviceAccountName"] = pod.service_account
+    pod_labels = labels | pod.extra_labels
+    if spec.scheduling.pod_group:
+        pod_labels["scheduling.x-k8s.io/pod-group"] = name
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": metadata(
+            name=name, owner=owner, labels=job_meta_labels, annotations={ANNOTATION_PLAN: plan.describe()}
+        ),
+        "spec": {
+            "completionMode": "Indexed",
+            "completions": plan.nodes,
+            "parallelism": plan.nodes,
+            "backoffLimit": RETRYABLE_POD_FAILURES,
+            "suspend": suspend,
+            "podFailurePolicy": {
+                "rules": [
+                    # Pre-emption and node drain: the replacement pod resumes from the last checkpoint.
+                    {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]},
+                    # OOM and an invalid plan are decisions for memfit (re-plan), not retries.
+                    {
+                        "action": "FailJob",
+                        "onExitCodes": {
+                            "containerName": "trainer",
+                            "operator": "In",
+                            "values": [EXIT_OUT_OF_MEMORY, EXIT_INVALID_PLAN],
+                        },
+                    },
+                ]
+            },
+            "template": {"metadata": {"labels": pod_labels}, "spec": pod_spec},
+        },
+    }
+
+
+def build_pod_group(*, owner: Owner, plan: Plan) -> Manifest:
+    """scheduler-plugins PodGroup for gang scheduling: all nodes' pods or none."""
+    name = train_job_name(owner.name, plan.attempt)
+    return {
+        "apiVersion": "scheduling.x-k8s.io/v1alpha1",
+        "kind": "PodGroup",
+        "metadata": metadata(name=name, owner=owner, labels=job_labels(owner.name, COMPONENT_TRAINER)),
+        "spec": {"minMember": plan.nodes, "scheduleTimeoutSeconds": 600},
+    }

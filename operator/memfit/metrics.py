@@ -1,0 +1,205 @@
+"""Operator metrics (prefix `memfit_`, base units, bounded labels), served on /metrics with /healthz."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.registry import Collector
+
+from memfit import __version__
+
+PHASES = ("Pending", "Profiling", "Planning", "Launching", "Running", "Replanning", "Succeeded", "Failed")
+
+REPLANS = Counter(
+    "memfit_replans",
+    "Re-plans by reason (OutOfMemory, NoCapacity, HostOutOfMemory).",
+    ["namespace", "reason"],
+)
+PROFILING_FAILURES = Counter("memfit_profiling_failures", "Jobs whose profiling failed.", ["namespace"])
+RECONCILE_ERRORS = Counter("memfit_reconcile_errors", "Reconciles that raised, by resource kind.", ["kind"])
+PROFILE_SECONDS = Histogram(
+    "memfit_profile_duration_seconds",
+    "Profiling Job wall time.",
+    buckets=(10, 30, 60, 120, 300, 600, 1200, 3600),
+)
+PLAN_SECONDS = Histogram(
+    "memfit_plan_duration_seconds",
+    "Planner wall time per decision.",
+    buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class JobSnapshot:
+    """The metric-relevant part of one MOTJ's status."""
+
+    namespace: str
+    name: str
+    phase: str
+    pool: str = ""
+    predicted_peak_bytes: float | None = None
+    measured_peak_bytes: float | None = None
+    gpu_memory_bytes: float | None = None
+    price_per_hour: float | None = None
+    baseline_price_per_hour: float | None = None
+    engine: str = ""
+    precision: str = ""
+    zero_stage: str = ""
+    checkpointing: str = ""
+    offload: str = ""
+    optimizer8bit: str = ""
+
+    @classmethod
+    def from_status(cls, namespace: str, name: str, status: dict[str, Any]) -> JobSnapshot:
+        plan = status.get("plan") or {}
+        return cls(
+            namespace=namespace,
+            name=name,
+            phase=str(status.get("phase") or "Pending"),
+            pool=str(plan.get("nodePool") or ""),
+            predicted_peak_bytes=plan.get("predictedPeakBytes"),
+            measured_peak_bytes=status.get("measuredPeakBytes"),
+            gpu_memory_bytes=plan.get("gpuMemoryBytes"),
+            price_per_hour=plan.get("costPerHour"),
+            baseline_price_per_hour=plan.get("baselineCostPerHour"),
+            engine=str(plan.get("engine") or ""),
+            precision=str(plan.get("precision") or ""),
+            zero_stage=str(plan.get("zeroStage", "")),
+            checkpointing=str(plan.get("activationCheckpointing") or ""),
+            offload=str(plan.get("offload") or ""),
+            optimizer8bit=str(plan.get("optimizer8bit", "")).lower(),
+        )
+
+
+class JobCollector(Collector):
+    """Per-job gauges computed from the latest statuses; a deleted job's series disappear with it."""
+
+    def __init__(self) -> None:
+        self._jobs: dict[tuple[str, str], JobSnapshot] = {}
+        self._lock = threading.Lock()
+
+    def observe(self, snapshot: JobSnapshot) -> None:
+        with self._lock:
+            self._jobs[(snapshot.namespace, snapshot.name)] = snapshot
+
+    def forget(self, namespace: str, name: str) -> None:
+        with self._lock:
+            self._jobs.pop((namespace, name), None)
+
+    def collect(self) -> Iterator[Metric]:
+        with self._lock:
+            jobs = list(self._jobs.values())
+        by_phase = GaugeMetricFamily(
+            "memfit_jobs", "MemoryOptimizedTrainingJobs by phase.", labels=["namespace", "phase"]
+        )
+        for namespace in sorted({j.namespace for j in jobs}):
+            for phase in PHASES:
+                by_phase.add_metric(
+                    [namespace, phase], sum(1 for j in jobs if j.namespace == namespace and j.phase == phase)
+                )
+        yield by_phase
+        per_pool = {
+            "predicted_peak_bytes": ("memfit_job_predicted_peak_bytes", "Predicted per-GPU peak memory."),
+            "measured_peak_bytes": ("memfit_job_measured_peak_bytes", "Measured per-GPU peak memory."),
+            "gpu_memory_bytes": ("memfit_job_gpu_memory_bytes", "Usable memory of one GPU of the pool."),
+            "price_per_hour": ("memfit_job_price_dollars_per_hour", "Price of the planned nodes per hour."),
+        }
+        for attr, (metric, help_text) in per_pool.items():
+            family = GaugeMetricFamily(metric, help_text, labels=["namespace", "job", "pool"])
+            for j in jobs:
+                value = getattr(j, attr)
+                if value is not None and j.pool:
+                    family.add_metric([j.namespace, j.name, j.pool], float(value))
+            yield family
+        baseline = GaugeMetricFamily(
+            "memfit_job_baseline_price_dollars_per_hour",
+            "Price per hour of the job's baseline pool.",
+            labels=["namespace", "job"],
+        )
+        savings = GaugeMetricFamily(
+            "memfit_job_savings_ratio", "1 - plan price / baseline price.", labels=["namespace", "job"]
+        )
+        info = GaugeMetricFamily(
+            "memfit_job_info",
+            "The planned configuration of a job.",
+            labels=[
+                "namespace",
+                "job",
+                "pool",
+                "engine",
+                "precision",
+                "zero_stage",
+                "checkpointing",
+                "offload",
+                "optimizer8bit",
+            ],
+        )
+        for j in jobs:
+            if j.baseline_price_per_hour:
+                baseline.add_metric([j.namespace, j.name], float(j.baseline_price_per_hour))
+                if j.price_per_hour is not None:
+                    savings.add_metric(
+                        [j.namespace, j.name], 1 - float(j.price_per_hour) / j.baseline_price_per_hour
+                    )
+            if j.pool:
+                info.add_metric(
+                    [
+                        j.namespace,
+                        j.name,
+                        j.pool,
+                        j.engine,
+                        j.precision,
+                        j.zero_stage,
+                        j.checkpointing,
+                        j.offload,
+                        j.optimizer8bit,
+                    ],
+                    1,
+                )
+        yield baseline
+        yield savings
+        yield info
+        build = GaugeMetricFamily("memfit_build_info", "memfit version.", labels=["version"])
+        build.add_metric([__version__], 1)
+        yield build
+
+
+JOBS = JobCollector()
+REGISTRY.register(JOBS)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    registry: CollectorRegistry = REGISTRY
+    healthy: threading.Event
+
+    def do_GET(self) -> None:
+        if self.path.startswith("/metrics"):
+            body, ctype, code = generate_latest(self.registry), CONTENT_TYPE_LATEST, 200
+        elif self.path.startswith("/healthz"):
+            ok = self.healthy.is_set()
+            body, ctype, code = (b"ok\n" if ok else b"starting\n"), "text/plain", 200 if ok else 503
+        else:
+            body, ctype, code = b"not found\n", "text/plain", 404
+        self.send_response(code)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        return
+
+
+def serve(host: str, port: int, healthy: threading.Event) -> ThreadingHTTPServer:
+    """Start the /metrics and /healthz server in a daemon thread."""
+    handler = type("Handler", (_Handler,), {"healthy": healthy})
+    server = ThreadingHTTPServer((host, port), handler)
+    threading.Thread(target=server.serve_forever, name="memfit-metrics", daemon=True).start()
+    return server
