@@ -1,0 +1,58 @@
+{{/* RBAC rules of the operator, shared by the ClusterRole (all namespaces) and the per-namespace Roles
+(operator.watchNamespaces). Least privilege: explicit verbs and resources, no wildcards, no Secrets. */}}
+
+{{/* Rules on namespaced resources: the jobs it reconciles and the children it owns. */}}
+{{- define "memfit.rbac.namespacedRules" -}}
+- apiGroups: [memfit.dev]
+  resources: [memoryoptimizedtrainingjobs]
+  verbs: [get, list, watch, patch, update]
+- apiGroups: [memfit.dev]
+  resources: [memoryoptimizedtrainingjobs/status]
+  verbs: [get, patch, update]
+- apiGroups: [batch]
+  resources: [jobs]
+  verbs: [create, get, list, watch, patch, delete]
+{{- /* pods: read for profiler results and OOM reasons; delete pre-empted and profiler pods. */}}
+- apiGroups: [""]
+  resources: [pods]
+  verbs: [get, list, watch, delete]
+{{- /* plan ConfigMaps, profile cache ConfigMaps, headless Services of training jobs. */}}
+- apiGroups: [""]
+  resources: [services, configmaps]
+  verbs: [create, get, list, watch, patch, delete]
+{{- /* kopf posts core v1 Events. */}}
+- apiGroups: [""]
+  resources: [events]
+  verbs: [create, patch]
+{{- if .Values.kueue.enabled }}
+- apiGroups: [kueue.x-k8s.io]
+  resources: [workloads]
+  verbs: [get, list, watch]
+{{- end }}
+{{- if .Values.gang.podGroup.enabled }}
+- apiGroups: [scheduling.x-k8s.io]
+  resources: [podgroups]
+  verbs: [create, get, delete]
+{{- end }}
+{{- end }}
+
+{{/* Rules on cluster-scoped resources (always in the ClusterRole). */}}
+{{- define "memfit.rbac.clusterRules" -}}
+- apiGroups: [""]
+  resources: [nodes]
+  verbs: [get, list, watch]
+{{- /* create: `memfit pools discover` from GPU Feature Discovery labels; patch: kopf annotations. */}}
+- apiGroups: [memfit.dev]
+  resources: [gpunodepools]
+  verbs: [get, list, watch, patch, create]
+- apiGroups: [memfit.dev]
+  resources: [gpunodepools/status]
+  verbs: [get, patch, update]
+{{- /* kopf watches CRDs and namespaces to follow its resources. */}}
+- apiGroups: [apiextensions.k8s.io]
+  resources: [customresourcedefinitions]
+  verbs: [list, watch]
+- apiGroups: [""]
+  resources: [namespaces]
+  verbs: [list, watch]
+{{- end }}
