@@ -8,10 +8,10 @@ from typing import Any
 from pydantic import BaseModel
 
 from memfit.api.common import API_GROUP, API_VERSION
-
-MAX_JOB_NAME = 40  # same bound as memfit.kube.names.MAX_JOB_NAME
 from memfit.api.job import MemoryOptimizedTrainingJobSpec, MemoryOptimizedTrainingJobStatus
 from memfit.api.pool import GPUNodePoolSpec, GPUNodePoolStatus
+
+MAX_JOB_NAME = 40  # same bound as memfit.kube.names.MAX_JOB_NAME
 
 Schema = dict[str, Any]
 
