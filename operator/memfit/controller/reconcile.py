@@ -125,7 +125,12 @@ def reconcile_job(
     elif status["phase"] in (Phase.SUCCEEDED.value, Phase.FAILED.value):
         pass  # terminal: nothing more to do (children are kept for inspection; GC removes them)
     else:
-        owner = Owner(name=meta["name"], namespace=meta["namespace"], uid=meta["uid"])
+        owner = Owner(
+            name=meta["name"],
+            namespace=meta["namespace"],
+            uid=meta["uid"],
+            annotations=dict(meta.get("annotations") or {}),
+        )
         _advance(
             api,
             decision,
@@ -428,6 +433,7 @@ def _launch_step(
         placement=placement,
         pod=pod,
         suspend=bool(spec.scheduling.kueue_queue),
+        extra_env=_fault_injection(owner.annotations, plan.attempt),
     )
     job["metadata"]["annotations"][ANNOTATION_PLAN_JSON] = cm["data"]["plan.json"]
     api.ensure(job)
@@ -613,9 +619,22 @@ def _relaunch(
         placement=_placement(pool),
         pod=pod,
         suspend=bool(spec.scheduling.kueue_queue),
+        extra_env=_fault_injection(owner.annotations, plan.attempt),
     )
     job["metadata"]["annotations"][ANNOTATION_PLAN_JSON] = cm["data"]["plan.json"]
     api.ensure(job)
+
+
+def _fault_injection(annotations: dict[str, str], attempt: int) -> dict[str, str]:
+    """Env for the trainer's OOM fault injection, from the job's annotations (tests, chaos drills)."""
+    step = annotations.get(ANNOTATION_INJECT_OOM_STEP, "")
+    try:
+        attempts = int(annotations.get(ANNOTATION_INJECT_OOM_ATTEMPTS, "1"))
+    except ValueError:
+        attempts = 1
+    if step.isdigit() and attempt < attempts:
+        return {"MEMFIT_INJECT_OOM_AT_STEP": step}
+    return {}
 
 
 def _plan_of(api: KubeApi, owner: Owner, index: int, job: Manifest | None) -> Plan | None:

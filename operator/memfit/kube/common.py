@@ -23,6 +23,7 @@ class Owner:
     uid: str
     api_version: str = "memfit.dev/v1alpha1"
     kind: str = "MemoryOptimizedTrainingJob"
+    annotations: dict[str, str] = field(default_factory=dict, compare=False)
 
     def reference(self) -> Manifest:
         return {

@@ -11,6 +11,10 @@ LABEL_PROBLEM = f"{GROUP}/problem-hash"
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 MANAGED_BY = "memfit"
 ANNOTATION_PLAN = f"{GROUP}/plan"
+# Fault injection for tests and chaos drills: the trainer raises a simulated CUDA OOM at this step,
+# in the first N attempts (default 1). Documented in docs/operator.md.
+ANNOTATION_INJECT_OOM_STEP = f"{GROUP}/inject-oom-at-step"
+ANNOTATION_INJECT_OOM_ATTEMPTS = f"{GROUP}/inject-oom-attempts"
 
 COMPONENT_PROFILER = "profiler"
 COMPONENT_TRAINER = "trainer"

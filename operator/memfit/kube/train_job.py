@@ -95,6 +95,7 @@ def build_training_job(
     placement: Placement,
     pod: PodSettings,
     suspend: bool = False,
+    extra_env: dict[str, str] | None = None,
 ) -> Manifest:
     """Indexed Job `<job>-train-<attempt>`: one pod per node, torchrun with the node rank from the index."""
     name = train_job_name(owner.name, plan.attempt)
@@ -139,7 +140,8 @@ def build_training_job(
         "imagePullPolicy": pod.image_pull_policy,
         "command": ["torchrun"],
         "args": ["-m", "memfit_trainer.cli", "train", "--plan", f"{PLAN_MOUNT}/plan.json"],
-        "env": _env(owner=owner, plan=plan),
+        "env": _env(owner=owner, plan=plan)
+        + [{"name": k, "value": v} for k, v in sorted((extra_env or {}).items())],
         "ports": [
             {"name": "metrics", "containerPort": METRICS_PORT},
             {"name": "rendezvous", "containerPort": MASTER_PORT},

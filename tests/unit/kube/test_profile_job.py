@@ -1,0 +1,31 @@
+"""The profiling Job: one GPU, a deadline, the problem mounted from its ConfigMap."""
+
+from __future__ import annotations
+
+import json
+
+from factories import OWNER, PLACEMENT, POD, make_spec
+from memfit.kube.profile_job import build_profile_input, build_profile_job
+
+
+def test_profile_job_requests_one_gpu_with_deadline_and_backoff() -> None:
+    job = build_profile_job(
+        owner=OWNER, problem_hash="ab" * 32, placement=PLACEMENT, pod=POD, timeout_seconds=300
+    )
+    assert job["metadata"]["name"] == "llama-profile"
+    assert job["spec"]["activeDeadlineSeconds"] == 300 and job["spec"]["backoffLimit"] == 1
+    pod = job["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    assert container["resources"]["limits"] == {"nvidia.com/gpu": "1"}
+    assert container["command"] == ["memfit-trainer", "profile"]
+    assert container["args"] == ["--problem", "/etc/memfit/problem.json", "--out", "/tmp/profile.json"]
+    assert container["terminationMessagePolicy"] == "File"
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
+    assert job["spec"]["template"]["metadata"]["labels"]["memfit.dev/component"] == "profiler"
+
+
+def test_profile_input_holds_the_problem_json() -> None:
+    spec = make_spec()
+    cm = build_profile_input(owner=OWNER, problem=spec.problem, problem_hash="cd" * 32)
+    assert json.loads(cm["data"]["problem.json"]) == spec.problem.to_wire()
+    assert cm["metadata"]["labels"]["memfit.dev/problem-hash"] == "cd" * 8

@@ -1,0 +1,140 @@
+"""The Indexed training Job, plan ConfigMap and headless Service as the API server will receive them."""
+
+from __future__ import annotations
+
+import json
+
+from factories import OWNER, PLACEMENT, POD, make_plan, make_spec
+from memfit.api.common import Offload
+from memfit.api.plan import MemoryBreakdown, Plan
+from memfit.kube.train_job import (
+    build_plan_config_map,
+    build_pod_group,
+    build_service,
+    build_training_job,
+)
+
+
+def _env(job: dict) -> dict[str, object]:
+    container = job["spec"]["template"]["spec"]["containers"][0]
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
+
+
+def test_indexed_job_runs_one_pod_per_node_with_torchrun_env() -> None:
+    job = build_training_job(owner=OWNER, spec=make_spec(), plan=make_plan(), placement=PLACEMENT, pod=POD)
+    assert job["metadata"]["name"] == "llama-train-1"
+    spec = job["spec"]
+    assert (spec["completionMode"], spec["completions"], spec["parallelism"]) == ("Indexed", 2, 2)
+    env = _env(job)
+    assert env["PET_NNODES"] == "2" and env["PET_NPROC_PER_NODE"] == "4"
+    assert env["PET_MASTER_ADDR"] == "llama-train-1-0.llama"
+    assert env["PET_NODE_RANK"] == {
+        "fieldRef": {"fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"}
+    }
+    pod = spec["template"]["spec"]
+    assert pod["subdomain"] == "llama"
+    assert pod["nodeSelector"] == {"node.kubernetes.io/instance-type": "g6.12xlarge"}
+    assert pod["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": "4"}
+    assert pod["containers"][0]["command"] == ["torchrun"]
+    assert spec["template"]["metadata"]["labels"]["team"] == "ml"
+
+
+def test_pods_meet_restricted_pod_security() -> None:
+    job = build_training_job(owner=OWNER, spec=make_spec(), plan=make_plan(), placement=PLACEMENT, pod=POD)
+    pod = job["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    sc = pod["containers"][0]["securityContext"]
+    assert sc["allowPrivilegeEscalation"] is False and sc["capabilities"] == {"drop": ["ALL"]}
+    assert "hostNetwork" not in pod and "hostPID" not in pod
+    assert all("hostPath" not in v for v in pod["volumes"])
+    shm = next(v for v in pod["volumes"] if v["name"] == "shm")
+    assert shm["emptyDir"]["medium"] == "Memory"
+
+
+def test_owner_reference_is_controller_with_block_owner_deletion() -> None:
+    job = build_training_job(owner=OWNER, spec=make_spec(), plan=make_plan(), placement=PLACEMENT, pod=POD)
+    ref = job["metadata"]["ownerReferences"][0]
+    assert ref == {
+        "apiVersion": "memfit.dev/v1alpha1",
+        "kind": "MemoryOptimizedTrainingJob",
+        "name": "llama",
+        "uid": "1234-uid",
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+    assert job["metadata"]["namespace"] == "ml"
+
+
+def test_oom_and_invalid_plan_fail_the_job_and_preemption_is_ignored() -> None:
+    job = build_training_job(owner=OWNER, spec=make_spec(), plan=make_plan(), placement=PLACEMENT, pod=POD)
+    rules = job["spec"]["podFailurePolicy"]["rules"]
+    assert rules[0] == {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]}
+    assert rules[1]["action"] == "FailJob" and rules[1]["onExitCodes"]["values"] == [87, 88]
+    assert job["spec"]["template"]["spec"]["restartPolicy"] == "Never"
+
+
+def test_kueue_queue_suspends_and_labels_the_job() -> None:
+    spec = make_spec(scheduling={"kueueQueue": "team-a"})
+    job = build_training_job(
+        owner=OWNER, spec=spec, plan=make_plan(), placement=PLACEMENT, pod=POD, suspend=True
+    )
+    assert job["spec"]["suspend"] is True
+    assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a"
+
+
+def test_pod_group_gang() -> None:
+    spec = make_spec(scheduling={"podGroup": True})
+    plan = make_plan()
+    job = build_training_job(owner=OWNER, spec=spec, plan=plan, placement=PLACEMENT, pod=POD)
+    assert job["spec"]["template"]["metadata"]["labels"]["scheduling.x-k8s.io/pod-group"] == "llama-train-1"
+    group = build_pod_group(owner=OWNER, plan=plan)
+    assert group["spec"]["minMember"] == 2 and group["metadata"]["name"] == "llama-train-1"
+
+
+def test_checkpoint_claim_and_nvme_offload_mounts() -> None:
+    spec = make_spec(training={"checkpoint": {"volumeClaim": "ckpt", "everySteps": 10}})
+    memory = MemoryBreakdown(
+        parameters_bytes=1,
+        gradients_bytes=1,
+        optimizer_bytes=1,
+        activations_bytes=1,
+        temporaries_bytes=1,
+        overhead_bytes=1,
+        peak_bytes=6,
+        host_bytes=2**30,
+        nvme_bytes=2**34,
+    )
+    plan = make_plan(zero_stage=3, offload=Offload.NVME, memory=memory)
+    job = build_training_job(owner=OWNER, spec=spec, plan=plan, placement=PLACEMENT, pod=POD)
+    pod = job["spec"]["template"]["spec"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["checkpoints"]["persistentVolumeClaim"] == {"claimName": "ckpt"}
+    assert volumes["nvme"]["emptyDir"]["sizeLimit"] == str(4 * 2**34)
+    requests = pod["containers"][0]["resources"]["requests"]["memory"]
+    assert int(requests) >= 4 * 2**30  # host RAM for offload is requested
+
+
+def test_fault_injection_env_is_passed_through() -> None:
+    job = build_training_job(
+        owner=OWNER,
+        spec=make_spec(),
+        plan=make_plan(),
+        placement=PLACEMENT,
+        pod=POD,
+        extra_env={"MEMFIT_INJECT_OOM_AT_STEP": "3"},
+    )
+    assert _env(job)["MEMFIT_INJECT_OOM_AT_STEP"] == "3"
+
+
+def test_plan_config_map_round_trips_the_plan() -> None:
+    plan = make_plan()
+    cm = build_plan_config_map(owner=OWNER, plan=plan)
+    assert cm["metadata"]["name"] == "llama-plan-1"
+    assert Plan.model_validate(json.loads(cm["data"]["plan.json"])) == plan
+
+
+def test_headless_service_selects_trainer_pods() -> None:
+    svc = build_service(owner=OWNER)
+    assert svc["spec"]["clusterIP"] == "None" and svc["spec"]["publishNotReadyAddresses"] is True
+    assert svc["spec"]["selector"] == {"memfit.dev/job": "llama", "memfit.dev/component": "trainer"}
