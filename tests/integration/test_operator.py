@@ -144,7 +144,6 @@ def test_exhausted_replans_fail_with_the_reason(
 def test_deleting_the_job_garbage_collects_children(
     kube: Kube, namespace: str, operator: tuple[Path, int]
 ) -> None:
-    log, _ = operator
     create_job(kube, namespace, quickstart("gc"))
     kube.wait("children of gc", lambda: jobs_named(kube, namespace, "gc-"), timeout=60)
     client.CustomObjectsApi(kube.api_client).delete_namespaced_custom_object(

@@ -36,6 +36,8 @@ from memfit.controller.pools import PoolCapacity, gpus_requested_by_node, observ
 from memfit.controller.settings import OperatorSettings
 from memfit.kube.common import Owner, Placement, PodSettings
 from memfit.kube.names import (
+    ANNOTATION_INJECT_OOM_ATTEMPTS,
+    ANNOTATION_INJECT_OOM_STEP,
     COMPONENT_PROFILER,
     COMPONENT_TRAINER,
     MAX_JOB_NAME,
