@@ -1,0 +1,26 @@
+"""Problem hash: the key under which the operator caches profiles and the profiler labels them."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+from memfit.api.problem import Problem, problem_config
+
+# 16 hex digits = 64 bits: collisions need ~4e9 distinct problems in one cache (birthday bound).
+HASH_HEX_DIGITS = 16
+
+
+def canonical_problem_json(problem: Problem) -> str:
+    """The problem's wire form as canonical JSON: sorted keys, no whitespace, no None fields."""
+    return json.dumps(problem_config(problem), sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+
+
+def problem_hash(problem: Problem) -> str:
+    """First 16 hex digits of the SHA-256 of the canonical problem JSON.
+
+    Equal for problems that differ only in key order or in explicitly written defaults (the wire form
+    fills defaults in), different for any change to the model, data shape or entrypoint.
+    """
+    digest = hashlib.sha256(canonical_problem_json(problem).encode("utf-8")).hexdigest()
+    return digest[:HASH_HEX_DIGITS]
