@@ -27,7 +27,14 @@ def test_key_order_and_explicit_defaults_do_not_matter() -> None:
 
 @pytest.mark.parametrize(
     "change",
-    [{"layers": 3}, {"hidden": 128}, {"heads": 8}, {"vocab": 32001}, {"sequenceLength": 512}, {"kind": "bert"}],
+    [
+        {"layers": 3},
+        {"hidden": 128},
+        {"heads": 8},
+        {"vocab": 32001},
+        {"sequenceLength": 512},
+        {"kind": "bert"},
+    ],
     ids=lambda c: next(iter(c)),
 )
 def test_any_shape_change_changes_the_hash(change: dict[str, object]) -> None:
@@ -38,5 +45,7 @@ def test_any_shape_change_changes_the_hash(change: dict[str, object]) -> None:
 def test_entrypoint_and_huggingface_hash() -> None:
     a = problem_hash(Problem.model_validate({"entrypoint": "pkg.mod:problem"}))
     b = problem_hash(Problem.model_validate({"entrypoint": "pkg.mod:other"}))
-    c = problem_hash(Problem.model_validate({"huggingface": {"model": "org/m", "config": {"model_type": "llama"}}}))
+    c = problem_hash(
+        Problem.model_validate({"huggingface": {"model": "org/m", "config": {"model_type": "llama"}}})
+    )
     assert len({a, b, c}) == 3
