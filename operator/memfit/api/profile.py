@@ -22,11 +22,15 @@ class ModelShape(ApiModel):
     layers: int = Field(ge=1)
     hidden: int = Field(ge=1)
     heads: int = Field(ge=1)
+    kv_heads: int | None = Field(
+        default=None, ge=1, description="Key/value heads (grouped-query attention); default = heads."
+    )
     ffn_hidden: int = Field(ge=1)
     vocab: int = Field(default=0, ge=0, description="Output vocabulary (0 for a classifier head).")
     tokens_per_sample: int = Field(ge=1, description="Sequence positions per sample.")
     gated_mlp: bool = Field(default=False, description="SwiGLU-style MLP with three matrices.")
     flash_attention: bool = Field(default=True, description="Attention scores not materialised (SDPA).")
+    dropout: bool = Field(default=False, description="Dropout active in training (masks are stored).")
 
     @property
     def trainable(self) -> int:

@@ -1,0 +1,107 @@
+"""Activation memory per sample, after Korthikanti et al. 2023 ("Reducing Activation Recomputation in
+Large Transformer Models", MLSys, arXiv 2205.05198, §4), generalised to the models memfit trains.
+
+Korthikanti's per-layer count for 16-bit activations is sbh(34 + 5as/h) bytes: attention 11sbh
+(QKV input 2, Q and K 4, V 2, projection input 2, dropout mask 1) + 5as²b (scores, softmax, dropout),
+MLP 19sbh (input 2, fc1 output 8, GELU output 8, dropout mask 1), two LayerNorm inputs 4sbh. Here
+each saved tensor is counted with its real dtype and size per token:
+
+- `compute` bytes (2 under bf16/fp16, 4 in fp32) for matmul inputs and outputs;
+- `residual` bytes for the residual stream and norm inputs: fp32 under torch.autocast (DDP keeps
+  fp32 weights, so the stream stays fp32), 16-bit when the model itself runs in bf16/fp16 (FSDP2
+  MixedPrecisionPolicy, DeepSpeed);
+- SDPA / FlashAttention saves Q, K, V and the output, never the a·s scores (the 5as/h term vanishes);
+  Hugging Face expands GQA K/V to all heads before SDPA (`repeat_kv`), so K and V count at full width;
+- a SwiGLU MLP saves its input, gate output, SiLU output, up output and their product (h + 4f);
+- Hugging Face RMSNorm upcasts to fp32 and saves the fp32 input as well (LlamaRMSNorm);
+- dropout masks are 1 byte per element (bool), only when the model trains with dropout;
+- the LM head saves the fp32 log-softmax of the logits (4 B x vocab per token, the loss upcasts
+  logits with `.float()`); its backward briefly holds two more fp32 logit-sized gradients
+  (8 B x vocab per token, reported as temporaries).
+
+Checkpointing: `full` keeps each block's input (Korthikanti's 2sbh) plus one block's working set
+while it is recomputed; `selective` recomputes the attention sub-block (memfit_trainer checkpoints the
+block's attention module), keeping its input, the norms and the MLP.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from memfit.api.common import Checkpointing, Engine
+from memfit.memory.shape import Shape
+from memfit.memory.strategy import Strategy
+
+# Bytes of a dropout mask element (torch native_dropout saves a bool mask).
+DROPOUT_MASK_BYTES = 1
+# fp32 log-softmax saved by cross-entropy, per vocabulary entry and token (Korthikanti's 4sbV).
+LOGPROB_BYTES = 4
+# Backward of log-softmax: fp32 gradient in and out, per vocabulary entry and token.
+LOGIT_GRAD_BYTES = 8
+# LlamaRMSNorm saves its input upcast to fp32.
+RMSNORM_FP32_COPY_BYTES = 4
+
+
+@dataclass(frozen=True, slots=True)
+class ActivationTerms:
+    """Per-sample bytes: activations saved for backward, and backward temporaries."""
+
+    activation_bytes_per_sample: float
+    temporary_bytes_per_sample: float
+
+
+def dtype_bytes(strategy: Strategy) -> tuple[int, int]:
+    """(compute bytes, residual-stream bytes) of the strategy's precision regime."""
+    if not strategy.mixed_precision:
+        return 4, 4
+    # torch.autocast (DDP) keeps fp32 weights, so adds and norms stay fp32.
+    return 2, (4 if strategy.engine == Engine.DDP else 2)
+
+
+def _norm(shape: Shape, residual: int) -> int:
+    h = shape.hidden
+    return (RMSNORM_FP32_COPY_BYTES * h + residual * h) if shape.rms_norm else residual * h
+
+
+def _attention_core(shape: Shape, compute: int) -> float:
+    """Bytes per token of the attention sub-block after its norm: QKV input, Q/K/V, output, masks."""
+    h, s, a = shape.hidden, shape.tokens, shape.heads
+    core = compute * h + compute * 3 * h + compute * h
+    if shape.dropout:
+        core += DROPOUT_MASK_BYTES * h
+    if not shape.flash_attention:
+        core += compute * a * s  # softmax output
+        if shape.dropout:
+            core += (DROPOUT_MASK_BYTES + compute) * a * s
+    return core
+
+
+def _mlp(shape: Shape, compute: int) -> float:
+    h, f = shape.hidden, shape.ffn
+    mlp = compute * (h + 4 * f) if shape.gated_mlp else compute * (h + 2 * f)
+    if shape.dropout:
+        mlp += DROPOUT_MASK_BYTES * h
+    return mlp
+
+
+def activation_terms(shape: Shape, strategy: Strategy) -> ActivationTerms:
+    """Activation and backward-temporary bytes per sample for the strategy's precision and
+    checkpointing (no sharding of activations: data parallelism only)."""
+    compute, residual = dtype_bytes(strategy)
+    h, tokens, layers = shape.hidden, shape.tokens, shape.layers
+    norm = _norm(shape, residual)
+    attn = norm + _attention_core(shape, compute)
+    mlp = norm + _mlp(shape, compute)
+    if strategy.checkpointing == Checkpointing.FULL:
+        per_token = layers * residual * h + attn + mlp
+    elif strategy.checkpointing == Checkpointing.SELECTIVE:
+        per_token = layers * (norm + residual * h + mlp) + _attention_core(shape, compute)
+    else:
+        per_token = layers * (attn + mlp)
+    # Outside the blocks: embedding dropout, final norm and head input, the loss's log-probs.
+    per_token += (DROPOUT_MASK_BYTES * h if shape.dropout else 0) + norm + compute * h
+    temporaries = 0.0
+    if shape.vocab:
+        per_token += LOGPROB_BYTES * shape.vocab
+        temporaries = float(LOGIT_GRAD_BYTES * shape.vocab * tokens)
+    return ActivationTerms(per_token * tokens, temporaries)

@@ -1,0 +1,137 @@
+"""Model states per GPU: parameters, gradients and optimizer state, and what offload puts on the host.
+
+Bytes per parameter by regime (shared/reference/memory-model.md §1):
+- fp32 (DDP, FSDP, DeepSpeed): weights 4, gradients 4, Adam 8 (m, v) = 16 B/param (accelerate's
+  fp32 estimate; ZeRO paper §3 baseline).
+- DDP/FSDP mixed precision keep fp32 weights and gradients (torch.autocast; FSDP2
+  MixedPrecisionPolicy with fp32 sharded parameters and reduce_dtype fp32), so model states stay
+  16 B/param; the 16-bit copies are transient (see temporaries.py).
+- DeepSpeed mixed precision: 16-bit weights 2 + 16-bit gradients 2 + fp32 master 4 + Adam 8 = the
+  ZeRO paper's 2 + 2 + K (K = 12), plus the fp32 gradient partition (4) that DeepSpeed allocates for
+  the step: optimizer 16 B/param, as the DeepSpeed autotuner counts it
+  (deepspeed/autotuning/autotuner.py: optimizer 16 B fp16 / 8 B fp32) and as its ZeRO-2/3 estimators
+  do (stage_1_and_2.py `2Ψ + 18Ψ/N`; stage3.py `18Ψ/N`).
+- Sharding (ZeRO paper, Rajbhandari et al. 2020, §5): stage >= 1 divides the optimizer state by N,
+  >= 2 the gradients, 3 the parameters.
+- bitsandbytes 8-bit Adam: uint8 state1/state2 + one fp32 absmax per 256-element block =
+  2 x (1 + 4/256) = 2.03 B/param (Dettmers et al. 2022; bitsandbytes/optim/optimizer.py); tensors
+  under 4096 elements keep 32-bit state.
+- Offload (DeepSpeed estimators): host RAM carries a 1.5 `additional_buffer_factor` for pinned
+  buffers (stage_1_and_2.py / stage3.py `estimate_zero*_model_states_mem_needs`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from memfit.api.common import Engine, Offload
+from memfit.api.job import OptimizerKind
+from memfit.memory.shape import Shape
+from memfit.memory.strategy import Strategy
+
+# Adam/AdamW: two fp32 moments (Kingma & Ba; ZeRO paper K counts them with the fp32 master as 12).
+ADAM_STATE_BYTES = 8.0
+# SGD with momentum: one fp32 buffer (torch.optim.SGD momentum_buffer; memfit trains with momentum).
+SGD_STATE_BYTES = 4.0
+# bitsandbytes blockwise 8-bit state: 1 byte per element + fp32 absmax per 256-element block.
+BNB_BYTES_PER_STATE = 1.0 + 4.0 / 256.0
+# DeepSpeed mixed precision: fp32 master weights (ZeRO paper K) and the fp32 gradient partition.
+FP32_MASTER_BYTES = 4.0
+FP32_GRAD_PARTITION_BYTES = 4.0
+# DeepSpeed estimators' `additional_buffer_factor` for host (pinned) memory.
+HOST_BUFFER_FACTOR = 1.5
+# ZeRO-Infinity pinned swap buffers on the host: optimizer `buffer_count` 4 x `buffer_size` 1e8
+# elements fp32 + parameter `buffer_count` 5 x 1e8 fp16 (DeepSpeed config defaults; unverified).
+NVME_SWAP_BUFFER_BYTES = 4 * 100_000_000 * 4 + 5 * 100_000_000 * 2
+
+
+@dataclass(frozen=True, slots=True)
+class ModelStates:
+    """Persistent per-GPU bytes of the model states, and host/NVMe bytes per GPU for offload."""
+
+    parameters_bytes: float
+    gradients_bytes: float
+    optimizer_bytes: float
+    host_bytes: float = 0.0
+    nvme_bytes: float = 0.0
+
+
+def optimizer_state_bytes_per_param(kind: OptimizerKind, *, eight_bit: bool) -> float:
+    """Optimizer state per trainable parameter, excluding any fp32 master copy."""
+    states = 1 if kind == OptimizerKind.SGD else 2
+    if eight_bit:
+        return states * BNB_BYTES_PER_STATE
+    return SGD_STATE_BYTES if kind == OptimizerKind.SGD else ADAM_STATE_BYTES
+
+
+def zero_model_state_bytes(*, parameters: float, stage: int, dp_degree: int, k: float = 12.0) -> float:
+    """The ZeRO paper's per-GPU model states for mixed-precision Adam (Rajbhandari et al. 2020, §5.1).
+
+    stage 0: (2+2+K)Ψ; 1: 2Ψ + 2Ψ + KΨ/N; 2: 2Ψ + (2+K)Ψ/N; 3: (2+2+K)Ψ/N.
+    """
+    n, psi = dp_degree, parameters
+    if stage == 0:
+        return (4 + k) * psi
+    if stage == 1:
+        return 4 * psi + k * psi / n
+    if stage == 2:
+        return 2 * psi + (2 + k) * psi / n
+    return (4 + k) * psi / n
+
+
+def _optimizer_bytes(shape: Shape, strategy: Strategy) -> float:
+    """Optimizer state of all trainable parameters (unsharded), bnb small tensors at 32 bits."""
+    full = optimizer_state_bytes_per_param(strategy.optimizer, eight_bit=False)
+    if not strategy.optimizer8bit:
+        return full * shape.trainable
+    small = shape.small_trainable
+    eight = optimizer_state_bytes_per_param(strategy.optimizer, eight_bit=True)
+    return eight * (shape.trainable - small) + full * small
+
+
+def model_states(shape: Shape, strategy: Strategy) -> ModelStates:
+    """Per-GPU model states of `strategy` (see the module docstring for the byte counts)."""
+    n = strategy.world_size
+    p, t = float(shape.parameters), float(shape.trainable)
+    optim = _optimizer_bytes(shape, strategy)
+    if strategy.engine == Engine.DDP:
+        return ModelStates(4 * p + shape.buffer_bytes, 4 * t, optim)
+    if strategy.engine == Engine.FSDP:
+        # FSDP2 keeps fp32 sharded parameters and gradients; every state is divided by N.
+        sharded = ModelStates((4 * p) / n + shape.buffer_bytes, (4 * t) / n, optim / n)
+        if strategy.offload == Offload.CPU:
+            # CPUOffloadPolicy: sharded parameters, gradients and the optimizer live in host RAM.
+            host = (sharded.parameters_bytes + sharded.gradients_bytes + sharded.optimizer_bytes)
+            return ModelStates(float(shape.buffer_bytes), 0.0, 0.0, host * HOST_BUFFER_FACTOR)
+        return sharded
+    return _deepspeed_states(shape, strategy, optim)
+
+
+def _deepspeed_states(shape: Shape, strategy: Strategy, optim: float) -> ModelStates:
+    n, stage = strategy.world_size, strategy.zero_stage
+    p, t = float(shape.parameters), float(shape.trainable)
+    weight_bytes = 2.0 if strategy.mixed_precision else 4.0
+    if strategy.mixed_precision:
+        optim += (FP32_MASTER_BYTES + FP32_GRAD_PARTITION_BYTES) * t
+    params = weight_bytes * p / (n if stage == 3 else 1)
+    grads = weight_bytes * t / (n if stage >= 2 else 1)
+    optimizer = optim / (n if stage >= 1 else 1)
+    buffers = float(shape.buffer_bytes)
+    if strategy.offload == Offload.CPU:
+        # ZeRO-Offload: optimizer state (and its fp32 gradient partition) in host RAM; gradients
+        # stream to the host through the reduce buckets (temporaries). At stage 3 the parameters
+        # go too (offload_param), leaving only the gathered working set on the GPU.
+        host = optimizer
+        gpu_params = params
+        if stage == 3:
+            host += params
+            gpu_params = 0.0
+        return ModelStates(gpu_params + buffers, 0.0, 0.0, host * HOST_BUFFER_FACTOR)
+    if strategy.offload == Offload.NVME:
+        # ZeRO-Infinity: 16-bit parameters and fp32 master + moments on NVMe; the fp32 gradient
+        # partition and pinned swap buffers stay in host RAM.
+        grad_partition = (FP32_GRAD_PARTITION_BYTES if strategy.mixed_precision else 0.0) * t / n
+        nvme = params + optimizer - grad_partition
+        host = grad_partition * HOST_BUFFER_FACTOR + NVME_SWAP_BUFFER_BYTES
+        return ModelStates(buffers, 0.0, 0.0, host, nvme)
+    return ModelStates(params + buffers, grads, optimizer)
