@@ -76,3 +76,12 @@ app.kubernetes.io/component: {{ . }}
 {{- define "memfit.scrapeJob" -}}
 memfit-operator
 {{- end }}
+
+{{/* A map as "k1=v1,k2=v2", sorted by key (the operator's MEMFIT_EXTRA_POD_LABELS format). */}}
+{{- define "memfit.kvList" -}}
+{{- $pairs := list }}
+{{- range $k := keys . | sortAlpha }}
+{{- $pairs = append $pairs (printf "%s=%v" $k (index $ $k)) }}
+{{- end }}
+{{- join "," $pairs }}
+{{- end }}

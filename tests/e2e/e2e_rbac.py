@@ -1,0 +1,85 @@
+"""What the operator's RBAC must grant, exactly (issue 7): shared by the render test and the can-i matrix."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+Grant = tuple[str, str, str]  # (apiGroup, resource, verb)
+Rules = Mapping[tuple[str, str], frozenset[str]]
+
+CRUD_CHILD = frozenset({"create", "get", "list", "watch", "patch", "delete"})
+READ = frozenset({"get", "list", "watch"})
+
+NAMESPACED: Rules = {
+    ("memfit.dev", "memoryoptimizedtrainingjobs"): READ | {"patch", "update"},
+    ("memfit.dev", "memoryoptimizedtrainingjobs/status"): frozenset({"get", "patch", "update"}),
+    ("batch", "jobs"): CRUD_CHILD,
+    ("", "pods"): READ | {"delete"},
+    ("", "services"): CRUD_CHILD,
+    ("", "configmaps"): CRUD_CHILD,
+    ("", "events"): frozenset({"create", "patch"}),
+}
+KUEUE: Rules = {("kueue.x-k8s.io", "workloads"): READ}
+PODGROUP: Rules = {("scheduling.x-k8s.io", "podgroups"): frozenset({"create", "get", "delete"})}
+CLUSTER: Rules = {
+    ("", "nodes"): READ,
+    ("memfit.dev", "gpunodepools"): READ | {"patch", "create"},
+    ("memfit.dev", "gpunodepools/status"): frozenset({"get", "patch", "update"}),
+    ("apiextensions.k8s.io", "customresourcedefinitions"): frozenset({"list", "watch"}),
+    ("", "namespaces"): frozenset({"list", "watch"}),
+}
+
+# Requests the operator must never be allowed (any scope it runs with).
+DENIED: tuple[tuple[str, str], ...] = (
+    ("get", "secrets"),
+    ("list", "secrets"),
+    ("watch", "secrets"),
+    ("create", "pods"),
+    ("create", "pods/exec"),
+    ("delete", "nodes"),
+    ("patch", "nodes"),
+    ("delete", "memoryoptimizedtrainingjobs.memfit.dev"),
+    ("create", "memoryoptimizedtrainingjobs.memfit.dev"),
+    ("delete", "gpunodepools.memfit.dev"),
+    ("create", "deployments.apps"),
+    ("create", "clusterroles.rbac.authorization.k8s.io"),
+    ("create", "clusterrolebindings.rbac.authorization.k8s.io"),
+    ("create", "customresourcedefinitions.apiextensions.k8s.io"),
+    ("delete", "namespaces"),
+    ("create", "serviceaccounts/token"),
+    ("impersonate", "users"),
+    ("escalate", "clusterroles.rbac.authorization.k8s.io"),
+    ("*", "*"),
+)
+
+
+def expected_namespaced(values: Mapping[str, Any]) -> dict[tuple[str, str], frozenset[str]]:
+    rules = dict(NAMESPACED)
+    if values["kueue"]["enabled"]:
+        rules |= KUEUE
+    if values["gang"]["podGroup"]["enabled"]:
+        rules |= PODGROUP
+    return rules
+
+
+def grants(rules: Rules) -> set[Grant]:
+    return {(group, res, verb) for (group, res), verbs in rules.items() for verb in verbs}
+
+
+def grants_of(policy_rules: Iterable[Mapping[str, Any]]) -> set[Grant]:
+    """Flatten RBAC PolicyRules into (apiGroup, resource, verb) triples."""
+    out: set[Grant] = set()
+    for rule in policy_rules:
+        for group in rule.get("apiGroups", []):
+            for res in rule.get("resources", []):
+                for verb in rule.get("verbs", []):
+                    out.add((group, res, verb))
+    return out
+
+
+def resource_arg(group: str, resource: str) -> str:
+    """`kubectl auth can-i` resource argument: resource[.group], subresource kept after a slash."""
+    base, _, sub = resource.partition("/")
+    name = f"{base}.{group}" if group else base
+    return f"{name}/{sub}" if sub else name
