@@ -1,0 +1,84 @@
+"""Optimizers: torch AdamW/Adam/SGD or bitsandbytes 8-bit state, with a shim for FSDP2's DTensor shards."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from memfit.api.job import OptimizerKind, TrainingSpec
+from torch import nn
+
+# Momentum for SGD (torch default is 0, which keeps no state and leaves nothing for 8-bit to save).
+SGD_MOMENTUM = 0.9
+# torch.optim.AdamW's default decoupled weight decay; Adam and SGD run without decay.
+ADAMW_WEIGHT_DECAY = 0.01
+
+
+def torch_optimizer(params: Iterable[nn.Parameter], training: TrainingSpec) -> torch.optim.Optimizer:
+    """A 32-bit torch optimizer for the training spec."""
+    lr = training.learning_rate
+    if training.optimizer == OptimizerKind.ADAMW:
+        return torch.optim.AdamW(params, lr=lr, weight_decay=ADAMW_WEIGHT_DECAY)
+    if training.optimizer == OptimizerKind.ADAM:
+        return torch.optim.Adam(params, lr=lr)
+    return torch.optim.SGD(params, lr=lr, momentum=SGD_MOMENTUM)
+
+
+def bnb_optimizer(params: Iterable[torch.Tensor], training: TrainingSpec) -> torch.optim.Optimizer:
+    """A bitsandbytes optimizer with blockwise 8-bit state (Dettmers et al. 2022).
+
+    Tensors under bitsandbytes' `min_8bit_size` (4096 elements) keep 32-bit state.
+    """
+    import bitsandbytes as bnb
+
+    lr = training.learning_rate
+    if training.optimizer == OptimizerKind.ADAMW:
+        return bnb.optim.AdamW8bit(params, lr=lr, weight_decay=ADAMW_WEIGHT_DECAY)
+    if training.optimizer == OptimizerKind.ADAM:
+        return bnb.optim.Adam8bit(params, lr=lr)
+    return bnb.optim.SGD8bit(params, lr=lr, momentum=SGD_MOMENTUM)
+
+
+class LocalShardOptimizer:
+    """Runs an optimizer on the local shards of FSDP2's DTensor parameters.
+
+    bitsandbytes kernels take plain tensors only ("got mixed torch.Tensor and DTensor"), so the inner
+    optimizer sees `to_local().detach()` views that share storage with the shards, and each step
+    hands it the local part of every gradient. Its state is per rank (saved per rank, not resharded).
+    """
+
+    def __init__(self, params: Iterable[nn.Parameter], training: TrainingSpec) -> None:
+        from torch.distributed.tensor import DTensor
+
+        self._dtensor = DTensor
+        self.params = [p for p in params if p.requires_grad]
+        self.locals = [p.to_local().detach() if isinstance(p, DTensor) else p.detach() for p in self.params]
+        self.inner = bnb_optimizer(self.locals, training)
+
+    @property
+    def state(self) -> Any:
+        return self.inner.state
+
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:
+        return self.inner.param_groups
+
+    def step(self) -> None:
+        for param, local in zip(self.params, self.locals, strict=True):
+            grad = param.grad
+            local.grad = (
+                None if grad is None else (grad.to_local() if isinstance(grad, self._dtensor) else grad)
+            )
+        self.inner.step()
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for param, local in zip(self.params, self.locals, strict=True):
+            param.grad = None
+            local.grad = None
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.inner.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.inner.load_state_dict(state)

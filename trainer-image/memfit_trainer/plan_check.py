@@ -1,0 +1,114 @@
+"""Refuse a Plan the runtime cannot honour, before any training (termination reason InvalidPlan)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from memfit.api.common import Checkpointing, Engine, Offload, Precision
+from memfit.api.plan import Plan
+
+FSDP_STAGES = (2, 3)  # FSDP2: 2 = reshard_after_forward=False (ZeRO-2-like), 3 = full shard
+
+
+class InvalidPlanError(ValueError):
+    """The plan cannot be applied; the message lists every reason."""
+
+
+@dataclass(frozen=True, slots=True)
+class RuntimeFacts:
+    """What the pod offers, as seen at start."""
+
+    world_size: int
+    cuda: bool
+    bf16_supported: bool = True
+    async_io: bool = True
+
+
+def plan_problems(plan: Plan, facts: RuntimeFacts) -> list[str]:
+    """Every reason the plan cannot run here (empty when it can). Pure."""
+    reasons: list[str] = []
+    for name, value in (
+        ("engine", plan.engine),
+        ("precision", plan.precision),
+        ("activationCheckpointing", plan.activation_checkpointing),
+        ("offload", plan.offload),
+    ):
+        if value.value == "auto":
+            reasons.append(f"{name} is 'auto': the planner must resolve it before launch")
+    if plan.problem is None:
+        reasons.append("problem is missing: the plan must carry the job's problem")
+    if plan.training is None:
+        reasons.append("training is missing: the plan must carry the job's training spec")
+    reasons += _engine_problems(plan, facts)
+    reasons += _precision_problems(plan, facts)
+    if plan.world_size != facts.world_size:
+        reasons.append(
+            f"plan is for {plan.nodes} node(s) x {plan.gpus_per_node} GPU(s) = world size {plan.world_size}, "
+            f"but this job runs with world size {facts.world_size}"
+        )
+    if plan.training is not None:
+        samples = plan.micro_batch_size * plan.gradient_accumulation_steps * plan.world_size
+        if samples != plan.training.global_batch_size:
+            reasons.append(
+                f"microBatchSize {plan.micro_batch_size} x gradientAccumulationSteps "
+                f"{plan.gradient_accumulation_steps} x world size {plan.world_size} = {samples} samples per "
+                f"step, but training.globalBatchSize is {plan.training.global_batch_size}"
+            )
+    return reasons
+
+
+def _engine_problems(plan: Plan, facts: RuntimeFacts) -> list[str]:
+    reasons: list[str] = []
+    if plan.engine == Engine.DDP:
+        if plan.zero_stage != 0:
+            reasons.append(
+                f"ZeRO-{plan.zero_stage} with DDP: DDP replicates all states (stage 0); "
+                "use engine deepspeed or fsdp to shard"
+            )
+        if plan.offload != Offload.NONE:
+            reasons.append(
+                f"offload {plan.offload.value} with DDP: offload needs deepspeed (cpu, nvme) or fsdp (cpu)"
+            )
+    elif plan.engine == Engine.FSDP:
+        if plan.zero_stage not in FSDP_STAGES:
+            reasons.append(
+                f"FSDP with zeroStage {plan.zero_stage}: FSDP shards gradients and optimizer state always; "
+                "use 2 (keep parameters after forward) or 3 (reshard parameters)"
+            )
+        if plan.offload == Offload.NVME:
+            reasons.append("offload nvme with FSDP: NVMe offload needs engine deepspeed (ZeRO-Infinity)")
+    elif plan.engine == Engine.DEEPSPEED:
+        if plan.offload != Offload.NONE and plan.zero_stage == 0:
+            reasons.append(f"offload {plan.offload.value} with ZeRO-0: DeepSpeed offloads from ZeRO-1 on")
+        if plan.offload == Offload.NVME:
+            if plan.zero_stage != 3:
+                reasons.append(
+                    f"offload nvme with ZeRO-{plan.zero_stage}: DeepSpeed offloads to NVMe with ZeRO-3 only"
+                )
+            if not plan.nvme_path:
+                reasons.append("offload nvme without nvmePath: the plan must name the NVMe mount")
+            if not facts.async_io:
+                reasons.append("offload nvme: DeepSpeed's async_io op is not available here (needs libaio)")
+    elif plan.engine != Engine.AUTO:
+        reasons.append(f"unknown engine {plan.engine.value!r}: expected ddp, fsdp or deepspeed")
+    return reasons
+
+
+def _precision_problems(plan: Plan, facts: RuntimeFacts) -> list[str]:
+    if plan.precision == Precision.FP16 and not facts.cuda:
+        return ["precision fp16 needs a CUDA GPU (fp16 kernels and loss scaling); on CPU use bf16 or fp32"]
+    if plan.precision == Precision.BF16 and facts.cuda and not facts.bf16_supported:
+        return ["precision bf16 on a GPU without bf16 support (compute capability < 8.0): use fp16 or fp32"]
+    return []
+
+
+def check_plan(plan: Plan, facts: RuntimeFacts) -> None:
+    """Raise InvalidPlanError listing every reason when the plan cannot run here."""
+    reasons = plan_problems(plan, facts)
+    if reasons:
+        raise InvalidPlanError("; ".join(reasons))
+
+
+def checkpointing_enabled(plan: Plan) -> bool:
+    """True when the plan asks for any activation checkpointing."""
+    return plan.activation_checkpointing in (Checkpointing.SELECTIVE, Checkpointing.FULL)

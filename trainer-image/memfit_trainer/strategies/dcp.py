@@ -1,0 +1,46 @@
+"""torch.distributed.checkpoint for DDP and FSDP: sharded, resharding-capable model and optimizer state."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch import nn
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+from memfit_trainer.optim import LocalShardOptimizer
+
+
+def _rank_file(directory: Path, tag: str) -> Path:
+    return directory / tag / f"optimizer-rank{dist.get_rank() if dist.is_initialized() else 0}.pt"
+
+
+def save_dcp(model: nn.Module, optimizer: Any, directory: Path, tag: str) -> None:
+    """Model (+ torch optimizer) through DCP; an 8-bit shard optimizer's state per rank beside it."""
+    target = directory / tag
+    if isinstance(optimizer, LocalShardOptimizer):
+        model_state, _ = get_state_dict(model, [])
+        dcp.save({"model": model_state}, checkpoint_id=str(target))
+        torch.save(optimizer.state_dict(), _rank_file(directory, tag))
+        return
+    model_state, optim_state = get_state_dict(model, optimizer)
+    dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(target))
+
+
+def load_dcp(model: nn.Module, optimizer: Any, directory: Path, tag: str) -> None:
+    """Restore what save_dcp wrote (DCP reshards to the current world size)."""
+    target = directory / tag
+    if isinstance(optimizer, LocalShardOptimizer):
+        model_state, _ = get_state_dict(model, [])
+        state = {"model": model_state}
+        dcp.load(state, checkpoint_id=str(target))
+        set_state_dict(model, [], model_state_dict=state["model"], optim_state_dict={})
+        optimizer.load_state_dict(torch.load(_rank_file(directory, tag), weights_only=False))
+        return
+    model_state, optim_state = get_state_dict(model, optimizer)
+    state = {"model": model_state, "optim": optim_state}
+    dcp.load(state, checkpoint_id=str(target))
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])

@@ -1,0 +1,83 @@
+"""DDP: replicated model and optimizer; autocast for bf16/fp16 (fp16 with a GradScaler)."""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import Any
+
+import torch
+from memfit.api.common import Precision
+from memfit.api.plan import Plan
+from torch.nn.parallel import DistributedDataParallel
+
+from memfit_trainer.optim import bnb_optimizer, torch_optimizer
+from memfit_trainer.problems import Batch, TrainingProblem
+from memfit_trainer.strategies.base import move_batch, optimizer_state_facts, parameter_facts
+from memfit_trainer.strategies.dcp import load_dcp, save_dcp
+
+AUTOCAST_DTYPES = {Precision.BF16: torch.bfloat16, Precision.FP16: torch.float16}
+
+
+class DdpRunner:
+    """DistributedDataParallel with no_sync() on all but the last micro-batch of a step."""
+
+    engine = "ddp"
+    checkpoint_format = "dcp"
+
+    def __init__(self, *, plan: Plan, problem: TrainingProblem, device: torch.device) -> None:
+        assert plan.training is not None
+        self.plan = plan
+        self.problem = problem
+        self.device = device
+        model = problem.model.to(device)
+        self.model = DistributedDataParallel(
+            model, device_ids=[device.index] if device.type == "cuda" else None
+        )
+        params = [p for p in model.parameters() if p.requires_grad]
+        self.optimizer: Any = (
+            bnb_optimizer(params, plan.training)
+            if plan.optimizer8bit
+            else torch_optimizer(params, plan.training)
+        )
+        self.autocast_dtype = AUTOCAST_DTYPES.get(plan.precision)
+        self.scaler = torch.amp.GradScaler(device.type) if plan.precision == Precision.FP16 else None
+        self.accumulation = plan.gradient_accumulation_steps
+
+    def micro_step(self, batch: Batch, *, last: bool) -> torch.Tensor:
+        inputs = move_batch(batch, self.device)
+        sync = contextlib.nullcontext() if last else self.model.no_sync()
+        with sync:
+            autocast = (
+                torch.autocast(self.device.type, dtype=self.autocast_dtype)
+                if self.autocast_dtype is not None
+                else contextlib.nullcontext()
+            )
+            with autocast:
+                loss = self.problem.loss_fn(self.model, inputs)
+            scaled = loss / self.accumulation
+            (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()
+        return loss.detach()
+
+    def optimizer_step(self) -> None:
+        if self.scaler is not None:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def save(self, directory: Path, tag: str) -> None:
+        save_dcp(self.model, self.optimizer, directory, tag)
+
+    def load(self, directory: Path, tag: str) -> None:
+        load_dcp(self.model, self.optimizer, directory, tag)
+
+    def facts(self) -> dict[str, Any]:
+        return {
+            "engine": self.engine,
+            "autocast_dtype": str(self.autocast_dtype) if self.autocast_dtype else None,
+            "grad_scaler": self.scaler is not None,
+            **parameter_facts(self.model.module),
+            **optimizer_state_facts(self.optimizer),
+        }

@@ -1,0 +1,263 @@
+"""The training loop: build the problem, apply the plan, accumulate to the global batch, checkpoint, measure."""
+
+from __future__ import annotations
+
+import gc
+import logging
+import os
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from memfit.api.plan import Plan
+
+from memfit_trainer import dist as mdist
+from memfit_trainer.checkpoints import (
+    CheckpointMeta,
+    find_latest,
+    finish_checkpoint,
+    keep_from_env,
+    load_portable_weights,
+    native_resume,
+    tag_for,
+)
+from memfit_trainer.memory import MemoryMeter, MemorySample, make_meter
+from memfit_trainer.metrics import TrainerMetrics
+from memfit_trainer.problems import BatchKey, build_problem
+from memfit_trainer.strategies import CHECKPOINT_FORMATS, make_runner
+from memfit_trainer.strategies.checkpointing import apply_activation_checkpointing
+
+ENV_INJECT_OOM_AT_STEP = "MEMFIT_INJECT_OOM_AT_STEP"
+ENV_INJECT_OOM_RANK = "MEMFIT_INJECT_OOM_RANK"
+ENV_CHECKPOINT_DIR = "MEMFIT_CHECKPOINT_DIR"
+ENV_SEED = "MEMFIT_SEED"
+
+log = logging.getLogger("memfit_trainer")
+
+
+@dataclass(frozen=True, slots=True)
+class TrainOptions:
+    """Process-level settings around a plan (from the environment)."""
+
+    seed: int = 0
+    checkpoint_dir: Path | None = None
+    inject_oom_at_step: int | None = None
+    inject_oom_rank: int | None = None
+    keep_checkpoints: int = 2
+
+    @staticmethod
+    def from_env(plan: Plan, environ: Mapping[str, str]) -> TrainOptions:
+        """Seed, checkpoint folder (plan.checkpointDir or $MEMFIT_CHECKPOINT_DIR) and fault injection."""
+        inject = environ.get(ENV_INJECT_OOM_AT_STEP, "").strip()
+        inject_rank = environ.get(ENV_INJECT_OOM_RANK, "").strip()
+        folder = plan.checkpoint_dir or environ.get(ENV_CHECKPOINT_DIR) or None
+        return TrainOptions(
+            seed=int(environ.get(ENV_SEED, "0") or 0),
+            checkpoint_dir=Path(folder) if folder else None,
+            inject_oom_at_step=int(inject) if inject.isdigit() else None,
+            inject_oom_rank=int(inject_rank) if inject_rank.isdigit() else None,
+            keep_checkpoints=keep_from_env(dict(environ)),
+        )
+
+
+@dataclass
+class Progress:
+    """Where the run is, readable when it fails (mutable on purpose: the loop updates it)."""
+
+    step: int = 0
+    resumed_from_step: int | None = None
+    meter: MemoryMeter | None = None
+    last_loss: float | None = None
+
+
+@dataclass
+class RunResult:
+    """What a finished run did (also the per-rank JSON report)."""
+
+    rank: int
+    world_size: int
+    steps: int
+    resumed_from_step: int | None
+    resumed_natively: bool | None
+    final_loss: float | None
+    losses: list[tuple[int, float]] = field(default_factory=list)
+    peak_bytes: int = 0
+    memory_meter: str = ""
+    capacity_bytes: int = 0
+    step_memory: list[dict[str, int]] = field(default_factory=list)
+    facts: dict[str, Any] = field(default_factory=dict)
+    checkpointed_modules: int = 0
+    checkpoints_saved: list[int] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+class SimulatedOutOfMemoryError(torch.OutOfMemoryError):
+    """Raised by MEMFIT_INJECT_OOM_AT_STEP to exercise the operator's re-plan loop."""
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _should_inject(options: TrainOptions, step: int, rank: int) -> bool:
+    return options.inject_oom_at_step == step and options.inject_oom_rank in (None, rank)
+
+
+def run_training(
+    plan: Plan,
+    *,
+    env: mdist.DistEnv,
+    device: torch.device,
+    options: TrainOptions,
+    metrics: TrainerMetrics | None = None,
+    progress: Progress | None = None,
+) -> RunResult:
+    """Train `plan` to its max steps (resuming from the newest checkpoint); the process group must exist."""
+    assert plan.problem is not None and plan.training is not None
+    progress = progress if progress is not None else Progress()
+    started = time.perf_counter()
+    meter = make_meter(device, os.environ)
+    progress.meter = meter
+    meter.start()  # before the model exists, so the CPU counter sees every tensor
+    runner: Any = None
+    try:
+        problem = build_problem(plan.problem, seed=options.seed)
+        recomputed = apply_activation_checkpointing(problem, plan.activation_checkpointing)
+        fmt = CHECKPOINT_FORMATS[plan.engine]
+        latest = find_latest(options.checkpoint_dir) if options.checkpoint_dir else None
+        native = latest is not None and native_resume(latest[1], plan, fmt)
+        if latest is not None and not native:
+            assert options.checkpoint_dir is not None
+            load_portable_weights(problem.model, options.checkpoint_dir, latest[0], latest[1])
+        runner = make_runner(plan=plan, problem=problem, device=device, world_size=env.world_size)
+        start_step = 0
+        if latest is not None:
+            assert options.checkpoint_dir is not None
+            if native:
+                runner.load(options.checkpoint_dir, latest[0])
+            start_step = latest[1].step
+            progress.resumed_from_step = start_step
+            progress.last_loss = latest[1].loss
+            log.info(
+                "resuming at step %d from %s (%s)", start_step, latest[0], "native" if native else "weights"
+            )
+        result = RunResult(
+            rank=env.rank,
+            world_size=env.world_size,
+            steps=start_step,
+            resumed_from_step=progress.resumed_from_step,
+            resumed_natively=native if latest is not None else None,
+            final_loss=progress.last_loss,
+            memory_meter=meter.name,
+            capacity_bytes=meter.capacity_bytes,
+            checkpointed_modules=recomputed,
+        )
+        if metrics is not None:
+            metrics.set_plan(plan, capacity_bytes=meter.capacity_bytes)
+        setup = meter.end_step()
+        result.step_memory.append(_memory_row(0, setup))
+        _train_steps(plan, runner=runner, problem_tokens=problem.tokens_per_sample, make_batch=problem.make_batch,
+                     env=env, device=device, options=options, metrics=metrics, progress=progress,
+                     result=result, start_step=start_step)  # fmt: skip
+        result.facts = runner.facts()
+        result.peak_bytes = meter.run_peak_bytes
+        result.seconds = time.perf_counter() - started
+        return result
+    finally:
+        if runner is not None and hasattr(runner, "close"):
+            runner.close()
+        runner = None
+        gc.collect()
+        meter.stop()
+
+
+def _memory_row(step: int, sample: MemorySample) -> dict[str, int]:
+    return {
+        "step": step,
+        "allocated_bytes": sample.allocated_bytes,
+        "reserved_bytes": sample.reserved_bytes,
+        "peak_bytes": sample.peak_bytes,
+        "transient_peak_bytes": sample.transient_peak_bytes,
+    }
+
+
+def _train_steps(
+    plan: Plan,
+    *,
+    runner: Any,
+    problem_tokens: int,
+    make_batch: Any,
+    env: mdist.DistEnv,
+    device: torch.device,
+    options: TrainOptions,
+    metrics: TrainerMetrics | None,
+    progress: Progress,
+    result: RunResult,
+    start_step: int,
+) -> None:
+    assert plan.training is not None and progress.meter is not None
+    training = plan.training
+    accumulation = plan.gradient_accumulation_steps
+    micro = plan.micro_batch_size
+    every = training.checkpoint.every_steps
+    for step in range(start_step + 1, training.max_steps + 1):
+        progress.step = step
+        began = time.perf_counter()
+        losses = []
+        for index in range(accumulation):
+            key = BatchKey(
+                seed=options.seed,
+                step=step,
+                sample_start=(index * env.world_size + env.rank) * micro,
+                samples=micro,
+            )
+            losses.append(runner.micro_step(make_batch(key), last=index == accumulation - 1))
+            if index == 0 and _should_inject(options, step, env.rank):
+                raise SimulatedOutOfMemoryError(
+                    f"CUDA out of memory (simulated by {ENV_INJECT_OOM_AT_STEP}={step} on rank {env.rank})"
+                )
+        runner.optimizer_step()
+        loss = mdist.all_reduce_mean(float(torch.stack(losses).float().mean()))
+        _sync(device)
+        seconds = time.perf_counter() - began
+        sample = progress.meter.end_step()
+        progress.last_loss = loss
+        result.steps = step
+        result.final_loss = loss
+        result.losses.append((step, loss))
+        result.step_memory.append(_memory_row(step, sample))
+        if metrics is not None:
+            samples = micro * accumulation
+            metrics.observe_step(step=step, seconds=seconds, samples=samples, tokens=samples * problem_tokens,
+                                 loss=loss, memory=sample, run_peak_bytes=progress.meter.run_peak_bytes)  # fmt: skip
+        if env.is_main:
+            log.info(
+                "step %d/%d loss %.4f %.3fs peak %.1f MiB",
+                step, training.max_steps, loss, seconds, sample.peak_bytes / 2**20,
+            )  # fmt: skip
+        if options.checkpoint_dir is not None and (step % every == 0 or step == training.max_steps):
+            _save(plan, runner=runner, options=options, step=step, loss=loss, env=env)
+            result.checkpoints_saved.append(step)
+
+
+def _save(
+    plan: Plan, *, runner: Any, options: TrainOptions, step: int, loss: float, env: mdist.DistEnv
+) -> None:
+    assert options.checkpoint_dir is not None
+    directory = options.checkpoint_dir
+    tag = tag_for(step)
+    if env.is_main:
+        directory.mkdir(parents=True, exist_ok=True)
+    mdist.barrier()
+    runner.save(directory, tag)
+    mdist.barrier()
+    if env.is_main:
+        meta = CheckpointMeta.for_plan(
+            plan=plan, step=step, fmt=runner.checkpoint_format, loss=loss, seed=options.seed
+        )
+        finish_checkpoint(directory, tag, meta, keep=options.keep_checkpoints)
+    mdist.barrier()

@@ -1,0 +1,200 @@
+"""One training process: load and check the plan, join the group, train, report how it ended."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import sys
+import traceback
+from collections.abc import Mapping
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+from memfit.api.plan import Plan
+from pydantic import ValidationError
+
+from memfit_trainer import dist as mdist
+from memfit_trainer.metrics import ENV_JOB, ENV_METRICS_PORT, TrainerMetrics
+from memfit_trainer.plan_check import InvalidPlanError, RuntimeFacts, check_plan
+from memfit_trainer.problems import ProblemError
+from memfit_trainer.termination import (
+    Reason,
+    TerminationMessage,
+    exit_code,
+    is_host_out_of_memory,
+    requested_bytes_from_error,
+    termination_path,
+    write_termination_message,
+)
+from memfit_trainer.train import Progress, RunResult, TrainOptions, run_training
+
+log = logging.getLogger("memfit_trainer")
+
+
+def load_plan(path: Path) -> Plan:
+    """Parse the Plan JSON (camelCase); InvalidPlanError names the field on any problem."""
+    try:
+        return Plan.model_validate_json(path.read_bytes())
+    except OSError as exc:
+        raise InvalidPlanError(f"cannot read plan {path}: {exc.strerror or exc}") from exc
+    except ValidationError as exc:
+        details = "; ".join(
+            f"{'.'.join(str(part) for part in error['loc']) or 'plan'}: {error['msg']}"
+            for error in exc.errors()
+        )
+        raise InvalidPlanError(f"plan {path} is not a valid memfit.dev/plan/v1: {details}") from exc
+
+
+def runtime_facts(world_size: int, device: torch.device) -> RuntimeFacts:
+    """What this process can run: world size, CUDA, bf16, DeepSpeed async I/O (checked lazily)."""
+    cuda = device.type == "cuda"
+    return RuntimeFacts(
+        world_size=world_size,
+        cuda=cuda,
+        bf16_supported=torch.cuda.is_bf16_supported() if cuda else True,
+        async_io=True,
+    )
+
+
+def async_io_available() -> bool:
+    """DeepSpeed's async_io op (NVMe offload) can be built or loaded here."""
+    try:
+        from deepspeed.accelerator import get_accelerator
+
+        builder = get_accelerator().create_op_builder("AsyncIOBuilder")
+        return bool(builder is not None and builder.is_compatible(verbose=False))
+    except Exception:
+        return False
+
+
+def _fail(message: TerminationMessage, environ: Mapping[str, str]) -> int:
+    write_termination_message(message, termination_path(dict(environ)))
+    log.error("%s: %s", message.reason.value, message.message or "")
+    return exit_code(message.reason)
+
+
+def refuse_invalid(error: Exception, *, rank: int | None, environ: Mapping[str, str]) -> int:
+    """Write the InvalidPlan message and return its exit code."""
+    return _fail(TerminationMessage(reason=Reason.INVALID_PLAN, rank=rank, message=str(error)), environ)
+
+
+def _oom_message(
+    error: BaseException, *, reason: Reason, env: mdist.DistEnv, progress: Progress
+) -> TerminationMessage:
+    meter = progress.meter
+    peak = 0
+    capacity = None
+    if meter is not None:
+        with contextlib.suppress(Exception):
+            meter.end_step()  # fold in the failing step's peak (CPU meter: close the profiler cycle)
+        peak = meter.run_peak_bytes
+        capacity = meter.capacity_bytes
+    return TerminationMessage(
+        reason=reason,
+        rank=env.rank,
+        step=progress.step,
+        peak_bytes=peak,
+        requested_bytes=requested_bytes_from_error(error),
+        capacity_bytes=capacity,
+        resumed_from_step=progress.resumed_from_step,
+        memory_meter=meter.name if meter is not None else None,
+        message=str(error).splitlines()[0][:512] if str(error) else type(error).__name__,
+    )
+
+
+def write_report(result: RunResult, report_dir: Path) -> None:
+    """The per-rank run report, report_dir/rank-<r>.json."""
+    report_dir.mkdir(parents=True, exist_ok=True)
+    (report_dir / f"rank-{result.rank}.json").write_text(
+        json.dumps(asdict(result), indent=1), encoding="utf-8"
+    )
+
+
+def completed_message(result: RunResult, env: mdist.DistEnv) -> TerminationMessage:
+    """The success message; peakBytes is the largest peak over all ranks (a collective call)."""
+    peak = int(mdist.all_reduce_max(float(result.peak_bytes)))
+    return TerminationMessage(
+        reason=Reason.COMPLETED,
+        rank=env.rank,
+        steps=result.steps,
+        peak_bytes=peak,
+        capacity_bytes=result.capacity_bytes,
+        final_loss=round(result.final_loss, 6) if result.final_loss is not None else None,
+        resumed_from_step=result.resumed_from_step,
+        memory_meter=result.memory_meter,
+    )
+
+
+def train_process(plan_path: Path, *, report_dir: Path | None, environ: Mapping[str, str]) -> int:
+    """Run one rank to the end; the exit code of termination.py."""
+    env = mdist.read_dist_env(environ)
+    try:
+        plan = load_plan(plan_path)
+        device = mdist.select_device(env, environ)
+        facts = runtime_facts(env.world_size, device)
+        if plan.offload.value == "nvme":
+            facts = RuntimeFacts(facts.world_size, facts.cuda, facts.bf16_supported, async_io_available())
+        check_plan(plan, facts)
+    except InvalidPlanError as error:
+        return refuse_invalid(error, rank=env.rank, environ=environ)
+
+    progress = Progress()
+    try:
+        mdist.init_distributed(env, device)
+        metrics = TrainerMetrics(job=environ.get(ENV_JOB, "") or "local", rank=env.rank)
+        port = environ.get(ENV_METRICS_PORT, "").strip()
+        if port.isdigit():
+            metrics.serve(int(port) + env.local_rank)
+        options = TrainOptions.from_env(plan, environ)
+        result = run_training(
+            plan, env=env, device=device, options=options, metrics=metrics, progress=progress
+        )
+        if report_dir is not None:
+            write_report(result, report_dir)
+        message = completed_message(result, env)
+        if env.local_rank == 0:
+            write_termination_message(message, termination_path(dict(environ)))
+        log.info(
+            "completed %d steps, final loss %s, peak %d bytes",
+            result.steps,
+            message.final_loss,
+            message.peak_bytes,
+        )
+        return exit_code(Reason.COMPLETED)
+    except ProblemError as error:
+        return refuse_invalid(error, rank=env.rank, environ=environ)
+    except torch.OutOfMemoryError as error:
+        reason = Reason.CUDA_OUT_OF_MEMORY
+        return _fail(_oom_message(error, reason=reason, env=env, progress=progress), environ)
+    except (MemoryError, RuntimeError) as error:
+        if not is_host_out_of_memory(error):
+            traceback.print_exc(file=sys.stderr)
+            return _fail(_error_message(error, env, progress), environ)
+        return _fail(
+            _oom_message(error, reason=Reason.HOST_OUT_OF_MEMORY, env=env, progress=progress), environ
+        )
+    except Exception as error:
+        traceback.print_exc(file=sys.stderr)
+        return _fail(_error_message(error, env, progress), environ)
+
+
+def _error_message(error: BaseException, env: mdist.DistEnv, progress: Progress) -> TerminationMessage:
+    return TerminationMessage(
+        reason=Reason.TRAINING_ERROR,
+        rank=env.rank,
+        step=progress.step,
+        message=f"{type(error).__name__}: {error}"[:2048],
+    )
+
+
+def configure_logging() -> None:
+    """One line per record with the rank."""
+    rank = os.environ.get("RANK", "0")
+    logging.basicConfig(
+        level=logging.INFO,
+        format=f"%(asctime)s rank{rank} %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
