@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from dataclasses import dataclass
@@ -104,10 +105,14 @@ def core_api(kubeconfig: str | None = None) -> client.CoreV1Api:
     return client.CoreV1Api(config.new_client_from_config(config_file=kubeconfig))
 
 
+def _raw(call: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:
+    return dict(json.loads(call(*args, _preload_content=False, **kwargs).data))
+
+
 def pool_nodes(api: client.CoreV1Api, pool: str) -> list[str]:
     """Names of the Nodes of `pool`, by index."""
-    nodes = api.list_node(label_selector=f"{POOL_LABEL}={pool}").items
-    return sorted((n.metadata.name for n in nodes), key=lambda n: (len(n), n))
+    nodes = _raw(api.list_node, label_selector=f"{POOL_LABEL}={pool}")["items"]
+    return sorted((str(n["metadata"]["name"]) for n in nodes), key=lambda n: (len(n), n))
 
 
 def scale_pool(api: client.CoreV1Api, pool: Pool, count: int, wait: float = 60.0) -> list[str]:
@@ -136,9 +141,11 @@ def delete_node(api: client.CoreV1Api, name: str) -> None:
     except ApiException as e:
         if e.status != 404:
             raise
-    for pod in api.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={name}").items:
+    for pod in _raw(api.list_pod_for_all_namespaces, field_selector=f"spec.nodeName={name}")["items"]:
+        meta = pod["metadata"]
         try:
-            api.delete_namespaced_pod(pod.metadata.name, pod.metadata.namespace, body={"gracePeriodSeconds": 0})
+            now = client.V1DeleteOptions(grace_period_seconds=0)
+            api.delete_namespaced_pod(meta["name"], meta["namespace"], body=now)
         except ApiException as e:
             if e.status != 404:
                 raise
@@ -148,7 +155,7 @@ def _create_node(api: client.CoreV1Api, manifest: dict[str, Any]) -> None:
     # Status is ignored on create; write it with the status subresource so the scheduler sees the GPUs
     # at once (kwok's node-initialize keeps user-supplied capacity/allocatable).
     try:
-        api.create_node(manifest)
+        api.create_node(client.V1Node.model_validate(manifest))
     except ApiException as e:
         if e.status != 409:
             raise
@@ -163,13 +170,15 @@ def wait_nodes_ready(api: client.CoreV1Api, names: list[str], timeout: float = 6
     while pending:
         for name in sorted(pending):
             try:
-                node = api.read_node(name)
+                node = _raw(api.read_node, name)
             except ApiException as e:
                 if e.status == 404:
                     continue
                 raise
-            ready = any(c.type == "Ready" and c.status == "True" for c in node.status.conditions or [])
-            bad = [t.key for t in node.spec.taints or [] if t.key.startswith("node.kubernetes.io/")]
+            conds = (node.get("status") or {}).get("conditions") or []
+            ready = any(c["type"] == "Ready" and c["status"] == "True" for c in conds)
+            taints = (node.get("spec") or {}).get("taints") or []
+            bad = [t["key"] for t in taints if t["key"].startswith("node.kubernetes.io/")]
             if ready and not bad:
                 pending.discard(name)
         if pending and time.monotonic() > deadline:

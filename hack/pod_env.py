@@ -1,4 +1,4 @@
-"""Pod spec → local process inputs for hack/pod_runner.py: env, downward API, volumes, path/host rewrites."""
+"""Pod spec → local process inputs for hack/pod_runner.py: env, downward API, volumes, rewrites."""
 
 from __future__ import annotations
 
@@ -129,7 +129,7 @@ _PATH_CHARS = r"[\w.\-/]"
 
 @dataclass
 class Rewriter:
-    """Rewrites env values and args: mount paths → local folders, pod DNS names → 127.0.0.1 (ports mapped).
+    """Rewrites env values and args: mount paths → local folders, pod DNS names → 127.0.0.1 (port mapped).
 
     A pod DNS name is `<hostname>.<sub>[.<namespace>[.svc[.cluster.local]]]` where <sub> is the pod's own
     spec.subdomain or a headless Service of its namespace. `<name>:<port>` becomes `127.0.0.1:<local port>`;

@@ -244,7 +244,11 @@ class PodRunner:
                     raise ConfigError(f"volumeMount {m['name']!r} names no volume")
                 paths[m["mountPath"]] = str(local / m.get("subPath", "")).rstrip("/")
             rw = Rewriter(meta["namespace"], paths, subdomains, self.ports)
-            env = rw.env(container_env(pod, c, self._lookup))
+            pod_env = container_env(pod, c, self._lookup)
+            env = rw.env(pod_env)
+            changed = {k: v for k, v in env.items() if pod_env.get(k) != v}
+            if changed:
+                log.info("pod %s container %s: env rewritten: %s", run.ns_name, c["name"], changed)
             argv = [*(c.get("command") or []), *(c.get("args") or [])]
             if not c.get("command"):
                 raise ConfigError(f"container {c['name']!r} has no command: the local runner ignores images")
@@ -309,7 +313,8 @@ class PodRunner:
         if not msg.strip() and code != 0 and fallback:
             msg = "\n".join(c.log.read_bytes()[-2048:].decode(errors="replace").splitlines()[-80:])
         c.result = {"exitCode": code, "reason": "Completed" if code == 0 else "Error",
-                    "startedAt": c.started, "finishedAt": now(), "containerID": f"memfit-local://{c.proc.pid}"}
+                    "startedAt": c.started, "finishedAt": now(),
+                    "containerID": f"memfit-local://{c.proc.pid}"}
         if rc < 0:
             c.result["signal"] = -rc
         if msg:
@@ -367,8 +372,9 @@ class PodRunner:
         meta = pod["metadata"]
         try:
             # With a body the API server ignores query parameters: the grace period goes in the body.
-            self.api.delete_namespaced_pod(meta["name"], meta["namespace"],
-                                           body={"gracePeriodSeconds": 0, "preconditions": {"uid": meta["uid"]}})
+            body = client.V1DeleteOptions(grace_period_seconds=0,
+                                          preconditions=client.V1Preconditions(uid=meta["uid"]))
+            self.api.delete_namespaced_pod(meta["name"], meta["namespace"], body=body)
         except ApiException as e:
             if e.status not in (404, 409):
                 log.warning("delete %s/%s: %s", meta["namespace"], meta["name"], e)

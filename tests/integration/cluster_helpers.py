@@ -22,12 +22,14 @@ class Kube:
     api_client: client.ApiClient
     logs: Callable[[], str]
 
+    # Typed as Any: tests pass manifests as dicts, which the client serialises as they are, while its
+    # annotations ask for model objects.
     @property
-    def core(self) -> client.CoreV1Api:
+    def core(self) -> Any:
         return client.CoreV1Api(self.api_client)
 
     @property
-    def batch(self) -> client.BatchV1Api:
+    def batch(self) -> Any:
         return client.BatchV1Api(self.api_client)
 
     def pod(self, ns: str, name: str) -> Obj | None:

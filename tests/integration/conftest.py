@@ -7,7 +7,7 @@ import re
 import subprocess
 import sys
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 
 import pytest
@@ -108,10 +108,12 @@ def install_crds(cluster: testcluster.TestCluster) -> list[str]:
     return [n.split("/", 1)[1] for n in names]
 
 
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
     """On a failing test that used the cluster, attach the component logs to the report."""
-    outcome = yield
-    report = outcome.get_result()
+    report = yield
     if report.failed and _STARTED and "cluster" in getattr(item, "fixturenames", ()):
         report.sections.append(("test cluster logs", _STARTED[-1].log_tail(60)))
+    return report

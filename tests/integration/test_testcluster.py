@@ -88,8 +88,8 @@ def test_gpu_pod_lands_in_its_pool_until_the_pool_is_full(kube: Kube, namespace:
         kube.core.create_namespaced_pod(namespace, gpu_pod("gpu-2", pool.name))
         cond = kube.wait("gpu-2 Unschedulable", lambda: _unschedulable(kube, namespace, "gpu-2"))
         assert "nvidia.com/gpu" in cond.get("message", ""), cond
-        pod = kube.pod(namespace, "gpu-2")
-        assert pod and pod["status"]["phase"] == "Pending" and not pod["spec"].get("nodeName")
+        pending = kube.pod(namespace, "gpu-2")
+        assert pending and pending["status"]["phase"] == "Pending" and not pending["spec"].get("nodeName")
 
         # Capacity comes back: one more node and the pending pod is scheduled onto it.
         new = kwok_pools.scale_pool(kube.core, pool, 3)
@@ -119,7 +119,7 @@ def test_restricted_namespace_rejects_privileged_pod(kube: Kube, new_namespace: 
     with pytest.raises(ApiException) as err:
         kube.core.create_namespaced_pod(ns, privileged)
     assert err.value.status == 403
-    message = json.loads(err.value.body)["message"]
+    message = json.loads(err.value.body or "{}")["message"]
     assert 'violates PodSecurity "restricted:latest"' in message
     assert "privileged" in message
     compliant = {"metadata": {"name": "ok"}, "spec": {
@@ -181,7 +181,8 @@ def test_local_pod_env_downward_api_and_configmap(kube: Kube, namespace: str) ->
 def test_deleting_a_local_pod_kills_its_process(kube: Kube, namespace: str) -> None:
     kube.core.create_namespaced_pod(namespace, local_pod("sleeper", "import time; time.sleep(600)"))
     pod = kube.wait_pod_phase(namespace, "sleeper", ("Running",), timeout=60)
-    assert condition(pod, "Ready")["status"] == "True"
+    ready = condition(pod, "Ready")
+    assert ready and ready["status"] == "True"
     pid = int(pod["status"]["containerStatuses"][0]["containerID"].rsplit("/", 1)[1])
     assert os.path.exists(f"/proc/{pid}")
     kube.core.delete_namespaced_pod("sleeper", namespace)
