@@ -1,0 +1,33 @@
+"""PURE planner: job spec x GPUNodePools (x profile, measured peaks) -> Plan, alternatives, reasons.
+
+No I/O and no clock. The operator calls `plan(spec, pools=..., profile=..., measured_peaks=...,
+free_gpus=...)` and writes `result.plan` (ConfigMap), `plan_summary(result)` (status) and
+`result.message()` (condition / event).
+"""
+
+from __future__ import annotations
+
+from memfit.planner.baseline import fp32_baseline, static_baseline
+from memfit.planner.decide import build_plan, plan, resolve_shape, search_context
+from memfit.planner.explain import plan_summary
+from memfit.planner.measured import MeasuredPeak
+from memfit.planner.offers import Offer, PoolRejection, catalog_pools, resolve_offers
+from memfit.planner.result import BaselineResult, Candidate, PlanResult
+
+__all__ = [
+    "BaselineResult",
+    "Candidate",
+    "MeasuredPeak",
+    "Offer",
+    "PlanResult",
+    "PoolRejection",
+    "build_plan",
+    "catalog_pools",
+    "fp32_baseline",
+    "plan",
+    "plan_summary",
+    "resolve_offers",
+    "resolve_shape",
+    "search_context",
+    "static_baseline",
+]

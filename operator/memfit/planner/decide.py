@@ -1,0 +1,186 @@
+"""`plan`: a job spec, its pools (and optionally a profile and measured peaks) -> PlanResult.
+
+Pure and deterministic: no I/O, no clock, no randomness; the same inputs give the same answer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from memfit.api.job import MemoryOptimizedTrainingJobSpec
+from memfit.api.plan import Plan
+from memfit.api.pool import GPUNodePool
+from memfit.api.profile import ModelShape, Profile
+from memfit.catalog import find_gpu
+from memfit.memory.calibration import Calibration, calibrate
+from memfit.memory.problems import ShapeError, shape_from_problem
+from memfit.memory.shape import Shape
+from memfit.planner.baseline import DEFAULT_BASELINE_POOL, fp32_baseline
+from memfit.planner.measured import MeasuredPeak, peak_corrections
+from memfit.planner.offers import Offer, PoolRejection, catalog_pool, resolve_offer, resolve_offers
+from memfit.planner.result import BaselineResult, Candidate, PlanResult
+from memfit.planner.search import SearchContext, best_on_offer, objective_key
+from memfit.planner.space import strategy_choices
+
+DEFAULT_ALTERNATIVES = 5
+
+
+def resolve_shape(spec: MemoryOptimizedTrainingJobSpec, profile: Profile | None) -> ModelShape | str:
+    """The model shape: the profile's when it has one, else derived from the problem; or why not."""
+    if profile is not None and profile.shape is not None:
+        return profile.shape
+    if profile is not None and profile.error:
+        return f"profiling failed: {profile.error}"
+    try:
+        return shape_from_problem(spec.problem)
+    except ShapeError as error:
+        return str(error)
+
+
+def _no_fit(reasons: Sequence[str], rejections: Sequence[PoolRejection] = ()) -> PlanResult:
+    return PlanResult(None, None, (), tuple(rejections), None, None, tuple(reasons))
+
+
+def _baseline_offer(name: str, pools: Sequence[GPUNodePool]) -> Offer | None:
+    for pool in pools:
+        if pool.metadata.name == name:
+            resolved = resolve_offer(pool)
+            return resolved if isinstance(resolved, Offer) else None
+    gpu = find_gpu(name)
+    if gpu is None:
+        return None
+    resolved = resolve_offer(catalog_pool(gpu))
+    return resolved if isinstance(resolved, Offer) else None
+
+
+def search_context(spec: MemoryOptimizedTrainingJobSpec, shape: ModelShape, *, profile: Profile | None = None,
+                   measured_peaks: Sequence[MeasuredPeak] = ()) -> SearchContext:
+    """The job's search context (calibrated from the profile's measurements when there are any)."""
+    hot = Shape.of(shape)
+    calibration: Calibration | None = None
+    mfu: float | None = None
+    flops = 0.0
+    if profile is not None:
+        if profile.measurements:
+            calibration = calibrate(profile, hot, optimizer=spec.training.optimizer)
+        if profile.mfu and profile.device.startswith("cuda"):
+            mfu = profile.mfu
+        flops = profile.flops_per_sample
+    pinned_mbs = spec.strategy.micro_batch_size
+    return SearchContext(
+        shape=hot,
+        optimizer=spec.training.optimizer,
+        global_batch=spec.training.global_batch_size,
+        steps=spec.training.max_steps,
+        headroom_percent=spec.objective.memory_headroom_percent,
+        minimize=spec.objective.minimize,
+        max_cost_per_hour=spec.objective.max_cost_per_hour,
+        deadline_hours=spec.objective.deadline_hours,
+        max_nodes=spec.placement.max_nodes,
+        pinned_micro_batch=pinned_mbs if isinstance(pinned_mbs, int) else None,
+        calibration=calibration,
+        corrections=peak_corrections(measured_peaks, hot, calibration=calibration),
+        flops_per_sample=flops,
+        mfu=mfu,
+    )
+
+
+def build_plan(candidate: Candidate, spec: MemoryOptimizedTrainingJobSpec) -> Plan:
+    """The Plan contract for a chosen candidate."""
+    s = candidate.strategy
+    return Plan(
+        engine=s.engine,
+        zero_stage=s.zero_stage,
+        precision=s.precision,
+        activation_checkpointing=s.checkpointing,
+        offload=s.offload,
+        optimizer8bit=s.optimizer8bit,
+        micro_batch_size=s.micro_batch_size,
+        gradient_accumulation_steps=s.accumulation_steps,
+        nodes=candidate.nodes,
+        gpus_per_node=s.gpus_per_node,
+        node_pool=candidate.pool,
+        gpu_product=candidate.product,
+        gpu_memory_bytes=candidate.usable_bytes,
+        memory=candidate.memory.to_breakdown(),
+        headroom_percent=candidate.headroom_percent,
+        price_per_hour=round(candidate.price_per_hour, 6),
+        step_seconds=round(candidate.step.step_seconds, 6),
+        estimated_hours=round(candidate.hours, 6),
+        estimated_cost=round(candidate.total_cost, 6),
+        problem=spec.problem,
+        training=spec.training,
+    )
+
+
+def plan(
+    spec: MemoryOptimizedTrainingJobSpec,
+    *,
+    pools: Sequence[GPUNodePool],
+    profile: Profile | None = None,
+    measured_peaks: Sequence[MeasuredPeak] = (),
+    free_gpus: Mapping[str, int] | None = None,
+    max_alternatives: int = DEFAULT_ALTERNATIVES,
+) -> PlanResult:
+    """Choose the configuration, pool and node count that minimise the job's objective.
+
+    Returns a PlanResult: the Plan, up to `max_alternatives` alternatives (the best on each other
+    pool), a rejection reason for every pool where nothing fits, and the fp32 baseline with the
+    savings; or NoFit (plan None) with all reasons. Never raises on bad pools or impossible pins.
+    `free_gpus` (pool -> free GPUs) caps node counts; `measured_peaks` correct the predictions.
+    """
+    shape = resolve_shape(spec, profile)
+    if isinstance(shape, str):
+        return _no_fit([shape])
+    ctx = search_context(spec, shape, profile=profile, measured_peaks=measured_peaks)
+    choices, pin_problems = strategy_choices(spec.strategy)
+    offers, rejections = resolve_offers(pools, allowed=spec.placement.node_pools, free_gpus=free_gpus)
+    baseline = _baseline(ctx, spec, pools)
+    if not choices:
+        return PlanResult(None, None, (), tuple(rejections), baseline, None, tuple(pin_problems))
+    best_per_pool: list[Candidate] = []
+    for offer in offers:
+        outcome = best_on_offer(ctx, offer, choices)
+        if outcome.best is None:
+            rejections.append(PoolRejection(offer.pool, outcome.failures.reason(
+                headroom_percent=ctx.headroom_percent, global_batch=ctx.global_batch,
+                pinned_micro_batch=ctx.pinned_micro_batch, max_cost_per_hour=ctx.max_cost_per_hour,
+                deadline_hours=ctx.deadline_hours,
+            )))
+        else:
+            best_per_pool.append(outcome.best)
+    rejections.sort(key=lambda r: r.pool)
+    if not best_per_pool:
+        reasons = [] if offers or rejections else ["no GPUNodePools to plan on"]
+        return PlanResult(None, None, (), tuple(rejections), baseline, None, tuple(reasons))
+    ranked = sorted(best_per_pool, key=lambda c: (*objective_key(c, ctx.minimize), c.pool))
+    chosen = ranked[0]
+    savings = None
+    if baseline is not None and baseline.total_cost > 0:
+        savings = (1 - chosen.total_cost / baseline.total_cost) * 100
+    notes = tuple(f"{o.pool}: {n}" for o in offers for n in o.notes)
+    if ctx.calibration is not None:
+        notes += ctx.calibration.notes
+    return PlanResult(
+        plan=build_plan(chosen, spec),
+        chosen=chosen,
+        alternatives=tuple(ranked[1 : 1 + max_alternatives]),
+        rejections=tuple(rejections),
+        baseline=baseline,
+        savings_percent=savings,
+        notes=notes,
+    )
+
+
+def _baseline(ctx: SearchContext, spec: MemoryOptimizedTrainingJobSpec,
+              pools: Sequence[GPUNodePool]) -> BaselineResult | None:
+    placement = spec.placement.baseline
+    name = placement.node_pool if placement else DEFAULT_BASELINE_POOL
+    nodes = placement.nodes if placement else 1
+    offer = _baseline_offer(name, pools)
+    if offer is None:
+        return None
+    return fp32_baseline(ctx, offer, nodes=nodes)
+
+
+

@@ -1,0 +1,170 @@
+"""Plain-words reasons: why a pool was rejected, and the one-line summary of a plan.
+
+Reasons follow the style of Kueue's `Message()` and SkyPilot's errors: what was needed, what the pool
+has, and the most memory-frugal configuration that was tried ("l4-spot: needs 27.1 GiB per GPU at
+micro-batch 1 even with ZeRO-3 and CPU offload on 8 GPUs; has 22.5 GiB").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from memfit.api.common import Engine, Offload
+from memfit.api.job import PlanSummary
+from memfit.planner.offers import Offer
+from memfit.planner.result import PlanResult
+from memfit.planner.space import Choice
+
+GIB = 1024**3
+
+
+def gib(n: float) -> str:
+    """Bytes as `27.1 GiB`."""
+    return f"{n / GIB:.1f} GiB"
+
+
+def choice_words(choice: Choice) -> str:
+    """A configuration in words: `ZeRO-3, bf16, full checkpointing, CPU offload, 8-bit optimizer`."""
+    if choice.engine == Engine.DEEPSPEED:
+        parts = [f"ZeRO-{choice.zero_stage}"]
+    elif choice.engine == Engine.FSDP:
+        parts = ["FSDP full shard" if choice.zero_stage == 3 else "FSDP grad-op shard"]
+    else:
+        parts = ["DDP"]
+    parts.append(choice.precision.value)
+    if choice.checkpointing.value != "none":
+        parts.append(f"{choice.checkpointing.value} checkpointing")
+    if choice.offload != Offload.NONE:
+        parts.append("CPU offload" if choice.offload == Offload.CPU else "NVMe offload")
+    if choice.optimizer8bit:
+        parts.append("8-bit optimizer")
+    return ", ".join(parts)
+
+
+@dataclass(slots=True)
+class OfferFailures:
+    """What went wrong on one offer while searching it (an accumulator, internal to the planner)."""
+
+    offer: Offer
+    bf16_blocked: bool = False
+    host_unknown: bool = False
+    nvme_missing: bool = False
+    layouts_tried: int = 0
+    pinned_micro_batch_layouts: int | None = None
+    min_memory: tuple[int, str, int, int] | None = None  # (peak, config, world size, micro-batch)
+    min_host: tuple[float, str, int] | None = None
+    min_nvme: tuple[float, str, int] | None = None
+    min_deadline: tuple[float, str, int] | None = None
+    min_price_over: float | None = None
+    extra: list[str] = field(default_factory=list)
+
+    def note_memory(self, peak_bytes: int, choice: Choice, world_size: int, micro_batch: int) -> None:
+        if self.min_memory is None or peak_bytes < self.min_memory[0]:
+            self.min_memory = (peak_bytes, choice_words(choice), world_size, micro_batch)
+
+    def note_host(self, needed_bytes: float, choice: Choice, world_size: int) -> None:
+        if self.min_host is None or needed_bytes < self.min_host[0]:
+            self.min_host = (needed_bytes, choice_words(choice), world_size)
+
+    def note_nvme(self, needed_bytes: float, choice: Choice, world_size: int) -> None:
+        if self.min_nvme is None or needed_bytes < self.min_nvme[0]:
+            self.min_nvme = (needed_bytes, choice_words(choice), world_size)
+
+    def note_deadline(self, hours: float, choice: Choice, world_size: int) -> None:
+        if self.min_deadline is None or hours < self.min_deadline[0]:
+            self.min_deadline = (hours, choice_words(choice), world_size)
+
+    def note_price(self, price_per_hour: float) -> None:
+        if self.min_price_over is None or price_per_hour < self.min_price_over:
+            self.min_price_over = price_per_hour
+
+    def reason(self, *, headroom_percent: int, global_batch: int, pinned_micro_batch: int | None,
+               max_cost_per_hour: float | None, deadline_hours: float | None) -> str:
+        """Why nothing fits on this offer, most specific cause first."""
+        offer = self.offer
+        parts: list[str] = []
+        if self.layouts_tried == 0:
+            sizes = sorted({lay.world_size for lay in offer.layouts()})
+            parts.append(
+                f"training.globalBatchSize {global_batch} is not divisible by any GPU count it offers "
+                f"({', '.join(map(str, sizes))})"
+            )
+        elif self.pinned_micro_batch_layouts == 0:
+            parts.append(
+                f"the pinned microBatchSize {pinned_micro_batch} does not divide the per-GPU batch "
+                f"(globalBatchSize {global_batch} / GPUs) at any GPU count it offers"
+            )
+        if self.min_memory is not None:
+            peak, words, world, micro = self.min_memory
+            need = peak * (1 + headroom_percent / 100)
+            parts.append(
+                f"needs {gib(need)} per GPU ({gib(peak)} predicted + {headroom_percent}% headroom) at "
+                f"micro-batch {micro} even with {words} on {world} GPU{'s' if world > 1 else ''}; "
+                f"has {gib(offer.usable_bytes)}"
+            )
+        if self.min_host is not None:
+            needed, words, world = self.min_host
+            parts.append(
+                f"{words} on {world} GPUs would fit the GPUs but needs {gib(needed)} host RAM per node; "
+                f"has {gib(offer.host_usable_bytes_per_node)} usable"
+            )
+        if self.min_nvme is not None:
+            needed, words, world = self.min_nvme
+            parts.append(
+                f"{words} on {world} GPUs needs {gib(needed)} NVMe per node; has {gib(offer.nvme_bytes_per_node)}"
+            )
+        if self.min_deadline is not None and deadline_hours is not None:
+            hours, words, world = self.min_deadline
+            parts.append(
+                f"the fastest fitting configuration ({words} on {world} GPUs) takes {hours:.1f} h, over the "
+                f"deadline of {deadline_hours:g} h"
+            )
+        if self.min_price_over is not None and max_cost_per_hour is not None and not parts:
+            parts.append(
+                f"its smallest usable layout costs ${self.min_price_over:.2f}/h, over maxCostPerHour "
+                f"${max_cost_per_hour:.2f}"
+            )
+        if self.bf16_blocked and not offer.supports_bf16:
+            parts.append(f"{offer.product} has no bf16 (needs compute capability 8.0+): use fp16 or fp32")
+        if self.nvme_missing:
+            parts.append("NVMe offload needs local NVMe; the pool has none (host.nvmeGiB)")
+        if self.host_unknown:
+            parts.append("CPU offload needs host.memoryGiB, which is unknown for this pool")
+        parts.extend(self.extra)
+        return "; ".join(parts) or "no configuration fits"
+
+
+def plan_summary(result: PlanResult) -> PlanSummary | None:
+    """The status summary (`kubectl get motj` columns) of a plan, None for NoFit."""
+    c = result.chosen
+    if c is None:
+        return None
+    s = c.strategy
+    base = result.baseline
+    savings = result.savings_percent
+    return PlanSummary(
+        engine=s.engine,
+        zero_stage=s.zero_stage,
+        precision=s.precision,
+        activation_checkpointing=s.checkpointing,
+        offload=s.offload,
+        optimizer8bit=s.optimizer8bit,
+        micro_batch_size=s.micro_batch_size,
+        gradient_accumulation_steps=s.accumulation_steps,
+        node_pool=c.pool,
+        nodes=c.nodes,
+        gpus=c.gpus,
+        gpu_product=c.product[:128],
+        predicted_peak_bytes=c.memory.peak_bytes,
+        predicted_peak=f"{c.memory.peak_bytes / GIB:.1f}Gi",
+        gpu_memory_bytes=c.usable_bytes,
+        cost_per_hour=round(c.price_per_hour, 4),
+        cost_per_hour_text=f"${c.price_per_hour:.2f}",
+        estimated_hours=round(c.hours, 4),
+        estimated_cost=round(c.total_cost, 4),
+        baseline_cost_per_hour=round(base.price_per_hour, 4) if base else None,
+        baseline_cost=round(base.total_cost, 4) if base else None,
+        savings_percent=round(savings, 1) if savings is not None else None,
+        savings=f"{-savings:+.0f}%" if savings is not None else None,
+    )
+

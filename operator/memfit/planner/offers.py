@@ -1,0 +1,239 @@
+"""GPUNodePools resolved into offers: memory, throughput, price and links per pool, with catalog
+defaults for known products. A pool that cannot be planned on is rejected with a reason, never an
+exception.
+
+Pricing: a job using all GPUs of n nodes pays n x pricePerNodeHour. A single-node job may use k of a
+node's G GPUs (k a power of two below G, as clouds sell 1/2/4/8-GPU sizes) and is charged k/G of the
+node price: the remaining GPUs stay schedulable for other pods.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from memfit.api.job import ObjectMeta
+from memfit.api.pool import (
+    GPUNodePool,
+    GPUNodePoolSpec,
+    GPUSpec,
+    HostSpec,
+    InterconnectSpec,
+    IntraNode,
+)
+from memfit.catalog import CATALOG, GPUModel, find_gpu
+from memfit.memory.timing import NVLINK_GBPS, PCIE_GBPS, GpuSpeed
+
+GIB = 1024**3
+MIB = 1024**2
+# Throughput assumed for a product memfit does not know and the pool does not describe.
+UNKNOWN_BF16_TFLOPS = 100.0
+# fp32 CUDA-core throughput of an unknown GPU relative to its bf16 tensor cores (A100/H100 ~1/16,
+# L4 ~1/4; a conservative middle).
+UNKNOWN_FP32_RATIO = 1 / 10
+# Inter-node bandwidth when a pool does not say: nvlink-class nodes sit on fast fabrics.
+DEFAULT_INTER_NODE_GBITS = {IntraNode.NVLINK: 400.0, IntraNode.PCIE: 100.0}
+# Share of host RAM memfit lets offload use (the rest is the OS, kubelet, dataloaders).
+HOST_USABLE_FRACTION = 0.9
+# GPUs per node of the offline catalog pools (the large instance of each family).
+CATALOG_GPUS_PER_NODE = 8
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """How many nodes and GPUs a candidate uses, and what that costs per hour."""
+
+    nodes: int
+    gpus_per_node: int
+    price_per_hour: float
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+
+@dataclass(frozen=True, slots=True)
+class Offer:
+    """One pool as the planner sees it."""
+
+    pool: str
+    product: str
+    usable_bytes: int
+    gpus_per_node: int
+    max_nodes: int
+    price_per_node_hour: float
+    host_bytes_per_node: int | None  # None: unknown, so no host offload
+    nvme_bytes_per_node: int
+    speed: GpuSpeed
+    supports_bf16: bool
+    max_gpus: int | None = None  # free GPUs right now, when the caller caps by capacity
+    notes: tuple[str, ...] = ()
+
+    @property
+    def usable_gib(self) -> float:
+        return self.usable_bytes / GIB
+
+    @property
+    def host_usable_bytes_per_node(self) -> int:
+        """Host RAM offload may use on one node."""
+        return int((self.host_bytes_per_node or 0) * HOST_USABLE_FRACTION)
+
+    def layouts(self, max_nodes: int | None = None) -> list[Layout]:
+        """Partial single nodes (1, 2, 4, ... GPUs) then whole nodes 1..max_nodes, fewest GPUs first,
+        within the free GPUs when known."""
+        per_node = self.gpus_per_node
+        out: list[Layout] = []
+        k = 1
+        while k < per_node:
+            out.append(Layout(1, k, self.price_per_node_hour * k / per_node))
+            k *= 2
+        top = self.max_nodes if max_nodes is None else min(self.max_nodes, max_nodes)
+        for nodes in range(1, top + 1):
+            out.append(Layout(nodes, per_node, self.price_per_node_hour * nodes))
+        if self.max_gpus is not None:
+            out = [layout for layout in out if layout.world_size <= self.max_gpus]
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class PoolRejection:
+    """A pool the planner could not use, and why, in plain words."""
+
+    pool: str
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.pool}: {self.reason}"
+
+
+def _speed(spec: GPUNodePoolSpec, gpu: GPUModel | None) -> tuple[GpuSpeed, bool, list[str]]:
+    notes: list[str] = []
+    bf16 = spec.gpu.bf16_tflops
+    if bf16 is None:
+        if gpu is not None:
+            bf16 = gpu.bf16_tflops
+        else:
+            bf16 = UNKNOWN_BF16_TFLOPS
+            notes.append(f"throughput unknown: assumed {UNKNOWN_BF16_TFLOPS:.0f} bf16 TFLOPS (set gpu.bf16TFLOPS)")
+    if gpu is not None:
+        fp16 = gpu.fp16_tflops
+        fp32 = gpu.fp32_tflops
+    else:
+        fp16 = bf16 or UNKNOWN_BF16_TFLOPS
+        fp32 = fp16 * UNKNOWN_FP32_RATIO
+    if gpu is not None and spec.gpu.bf16_tflops:
+        # The pool overrides the tensor-core figure: scale fp16 and fp32 alike.
+        ratio = spec.gpu.bf16_tflops / (gpu.bf16_tflops or gpu.fp16_tflops)
+        fp16, fp32 = fp16 * ratio, fp32 * ratio
+    intra = spec.interconnect.intra_node or (IntraNode(gpu.intra_node) if gpu else IntraNode.PCIE)
+    inter = spec.interconnect.inter_node_gbps or DEFAULT_INTER_NODE_GBITS[intra]
+    speed = GpuSpeed(
+        bf16_tflops=bf16,
+        fp16_tflops=fp16,
+        fp32_tflops=fp32,
+        intra_node_gbps=NVLINK_GBPS if intra == IntraNode.NVLINK else PCIE_GBPS,
+        inter_node_gbits=inter,
+        pcie_gbps=PCIE_GBPS,
+    )
+    return speed, bf16 > 0, notes
+
+
+def resolve_offer(pool: GPUNodePool, *, free_gpus: int | None = None) -> Offer | PoolRejection:
+    """One pool -> an Offer, or a rejection that says what to fix."""
+    name, spec = pool.metadata.name, pool.spec
+    gpu = find_gpu(spec.gpu.product)
+    product = gpu.product if gpu else spec.gpu.product
+    if spec.gpu.memory_mi_b is None and gpu is None:
+        return PoolRejection(
+            name, f"GPU product {spec.gpu.product!r} is not in the built-in catalog and gpu.memoryMiB is not set; "
+            "set gpu.memoryMiB (and pricePerNodeHour)",
+        )
+    usable_mib = spec.gpu.memory_mi_b if spec.gpu.memory_mi_b is not None else (gpu.usable_mib if gpu else 0)
+    if usable_mib <= 0:
+        return PoolRejection(name, "gpu.memoryMiB is 0: a GPU without memory cannot hold a training job")
+    per_node = spec.gpu.per_node
+    price = spec.price_per_node_hour
+    if price is None:
+        if gpu is None:
+            return PoolRejection(name, f"no price: {spec.gpu.product!r} is not in the catalog; set pricePerNodeHour")
+        price = gpu.price_per_gpu_hour * per_node
+    if price < 0:
+        return PoolRejection(name, f"pricePerNodeHour is negative ({price}); set the real price per node-hour")
+    if price == 0:
+        return PoolRejection(
+            name, "pricePerNodeHour is 0: every plan on it would cost $0; set its real (or amortised) price",
+        )
+    max_nodes = spec.max_nodes
+    if max_nodes <= 0:
+        return PoolRejection(name, "maxNodes is 0")
+    if free_gpus is not None and free_gpus <= 0:
+        return PoolRejection(name, "no free GPUs right now")
+    host_gib = spec.host.memory_gi_b
+    if host_gib is None and gpu is not None:
+        host_gib = gpu.host_memory_gib_per_gpu * per_node
+    nvme_gib = spec.host.nvme_gi_b
+    if nvme_gib is None:
+        nvme_gib = gpu.nvme_gib_per_gpu * per_node if gpu is not None else 0
+    speed, bf16, notes = _speed(spec, gpu)
+    return Offer(
+        pool=name,
+        product=product,
+        usable_bytes=usable_mib * MIB,
+        gpus_per_node=per_node,
+        max_nodes=max_nodes,
+        max_gpus=free_gpus,
+        price_per_node_hour=price,
+        host_bytes_per_node=host_gib * GIB if host_gib is not None else None,
+        nvme_bytes_per_node=nvme_gib * GIB,
+        speed=speed,
+        supports_bf16=bf16,
+        notes=tuple(notes),
+    )
+
+
+def resolve_offers(
+    pools: Sequence[GPUNodePool], *, allowed: Sequence[str] = (), free_gpus: Mapping[str, int] | None = None,
+) -> tuple[list[Offer], list[PoolRejection]]:
+    """Offers for the pools named in `allowed` (all when empty), sorted by name, and rejections.
+
+    `free_gpus` (pool -> free GPUs, e.g. from GPUNodePool status) caps the node count; a pool absent
+    from it is not capped.
+    """
+    offers: list[Offer] = []
+    rejections: list[PoolRejection] = []
+    names = {p.metadata.name for p in pools}
+    for missing in sorted(set(allowed) - names):
+        rejections.append(PoolRejection(missing, "named in placement.nodePools but no such GPUNodePool exists"))
+    for pool in sorted(pools, key=lambda p: p.metadata.name):
+        if allowed and pool.metadata.name not in allowed:
+            continue
+        free = free_gpus.get(pool.metadata.name) if free_gpus is not None else None
+        resolved = resolve_offer(pool, free_gpus=free)
+        if isinstance(resolved, PoolRejection):
+            rejections.append(resolved)
+        else:
+            offers.append(resolved)
+    return offers, rejections
+
+
+def catalog_pool(gpu: GPUModel, *, gpus_per_node: int = CATALOG_GPUS_PER_NODE, max_nodes: int = 8) -> GPUNodePool:
+    """A GPUNodePool for one catalog GPU, named by its key, priced at the catalog's list price."""
+    intra = IntraNode(gpu.intra_node)
+    return GPUNodePool(
+        metadata=ObjectMeta(name=gpu.key),
+        spec=GPUNodePoolSpec(
+            gpu=GPUSpec(product=gpu.product, per_node=gpus_per_node),
+            price_per_node_hour=round(gpu.price_per_gpu_hour * gpus_per_node, 4),
+            max_nodes=max_nodes,
+            host=HostSpec(
+                memory_gi_b=gpu.host_memory_gib_per_gpu * gpus_per_node,
+                nvme_gi_b=gpu.nvme_gib_per_gpu * gpus_per_node,
+            ),
+            interconnect=InterconnectSpec(intra_node=intra, inter_node_gbps=DEFAULT_INTER_NODE_GBITS[intra]),
+        ),
+    )
+
+
+def catalog_pools(*, gpus_per_node: int = CATALOG_GPUS_PER_NODE, max_nodes: int = 8) -> list[GPUNodePool]:
+    """One pool per catalog GPU (offline planning): 8 GPUs per node, of which a job may use 1, 2, 4 or 8."""
+    return [catalog_pool(g, gpus_per_node=gpus_per_node, max_nodes=max_nodes) for g in CATALOG]

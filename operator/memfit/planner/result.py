@@ -1,0 +1,97 @@
+"""What the planner returns: evaluated candidates, the baseline, and the result with its reasons."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from memfit.api.plan import Plan
+from memfit.memory.predict import MemoryEstimate
+from memfit.memory.strategy import Strategy
+from memfit.memory.timing import StepTime
+from memfit.planner.offers import PoolRejection
+
+GIB = 1024**3
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """One configuration on one pool that fits, with its predicted memory, time and cost."""
+
+    pool: str
+    product: str
+    strategy: Strategy
+    nodes: int
+    usable_bytes: int
+    headroom_percent: int
+    memory: MemoryEstimate
+    step: StepTime
+    price_per_hour: float
+    hours: float
+    total_cost: float
+    rank: int  # preference of the configuration; breaks exact ties
+
+    @property
+    def gpus(self) -> int:
+        return self.strategy.world_size
+
+    def describe(self) -> str:
+        """`4x NVIDIA-L4 (l4) ZeRO-2 bf16 ckpt-full mbs 2x8`."""
+        return f"{self.gpus}x {self.product} ({self.pool}) {self.strategy.describe()}"
+
+
+@dataclass(frozen=True, slots=True)
+class BaselineResult:
+    """The configuration a user would run without memfit, and whether it even fits."""
+
+    label: str
+    pool: str
+    product: str
+    nodes: int
+    world_size: int
+    micro_batch_size: int
+    fits: bool
+    peak_bytes: int
+    usable_bytes: int
+    price_per_hour: float
+    step_seconds: float
+    hours: float
+    total_cost: float
+    note: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class PlanResult:
+    """The planner's answer: a Plan and its alternatives, or NoFit with every reason."""
+
+    plan: Plan | None
+    chosen: Candidate | None
+    alternatives: tuple[Candidate, ...]
+    rejections: tuple[PoolRejection, ...]
+    baseline: BaselineResult | None
+    savings_percent: float | None
+    reasons: tuple[str, ...] = ()  # problem-level reasons (no shape, impossible pins)
+    notes: tuple[str, ...] = ()
+
+    @property
+    def fits(self) -> bool:
+        return self.plan is not None
+
+    def no_fit_reasons(self) -> list[str]:
+        """Every reason nothing fits: problem-level first, then one per pool."""
+        return [*self.reasons, *(str(r) for r in self.rejections)]
+
+    def message(self) -> str:
+        """One line for a condition message or an event."""
+        if self.chosen is None:
+            return "NoFit: " + "; ".join(self.no_fit_reasons())
+        c = self.chosen
+        text = (
+            f"Planned {c.describe()}: peak {c.memory.peak_bytes / GIB:.1f} GiB of "
+            f"{c.usable_bytes / GIB:.1f} GiB, ${c.price_per_hour:.2f}/h, {c.hours:.2f} h, ${c.total_cost:.2f}"
+        )
+        if self.baseline is not None and self.savings_percent is not None:
+            text += (
+                f" vs baseline {self.baseline.label} ${self.baseline.total_cost:.2f}: "
+                f"{-self.savings_percent:+.0f}%"
+            )
+        return text

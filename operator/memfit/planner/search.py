@@ -1,0 +1,292 @@
+"""The search: for every offer, the best fitting configuration by branch and bound.
+
+For one offer, candidates are grouped by (layout, precision, checkpointing): the compute time of a
+group at its largest possible micro-batch is a lower bound on every member's objective (members
+differ only in memory, communication and offload, which can only add time). Groups are visited in
+increasing bound order and the visit stops once a bound exceeds the best found. Inside a group each
+configuration's largest fitting micro-batch comes in closed form from its memory terms (peak is
+linear in the micro-batch, and step time falls as the micro-batch grows), so micro-batches are never
+enumerated. Memory and time terms are cached per (configuration, world size) across offers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+
+from memfit.api.common import Offload, Precision
+from memfit.api.job import Minimize, OptimizerKind
+from memfit.memory.calibration import Calibration
+from memfit.memory.predict import MemoryTerms, memory_terms
+from memfit.memory.shape import Shape
+from memfit.memory.timing import SATURATION_TOKENS, TimeTerms, time_terms
+from memfit.planner.explain import OfferFailures
+from memfit.planner.measured import PeakCorrections
+from memfit.planner.offers import Layout, Offer
+from memfit.planner.result import Candidate
+from memfit.planner.space import ENGINES, OFFLOADS, Choice, divisors
+
+
+@dataclass(frozen=True, slots=True)
+class SearchContext:
+    """Everything about the job the search needs, plus caches shared across offers."""
+
+    shape: Shape
+    optimizer: OptimizerKind
+    global_batch: int
+    steps: int
+    headroom_percent: int
+    minimize: Minimize
+    max_cost_per_hour: float | None
+    deadline_hours: float | None
+    max_nodes: int
+    pinned_micro_batch: int | None
+    calibration: Calibration | None
+    corrections: PeakCorrections
+    flops_per_sample: float
+    mfu: float | None
+    # Keyed by choice rank (unique within one plan call), world size (and GPUs per node).
+    memory_cache: dict[tuple[int, int], MemoryTerms] = field(default_factory=dict)
+    time_cache: dict[tuple[int, int, int], TimeTerms] = field(default_factory=dict)
+
+    def fits_gpu(self, peak_bytes: float, usable_bytes: int) -> bool:
+        """The fit rule: predicted peak x (1 + headroom) <= usable GPU memory."""
+        return peak_bytes * (1 + self.headroom_percent / 100) <= usable_bytes
+
+    def memory(self, choice: Choice, world_size: int, gpus_per_node: int) -> MemoryTerms:
+        """Cached memory terms (with calibration and measured-peak correction)."""
+        key = (choice.rank, world_size)
+        terms = self.memory_cache.get(key)
+        if terms is None:
+            strategy = choice.strategy(optimizer=self.optimizer, world_size=world_size,
+                                       gpus_per_node=gpus_per_node)
+            terms = memory_terms(self.shape, strategy, calibration=self.calibration)
+            factor = self.corrections.factor(strategy)
+            if factor != 1.0:
+                terms = terms.scaled(factor)
+            self.memory_cache[key] = terms
+        return terms
+
+    def time(self, choice: Choice, layout: Layout) -> TimeTerms:
+        """Cached step-time terms."""
+        key = (choice.rank, layout.world_size, layout.gpus_per_node)
+        terms = self.time_cache.get(key)
+        if terms is None:
+            strategy = choice.strategy(optimizer=self.optimizer, world_size=layout.world_size,
+                                       gpus_per_node=layout.gpus_per_node)
+            terms = time_terms(
+                self.shape, strategy, samples_per_gpu_step=self.global_batch // layout.world_size,
+                flops_per_sample_override=self.flops_per_sample, mfu=self.mfu,
+            )
+            self.time_cache[key] = terms
+        return terms
+
+
+@dataclass(frozen=True, slots=True)
+class OfferOutcome:
+    """The best candidate on one offer (None when nothing fits) and what failed."""
+
+    best: Candidate | None
+    failures: OfferFailures
+
+
+def objective_key(c: Candidate, minimize: Minimize) -> tuple[float, ...]:
+    """Sort key: objective, the other objective, fewer GPUs, preference, bigger micro-batch (the pool
+    name breaks what remains)."""
+    first, second = (c.total_cost, c.hours) if minimize == Minimize.COST else (c.hours, c.total_cost)
+    return (round(first, 9), round(second, 9), c.gpus, c.rank, -c.strategy.micro_batch_size)
+
+
+def _better(a: Candidate, b: Candidate | None, minimize: Minimize) -> bool:
+    if b is None:
+        return True
+    ka, kb = objective_key(a, minimize), objective_key(b, minimize)
+    return ka < kb or (ka == kb and a.pool < b.pool)
+
+
+def _offer_choices(offer: Offer, choices: Sequence[Choice], failures: OfferFailures) -> list[Choice]:
+    """Choices the offer can run; fp16 is skipped where bf16 is at least as fast (same memory)."""
+    out: list[Choice] = []
+    has_bf16_choice = any(c.precision == Precision.BF16 for c in choices)
+    fp16_dominated = offer.supports_bf16 and has_bf16_choice and (
+        offer.speed.fp16_tflops <= offer.speed.bf16_tflops
+    )
+    for c in choices:
+        if c.precision == Precision.BF16 and not offer.supports_bf16:
+            failures.bf16_blocked = True
+            continue
+        if c.precision == Precision.FP16 and fp16_dominated:
+            continue
+        if c.offload == Offload.CPU and offer.host_bytes_per_node is None:
+            failures.host_unknown = True
+            continue
+        if c.offload == Offload.NVME and offer.nvme_bytes_per_node <= 0:
+            failures.nvme_missing = True
+            continue
+        out.append(c)
+    return out
+
+
+def _micro_batch(ctx: SearchContext, terms: MemoryTerms, per_gpu: int, usable: int) -> int:
+    """Largest micro-batch dividing `per_gpu` that fits (0 when none); exact fit rule checked."""
+    if ctx.pinned_micro_batch is not None:
+        b = ctx.pinned_micro_batch
+        return b if ctx.fits_gpu(_peak(terms, b, per_gpu), usable) else 0
+    if ctx.fits_gpu(_peak(terms, per_gpu, per_gpu), usable):
+        return per_gpu
+    budget = usable / (1 + ctx.headroom_percent / 100)
+    limit = terms.max_micro_batch(budget, accumulation_above_one=True)
+    if limit <= 0:
+        return 0
+    for b in reversed(divisors(per_gpu)):
+        if b >= per_gpu or b > limit:
+            continue
+        if ctx.fits_gpu(_peak(terms, b, per_gpu), usable):
+            return b
+    return 0
+
+
+def _peak(terms: MemoryTerms, micro_batch: int, per_gpu: int) -> int:
+    # Integer bytes exactly as predict_memory reports them (MemoryEstimate.peak_bytes).
+    peak = terms.peak_bytes(micro_batch, per_gpu // micro_batch)
+    return int(-(-peak // 1))
+
+
+def _compute_bound_seconds(ctx: SearchContext, offer: Offer, layout: Layout, choice: Choice,
+                           per_gpu: int) -> float:
+    """Step seconds of compute alone at the best micro-batch this layout allows: a lower bound."""
+    peak = offer.speed.peak_flops(choice.precision)
+    if peak <= 0:
+        return float("inf")
+    tt = ctx.time(choice, layout)
+    b = ctx.pinned_micro_batch or per_gpu
+    tokens = b * tt.tokens_per_sample
+    efficiency = tt.mfu * tokens / (tokens + SATURATION_TOKENS)
+    return tt.flops_per_gpu_step / (peak * efficiency)
+
+
+def best_on_offer(ctx: SearchContext, offer: Offer, choices: Sequence[Choice]) -> OfferOutcome:
+    """The best candidate on `offer` under the job's objective and limits."""
+    failures = OfferFailures(offer)
+    runnable = _offer_choices(offer, choices, failures)
+    layouts = [lay for lay in offer.layouts(ctx.max_nodes) if ctx.global_batch % lay.world_size == 0]
+    failures.layouts_tried = len(layouts)
+    if ctx.pinned_micro_batch is not None:
+        layouts = [lay for lay in layouts if (ctx.global_batch // lay.world_size) % ctx.pinned_micro_batch == 0]
+        failures.pinned_micro_batch_layouts = len(layouts)
+    if ctx.max_cost_per_hour is not None:
+        over = [lay for lay in layouts if lay.price_per_hour > ctx.max_cost_per_hour]
+        if over:
+            failures.note_price(min(lay.price_per_hour for lay in over))
+        layouts = [lay for lay in layouts if lay.price_per_hour <= ctx.max_cost_per_hour]
+    # Groups share precision and checkpointing: identical compute, hence one lower bound.
+    groups: dict[tuple[Precision, object], list[Choice]] = {}
+    for c in runnable:
+        groups.setdefault((c.precision, c.checkpointing), []).append(c)
+    groups = {k: _group_order(v) for k, v in groups.items()}
+    bounds: list[tuple[float, int, int, Layout, list[Choice]]] = []
+    for li, layout in enumerate(layouts):
+        per_gpu = ctx.global_batch // layout.world_size
+        for gi, members in enumerate(groups.values()):
+            seconds = _compute_bound_seconds(ctx, offer, layout, members[0], per_gpu)
+            hours = ctx.steps * seconds / 3600
+            bound = hours if ctx.minimize == Minimize.TIME else hours * layout.price_per_hour
+            bounds.append((bound, li, gi, layout, members))
+    bounds.sort(key=lambda item: item[:3])
+    best: Candidate | None = None
+    best_objective = float("inf")
+    for bound, _, _, layout, members in bounds:
+        if bound > best_objective:
+            break
+        eight_bit_results: dict[tuple[object, ...], Candidate | None] = {}
+        twins_share_terms = not ctx.corrections.by_family  # measured peaks may scale twins differently
+        for choice in members:
+            if choice.optimizer8bit or choice.sibling_key not in eight_bit_results or not twins_share_terms:
+                candidate = _evaluate(ctx, offer, layout, choice, failures, best_objective)
+                if choice.optimizer8bit:
+                    eight_bit_results[choice.sibling_key] = candidate
+            else:
+                candidate = _as_32bit(ctx, choice, eight_bit_results[choice.sibling_key], layout)
+            if candidate is not None and _better(candidate, best, ctx.minimize):
+                best = candidate
+                best_objective = _objective(ctx, candidate.step.step_seconds, layout.price_per_hour)
+    return OfferOutcome(best, failures)
+
+
+def _group_order(members: list[Choice]) -> list[Choice]:
+    """Visit order inside a group: no offload before offload (a tight bound early), and each 8-bit
+    choice right before its 32-bit twin."""
+    return sorted(members, key=lambda c: (
+        c.offload != Offload.NONE, ENGINES.index(c.engine), c.zero_stage, OFFLOADS.index(c.offload),
+        not c.optimizer8bit,
+    ))
+
+
+def _as_32bit(ctx: SearchContext, choice: Choice, eight_bit: Candidate | None, layout: Layout) -> Candidate | None:
+    """The 32-bit twin of an evaluated 8-bit candidate: same time model, more memory, so it is no
+    better unless it fits at the same micro-batch (then it ties and wins on preference)."""
+    if eight_bit is None:
+        return None
+    b = eight_bit.strategy.micro_batch_size
+    per_gpu = ctx.global_batch // layout.world_size
+    terms = ctx.memory(choice, layout.world_size, layout.gpus_per_node)
+    if not ctx.fits_gpu(_peak(terms, b, per_gpu), eight_bit.usable_bytes):
+        return None
+    strategy = replace(eight_bit.strategy, optimizer8bit=False)
+    return replace(eight_bit, strategy=strategy, memory=terms.at(b, per_gpu // b), rank=choice.rank)
+
+
+def _objective(ctx: SearchContext, seconds: float, price_per_hour: float) -> float:
+    hours = ctx.steps * seconds / 3600
+    return hours if ctx.minimize == Minimize.TIME else hours * price_per_hour
+
+
+def _evaluate(ctx: SearchContext, offer: Offer, layout: Layout, choice: Choice,
+              failures: OfferFailures, best_objective: float) -> Candidate | None:
+    """The candidate of `choice` on `layout`, or None when it does not fit, breaks a limit, or
+    cannot beat `best_objective` (checked first with its optimistic time, before any memory math)."""
+    n, g = layout.world_size, layout.gpus_per_node
+    per_gpu = ctx.global_batch // n
+    tt = ctx.time(choice, layout)
+    optimistic_b = ctx.pinned_micro_batch or per_gpu
+    optimistic = tt.step_seconds(offer.speed, optimistic_b)
+    if _objective(ctx, optimistic.step_seconds, layout.price_per_hour) > best_objective:
+        return None
+    terms = ctx.memory(choice, n, g)
+    b = _micro_batch(ctx, terms, per_gpu, offer.usable_bytes)
+    if b == 0:
+        smallest = ctx.pinned_micro_batch or 1
+        failures.note_memory(_peak(terms, smallest, per_gpu), choice, n, smallest)
+        return None
+    host_needed = terms.host_bytes * g
+    if choice.offload != Offload.NONE and host_needed > offer.host_usable_bytes_per_node:
+        failures.note_host(host_needed, choice, n)
+        return None
+    nvme_needed = terms.nvme_bytes * g
+    if nvme_needed > offer.nvme_bytes_per_node:
+        failures.note_nvme(nvme_needed, choice, n)
+        return None
+    step = optimistic if b == optimistic_b else tt.step_seconds(offer.speed, b)
+    hours = ctx.steps * step.step_seconds / 3600
+    if ctx.deadline_hours is not None and hours > ctx.deadline_hours:
+        failures.note_deadline(hours, choice, n)
+        return None
+    if _objective(ctx, step.step_seconds, layout.price_per_hour) > best_objective:
+        return None
+    accumulation = per_gpu // b
+    strategy = choice.strategy(optimizer=ctx.optimizer, world_size=n, gpus_per_node=g,
+                               micro_batch_size=b, accumulation_steps=accumulation)
+    return Candidate(
+        pool=offer.pool,
+        product=offer.product,
+        strategy=strategy,
+        nodes=layout.nodes,
+        usable_bytes=offer.usable_bytes,
+        headroom_percent=ctx.headroom_percent,
+        memory=terms.at(b, accumulation),
+        step=step,
+        price_per_hour=layout.price_per_hour,
+        hours=hours,
+        total_cost=hours * layout.price_per_hour,
+        rank=choice.rank,
+    )

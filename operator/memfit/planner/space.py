@@ -1,0 +1,99 @@
+"""The search space: every valid (engine, stage, precision, checkpointing, offload, 8-bit) choice
+that honours the job's pinned strategy fields, in a fixed preference order used to break ties.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+from memfit.api.common import Checkpointing, Engine, Offload, Precision, Toggle
+from memfit.api.job import OptimizerKind, StrategySpec
+from memfit.memory.strategy import Strategy, strategy_problem
+
+# Preference order for ties (simpler and more common first).
+ENGINES = (Engine.DDP, Engine.DEEPSPEED, Engine.FSDP)
+STAGES = {Engine.DDP: (0,), Engine.FSDP: (2, 3), Engine.DEEPSPEED: (0, 1, 2, 3)}
+PRECISIONS = (Precision.BF16, Precision.FP16, Precision.FP32)
+CHECKPOINTING = (Checkpointing.NONE, Checkpointing.SELECTIVE, Checkpointing.FULL)
+OFFLOADS = (Offload.NONE, Offload.CPU, Offload.NVME)
+
+
+@dataclass(frozen=True, slots=True)
+class Choice:
+    """A strategy without its layout (world size) and batch split."""
+
+    engine: Engine
+    zero_stage: int
+    precision: Precision
+    checkpointing: Checkpointing
+    offload: Offload
+    optimizer8bit: bool
+    rank: int  # position in the preference order (lower wins a tie)
+
+    def strategy(self, *, optimizer: OptimizerKind, world_size: int = 1, gpus_per_node: int = 1,
+                 micro_batch_size: int = 1, accumulation_steps: int = 1) -> Strategy:
+        """The concrete Strategy at a layout and batch split."""
+        return Strategy(
+            engine=self.engine, zero_stage=self.zero_stage, precision=self.precision,
+            checkpointing=self.checkpointing, offload=self.offload, optimizer8bit=self.optimizer8bit,
+            optimizer=optimizer, world_size=world_size, gpus_per_node=gpus_per_node,
+            micro_batch_size=micro_batch_size, accumulation_steps=accumulation_steps,
+        )
+
+    @property
+    def sibling_key(self) -> tuple[object, ...]:
+        """Identity without the optimizer bit: a 32-bit choice and its 8-bit twin share it."""
+        return (self.engine, self.zero_stage, self.precision, self.checkpointing, self.offload)
+
+    def describe(self) -> str:
+        """`ZeRO-3 bf16 ckpt-full offload-cpu 8-bit-optim`."""
+        return self.strategy(optimizer=OptimizerKind.ADAMW).describe().rsplit(" mbs ", 1)[0]
+
+
+def _allowed(pin: object, values: tuple[object, ...], auto: object) -> tuple[object, ...]:
+    return values if pin == auto else tuple(v for v in values if v == pin)
+
+
+def strategy_choices(pins: StrategySpec) -> tuple[list[Choice], list[str]]:
+    """Valid choices under the pins, in preference order, and why none exist when the list is empty."""
+    engines = _allowed(pins.engine, ENGINES, Engine.AUTO)
+    precisions = _allowed(pins.precision, PRECISIONS, Precision.AUTO)
+    ckpts = _allowed(pins.activation_checkpointing, CHECKPOINTING, Checkpointing.AUTO)
+    offloads = _allowed(pins.offload, OFFLOADS, Offload.AUTO)
+    eight_bits = {Toggle.AUTO: (False, True), Toggle.ENABLED: (True,), Toggle.DISABLED: (False,)}[
+        pins.optimizer8bit
+    ]
+    stage_pin = pins.zero_stage
+    choices: list[Choice] = []
+    problems: dict[str, None] = {}
+    rank = 0
+    for engine in engines:
+        assert isinstance(engine, Engine)
+        stages = STAGES[engine] if stage_pin == "auto" else (stage_pin,)
+        for stage in stages:
+            for offload in offloads:
+                for eight in eight_bits:
+                    for precision in precisions:
+                        for ckpt in ckpts:
+                            assert isinstance(offload, Offload)
+                            assert isinstance(precision, Precision) and isinstance(ckpt, Checkpointing)
+                            choice = Choice(engine, int(stage), precision, ckpt, offload, eight, rank)
+                            problem = strategy_problem(choice.strategy(optimizer=OptimizerKind.ADAMW))
+                            if problem is None:
+                                choices.append(choice)
+                                rank += 1
+                            else:
+                                problems[problem] = None
+    if choices:
+        return choices, []
+    return [], [f"the pinned strategy cannot run: {p}" for p in problems] or [
+        "the pinned strategy fields leave no configuration to try"
+    ]
+
+
+@functools.lru_cache(maxsize=4096)
+def divisors(n: int) -> tuple[int, ...]:
+    """Positive divisors of n, ascending."""
+    small = [d for d in range(1, int(n**0.5) + 1) if n % d == 0]
+    return tuple(sorted(set(small + [n // d for d in small])))
