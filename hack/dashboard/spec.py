@@ -113,9 +113,12 @@ MEMORY = Row("Memory", (
 ))
 
 TRAINING = Row("Training", (
-    Panel("Step time", "timeseries", (Target(
-        f"max by (namespace, job) (memfit_trainer_step_seconds{{{NS_JOB_POOL}}})", "{{job}}"),),
-          unit="s", min_value=0, width=6, description="Slowest rank's last step."),
+    Panel("Step time", "timeseries", (
+        Target(f"max by (namespace, job) (rate(memfit_trainer_step_seconds_sum{{{NS_JOB_POOL}}}[$__rate_interval]) "
+               f"/ rate(memfit_trainer_step_seconds_count{{{NS_JOB_POOL}}}[$__rate_interval]))", "{{job}} mean"),
+        Target(f"histogram_quantile(0.9, sum by (namespace, job, le) (rate(memfit_trainer_step_seconds_bucket"
+               f"{{{NS_JOB_POOL}}}[$__rate_interval])))", "{{job}} p90"),
+    ), unit="s", min_value=0, width=6, description="Optimizer step wall time: slowest rank's mean, and p90."),
     Panel("Samples per second", "timeseries", (Target(
         f"sum by (namespace, job) (rate(memfit_trainer_samples_total{{{NS_JOB_POOL}}}[$__rate_interval]))",
         "{{job}}"),), unit="short", min_value=0, width=6),
