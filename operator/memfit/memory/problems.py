@@ -32,6 +32,8 @@ def shape_from_problem(problem: Problem | BuiltinProblem | HuggingFaceProblem) -
             return shape_from_builtin(problem.builtin)
         if problem.huggingface is not None:
             return shape_from_huggingface(problem.huggingface)
+        if problem.entrypoint is None:
+            raise ShapeError("problem: exactly one of builtin, huggingface or entrypoint must be set")
         raise ShapeError(
             f"problem.entrypoint {problem.entrypoint!r}: the model shape of user code is known only "
             "from a profile; profile the job first (or pass --profile)"
@@ -44,6 +46,12 @@ def shape_from_problem(problem: Problem | BuiltinProblem | HuggingFaceProblem) -
 def shape_from_builtin(spec: BuiltinProblem) -> ModelShape:
     """Builtin models of memfit_trainer: pre-LN blocks with biased QKV/proj/MLP, SDPA, no dropout."""
     h, f, layers = spec.hidden, spec.ffn, spec.layers
+    if h % spec.heads:
+        raise ShapeError(f"problem.builtin.heads: {spec.heads} does not divide hidden {h}")
+    if spec.kind == ModelKind.VIT and spec.image_size % spec.patch_size:
+        raise ShapeError(
+            f"problem.builtin.patchSize: {spec.patch_size} does not divide imageSize {spec.image_size}"
+        )
     block = 3 * h * h + 3 * h + h * h + h + 2 * h * f + f + h + 4 * h
     if spec.kind == ModelKind.VIT:
         patches = (spec.image_size // spec.patch_size) ** 2
