@@ -59,9 +59,9 @@ def free_port() -> int:
 _PRCTL = ctypes.CDLL(None, use_errno=True).prctl  # resolved before any fork: no dlopen in the child
 
 
-def _die_with_parent() -> None:
-    """preexec_fn: SIGTERM the child when the thread that started it exits (Linux PR_SET_PDEATHSIG)."""
-    _PRCTL(1, signal.SIGTERM)
+def _die_with_parent(sig: int) -> Callable[[], None]:
+    """preexec_fn: signal the child when the thread that started it exits (Linux PR_SET_PDEATHSIG)."""
+    return lambda: _PRCTL(1, sig)
 
 
 def _openssl(*args: str, cwd: Path) -> None:
@@ -169,23 +169,26 @@ class TestCluster:
         return time.monotonic() - t0
 
     def stop(self, grace: float = 10.0) -> None:
-        """SIGTERM the recorded PIDs (reverse start order), SIGKILL after `grace` seconds."""
+        """Stop the recorded PIDs in reverse start order (clients first, etcd last): SIGTERM, then
+        SIGKILL after `grace` seconds each. PIDs that no longer run our command line are left alone."""
         if not self.pids and self.state_file.exists():
             self._load_state()
         order = [n for n in reversed(list(self.pids)) if self._ours(self.pids[n])]
-        for name in order:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self.pids[name], signal.SIGTERM)
-        deadline = time.monotonic() + grace
-        for name in order:
-            while self._alive(self.pids[name]) and time.monotonic() < deadline:
-                time.sleep(0.05)
-            if self._alive(self.pids[name]):
+        clients = [n for n in order if n not in ("kube-apiserver", "etcd")]
+        for group in (clients, ["kube-apiserver"], ["etcd"]):
+            names = [n for n in group if n in order]
+            for name in names:
                 with contextlib.suppress(ProcessLookupError):
-                    os.kill(self.pids[name], signal.SIGKILL)
-        for name in order:  # reap our own children (a no-op for PIDs started by another process)
-            with contextlib.suppress(ChildProcessError, OSError):
-                os.waitpid(self.pids[name], 0)
+                    os.kill(self.pids[name], signal.SIGTERM)
+            deadline = time.monotonic() + grace
+            for name in names:
+                while self._alive(self.pids[name]) and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                if self._alive(self.pids[name]):
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(self.pids[name], signal.SIGKILL)
+                with contextlib.suppress(ChildProcessError, OSError):  # reap if it is our child
+                    os.waitpid(self.pids[name], 0)
         self.pids = {}
         self.state_file.unlink(missing_ok=True)
 
@@ -280,7 +283,10 @@ class TestCluster:
             proc = subprocess.Popen(
                 cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, cwd=self.workdir,
                 env=env, start_new_session=not self.die_with_parent,
-                preexec_fn=_die_with_parent if self.die_with_parent else None,
+                # SIGKILL: etcd and kube-apiserver hang when both get SIGTERM at once; the pod runner
+                # gets SIGTERM to end its pods' process groups.
+                preexec_fn=_die_with_parent(signal.SIGTERM if exe else signal.SIGKILL)
+                if self.die_with_parent else None,
             )
         self.pids[name] = proc.pid
         self._save_state()
