@@ -140,6 +140,18 @@ def test_failing_local_pod_reports_exit_code_and_message(kube: Kube, namespace: 
     assert state["message"] == "out of memory: 42 GiB"
 
 
+def test_local_pod_restarts_on_failure(kube: Kube, namespace: str) -> None:
+    code = ("import os, sys; m = '/work/attempted'; first = not os.path.exists(m); open(m, 'w').close();"
+            "sys.exit(7 if first else 0)")
+    pod = local_pod("retry", code, volumeMounts=[{"name": "work", "mountPath": "/work"}])
+    pod["spec"].update(restartPolicy="OnFailure", volumes=[{"name": "work", "emptyDir": {}}])
+    kube.core.create_namespaced_pod(namespace, pod)
+    done = kube.wait_pod_phase(namespace, "retry", ("Failed", "Succeeded"), timeout=60)
+    status = done["status"]["containerStatuses"][0]
+    assert done["status"]["phase"] == "Succeeded", status
+    assert status["restartCount"] == 1 and status["state"]["terminated"]["exitCode"] == 0
+
+
 def test_local_pod_env_downward_api_and_configmap(kube: Kube, namespace: str) -> None:
     kube.core.create_namespaced_config_map(namespace, {"metadata": {"name": "cfg"},
                                                        "data": {"greeting.txt": "hi from a ConfigMap"}})
