@@ -34,6 +34,9 @@ test-unit: venv ## pure modules, fast
 test: venv testbin lint ## everything this machine supports: lint + unit + trainer + integration + e2e
 	MEMFIT_REQUIRE_CLUSTER=$${MEMFIT_REQUIRE_CLUSTER:-1} $(PY) -m pytest tests -q -ra
 
+demo: venv testbin ## local cluster + simulated GPU pools + operator: run the quickstart to Succeeded
+	$(PY) hack/demo.py
+
 plan: venv ## offline plan of the quickstart with the built-in GPU catalog
 	$(VENV)/bin/memfit plan examples/quickstart.yaml
 

@@ -22,7 +22,7 @@ DEFAULT_MAX_PROPERTIES = 64
 
 # Cross-field rules, keyed by the dotted schema path they attach to. Each mirrors a pydantic validator.
 CEL_RULES: dict[str, list[dict[str, str]]] = {
-    "spec": [
+    "MemoryOptimizedTrainingJob.spec": [
         {
             "rule": "!has(self.strategy) || !has(self.strategy.microBatchSize) || "
             "type(self.strategy.microBatchSize) == string || !has(self.training) || "
@@ -33,14 +33,14 @@ CEL_RULES: dict[str, list[dict[str, str]]] = {
             "reason": "FieldValueInvalid",
         },
     ],
-    "spec.problem": [
+    "MemoryOptimizedTrainingJob.spec.problem": [
         {
             "rule": "(has(self.builtin) ? 1 : 0) + (has(self.huggingface) ? 1 : 0) + "
             "(has(self.entrypoint) ? 1 : 0) == 1",
             "message": "exactly one of builtin, huggingface or entrypoint must be set",
         },
     ],
-    "spec.problem.builtin": [
+    "MemoryOptimizedTrainingJob.spec.problem.builtin": [
         {
             "rule": "self.hidden % self.heads == 0",
             "message": "hidden must be divisible by heads",
@@ -55,13 +55,13 @@ CEL_RULES: dict[str, list[dict[str, str]]] = {
             "reason": "FieldValueInvalid",
         },
     ],
-    "spec.strategy": [
+    "MemoryOptimizedTrainingJob.spec.strategy": [
         {
             "rule": "!has(self.zeroStage) || (type(self.zeroStage) == string ? self.zeroStage == 'auto' : "
             "(int(self.zeroStage) >= 0 && int(self.zeroStage) <= 3))",
             "message": "zeroStage must be auto or 0, 1, 2, 3",
             "fieldPath": ".zeroStage",
-            "reason": "FieldValueNotSupported",
+            "reason": "FieldValueInvalid",
         },
         {
             "rule": "!has(self.microBatchSize) || (type(self.microBatchSize) == string ? "
@@ -171,8 +171,17 @@ def _structural(node: Schema, *, path: str, keep_defaults: bool) -> Schema:
             if required:
                 out["required"] = required
             if keep_defaults:
+                # `default: {}` lets the API server fill nested defaults; only for sections that always
+                # exist (not Optional in the model) and have no required fields of their own.
                 for name, sub in out["properties"].items():
-                    if sub.get("type") == "object" and "properties" in sub and name not in (required or []):
+                    optional = any(o.get("type") == "null" for o in props[name].get("anyOf", []))
+                    if (
+                        sub.get("type") == "object"
+                        and "properties" in sub
+                        and not sub.get("required")
+                        and not optional
+                        and name not in (required or [])
+                    ):
                         sub.setdefault("default", {})
         else:
             extra = node.get("additionalProperties", {"type": "string"})
@@ -297,8 +306,14 @@ def build_crds() -> dict[str, dict[str, Any]]:
             plural="memoryoptimizedtrainingjobs",
             short="motj",
             scope="Namespaced",
-            spec=model_openapi(MemoryOptimizedTrainingJobSpec, path="spec", keep_defaults=True),
-            status=model_openapi(MemoryOptimizedTrainingJobStatus, path="status", keep_defaults=False),
+            spec=model_openapi(
+                MemoryOptimizedTrainingJobSpec, path="MemoryOptimizedTrainingJob.spec", keep_defaults=True
+            ),
+            status=model_openapi(
+                MemoryOptimizedTrainingJobStatus,
+                path="MemoryOptimizedTrainingJob.status",
+                keep_defaults=False,
+            ),
             description="A training job that memfit profiles, fits in GPU memory at the lowest cost, "
             "launches and re-plans.",
             columns=motj_columns,
@@ -315,8 +330,8 @@ def build_crds() -> dict[str, dict[str, Any]]:
             plural="gpunodepools",
             short="gpupool",
             scope="Cluster",
-            spec=model_openapi(GPUNodePoolSpec, path="spec", keep_defaults=True),
-            status=model_openapi(GPUNodePoolStatus, path="status", keep_defaults=False),
+            spec=model_openapi(GPUNodePoolSpec, path="GPUNodePool.spec", keep_defaults=True),
+            status=model_openapi(GPUNodePoolStatus, path="GPUNodePool.status", keep_defaults=False),
             description="A pool of identical GPU nodes with a price, used by memfit's planner.",
             columns=pool_columns,
         ),

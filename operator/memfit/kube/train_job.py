@@ -138,8 +138,9 @@ def build_training_job(
         "name": "trainer",
         "image": pod.image,
         "imagePullPolicy": pod.image_pull_policy,
-        "command": ["torchrun"],
-        "args": ["-m", "memfit_trainer.cli", "train", "--plan", f"{PLAN_MOUNT}/plan.json"],
+        # `memfit-trainer train` starts torchrun for multi-GPU plans and keeps the trainer's exit codes.
+        "command": ["memfit-trainer", "train"],
+        "args": ["--plan", f"{PLAN_MOUNT}/plan.json"],
         "env": _env(owner=owner, plan=plan)
         + [{"name": k, "value": v} for k, v in sorted((extra_env or {}).items())],
         "ports": [

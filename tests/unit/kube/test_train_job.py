@@ -35,7 +35,7 @@ def test_indexed_job_runs_one_pod_per_node_with_torchrun_env() -> None:
     assert pod["subdomain"] == "llama"
     assert pod["nodeSelector"] == {"node.kubernetes.io/instance-type": "g6.12xlarge"}
     assert pod["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": "4"}
-    assert pod["containers"][0]["command"] == ["torchrun"]
+    assert pod["containers"][0]["command"] == ["memfit-trainer", "train"]
     assert spec["template"]["metadata"]["labels"]["team"] == "ml"
 
 

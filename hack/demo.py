@@ -1,0 +1,122 @@
+"""`make demo`: memfit end to end on this machine.
+
+Starts the local control plane with simulated GPU pools (KWOK), installs the CRDs and GPUNodePools,
+runs `memfit operator`, applies examples/quickstart.yaml, streams its phase changes until it
+finishes, and prints the plan, the savings against the baseline and where the metrics are. The
+profiler and trainer pods really run, on CPU, through the local pod runner (docs/testcluster.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "hack"))
+
+import kwok_pools  # noqa: E402
+import testcluster  # noqa: E402
+
+
+def kubectl(kubeconfig: Path, *args: str, check: bool = True) -> str:
+    env = {**os.environ, "KUBECONFIG": str(kubeconfig)}
+    result = subprocess.run(["kubectl", *args], env=env, capture_output=True, text=True, check=False)
+    if check and result.returncode != 0:
+        raise SystemExit(f"kubectl {' '.join(args)} failed: {result.stderr.strip()}")
+    return result.stdout
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--dir", type=Path, default=Path("/tmp/memfit-demo"), help="cluster folder")
+    ap.add_argument("--job", type=Path, default=REPO / "examples" / "quickstart.yaml", help="MOTJ to apply")
+    ap.add_argument("--timeout", type=float, default=900, help="seconds to wait for the job")
+    ap.add_argument("--keep", action="store_true", help="leave the cluster and operator running")
+    args = ap.parse_args(argv)
+
+    cluster = testcluster.TestCluster(workdir=args.dir.resolve(), pod_runner=True)
+    if cluster.running():
+        cluster.stop()
+    started = time.monotonic()
+    print(f"==> starting the local cluster in {args.dir} ...", flush=True)
+    cluster.start()
+    kube = cluster.kubeconfig
+    operator = None
+    metrics_port = 18080
+    try:
+        nodes = kwok_pools.apply_pools(str(kube))
+        print(f"==> cluster up in {time.monotonic() - started:.0f}s with {len(nodes)} simulated nodes", flush=True)
+        kubectl(kube, "apply", "--server-side", "-f", str(REPO / "crds"))
+        kubectl(kube, "wait", "--for=condition=Established", "--timeout=60s", "crd", "--all")
+        kubectl(kube, "apply", "-f", str(REPO / "hack" / "kwok" / "gpunodepools.yaml"))
+        log_path = args.dir / "operator.log"
+        print(f"==> starting memfit operator (log: {log_path}, metrics: http://127.0.0.1:{metrics_port}/metrics)")
+        env = {**os.environ, "KUBECONFIG": str(kube)}
+        operator = subprocess.Popen(
+            [sys.executable, "-m", "memfit.cli", "operator", "--metrics-host", "127.0.0.1",
+             "--metrics-port", str(metrics_port), "--extra-pod-label", "memfit.dev/run-local=true",
+             "--resync-seconds", "2"],
+            env=env, stdout=open(log_path, "ab"), stderr=subprocess.STDOUT,  # noqa: SIM115
+        )
+        time.sleep(3)
+        print(kubectl(kube, "get", "gpunodepools"))
+        doc_name = json.loads(kubectl(kube, "create", "--dry-run=client", "-o", "json", "-f", str(args.job)))
+        name = doc_name["metadata"]["name"]
+        kubectl(kube, "apply", "-f", str(args.job))
+        print(f"==> applied {args.job.name}; phases:", flush=True)
+        last = ""
+        deadline = time.monotonic() + args.timeout
+        job: dict = {}
+        while time.monotonic() < deadline:
+            job = json.loads(kubectl(kube, "get", "motj", name, "-o", "json"))
+            status = job.get("status") or {}
+            line = f"{status.get('phase', 'Pending')}: {status.get('message', '')}"
+            if line != last:
+                print(f"  [{time.monotonic() - started:5.0f}s] {line}", flush=True)
+                last = line
+            if status.get("phase") in ("Succeeded", "Failed"):
+                break
+            if operator.poll() is not None:
+                print(f"operator exited:\n{log_path.read_text()[-3000:]}")
+                return 1
+            time.sleep(1)
+        print(kubectl(kube, "get", "motj", name, "-o", "wide"))
+        status = job.get("status") or {}
+        plan = status.get("plan") or {}
+        if plan:
+            print(f"==> plan: {plan.get('gpus')}x{plan.get('gpuProduct')} on {plan.get('nodePool')}, "
+                  f"{plan.get('engine')} ZeRO-{plan.get('zeroStage')} {plan.get('precision')}, micro-batch "
+                  f"{plan.get('microBatchSize')}x{plan.get('gradientAccumulationSteps')}, predicted peak "
+                  f"{plan.get('predictedPeak')}, {plan.get('costPerHourText')}/h")
+            if plan.get("baselineCostPerHour") is not None:
+                print(f"==> baseline ${plan['baselineCostPerHour']:.2f}/h -> savings {plan.get('savings')}")
+        with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5) as resp:
+            lines = [x for x in resp.read().decode().splitlines() if x.startswith("memfit_job")]
+        print("==> metrics (memfit_job_*):\n  " + "\n  ".join(lines[:12]))
+        ok = status.get("phase") == "Succeeded"
+        print(f"==> {name} {status.get('phase')} in {time.monotonic() - started:.0f}s")
+        if args.keep:
+            print(f"cluster and operator keep running: export KUBECONFIG={kube}; stop with "
+                  f"`python hack/testcluster.py down --dir {args.dir}` and `kill {operator.pid}`")
+            operator = None
+            return 0 if ok else 1
+        return 0 if ok else 1
+    finally:
+        if operator is not None:
+            operator.terminate()
+            try:
+                operator.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                operator.kill()
+        if not args.keep:
+            cluster.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

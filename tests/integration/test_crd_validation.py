@@ -1,0 +1,135 @@
+"""The real API server rejects invalid MOTJs through the generated CRD schema: one case per CEL rule,
+plus schema bounds, and accepts every example."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from cluster_helpers import Kube
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+pytestmark = pytest.mark.cluster
+REPO = Path(__file__).resolve().parents[2]
+QUICKSTART = yaml.safe_load((REPO / "examples" / "quickstart.yaml").read_text())
+
+
+def job(name: str, **spec: Any) -> dict[str, Any]:
+    doc = copy.deepcopy(QUICKSTART)
+    doc["metadata"] = {"name": name}
+    for key, value in spec.items():
+        doc["spec"][key] = value
+    return doc
+
+
+CEL_CASES: dict[str, tuple[dict[str, Any], str]] = {
+    "exactly one problem source": (
+        {"problem": {"entrypoint": "pkg.train:problem", "builtin": QUICKSTART["spec"]["problem"]["builtin"]}},
+        "exactly one of builtin, huggingface or entrypoint",
+    ),
+    "no problem source": ({"problem": {}}, "exactly one of builtin, huggingface or entrypoint"),
+    "heads divide hidden": (
+        {"problem": {"builtin": {"kind": "gpt", "layers": 2, "hidden": 64, "heads": 3}}},
+        "hidden must be divisible by heads",
+    ),
+    "patch divides image": (
+        {
+            "problem": {
+                "builtin": {
+                    "kind": "vit",
+                    "layers": 2,
+                    "hidden": 64,
+                    "heads": 4,
+                    "imageSize": 100,
+                    "patchSize": 16,
+                }
+            }
+        },
+        "imageSize must be divisible by patchSize",
+    ),
+    "micro-batch divides global batch": (
+        {"training": {"globalBatchSize": 10}, "strategy": {"microBatchSize": 4}},
+        "microBatchSize must divide training.globalBatchSize",
+    ),
+    "zero stage range": ({"strategy": {"zeroStage": 4}}, "zeroStage must be auto or 0, 1, 2, 3"),
+    "zero stage word": ({"strategy": {"zeroStage": "max"}}, "zeroStage must be auto or 0, 1, 2, 3"),
+    "micro-batch range": ({"strategy": {"microBatchSize": 0}}, "microBatchSize must be auto or 1..65536"),
+    "nvme needs deepspeed": (
+        {"strategy": {"engine": "fsdp", "offload": "nvme"}},
+        "offload nvme needs engine deepspeed",
+    ),
+    "ddp does not shard": ({"strategy": {"engine": "ddp", "zeroStage": 3}}, "engine ddp does not shard"),
+    "ddp does not offload": ({"strategy": {"engine": "ddp", "offload": "cpu"}}, "engine ddp cannot offload"),
+}
+
+
+@pytest.mark.parametrize(("spec", "message"), CEL_CASES.values(), ids=CEL_CASES.keys())
+def test_cel_rule_rejects(
+    kube: Kube, namespace: str, install_crds: list[str], spec: dict[str, Any], message: str
+) -> None:
+    custom = client.CustomObjectsApi(kube.api_client)
+    with pytest.raises(ApiException) as error:
+        custom.create_namespaced_custom_object(
+            "memfit.dev", "v1alpha1", namespace, "memoryoptimizedtrainingjobs", job("bad", **spec)
+        )
+    assert error.value.status == 422
+    assert message in error.value.body
+
+
+def test_name_length_rule(kube: Kube, namespace: str, install_crds: list[str]) -> None:
+    custom = client.CustomObjectsApi(kube.api_client)
+    with pytest.raises(ApiException) as error:
+        custom.create_namespaced_custom_object(
+            "memfit.dev", "v1alpha1", namespace, "memoryoptimizedtrainingjobs", job("x" * 41)
+        )
+    assert "at most 40 characters" in error.value.body
+
+
+SCHEMA_CASES: dict[str, tuple[dict[str, Any], str]] = {
+    "unknown enum": ({"strategy": {"precision": "int8"}}, "spec.strategy.precision"),
+    "negative layers": (
+        {"problem": {"builtin": {"kind": "gpt", "layers": -1, "hidden": 64, "heads": 4}}},
+        "spec.problem.builtin.layers",
+    ),
+    "huge headroom": ({"objective": {"memoryHeadroomPercent": 1000}}, "spec.objective.memoryHeadroomPercent"),
+    "too many pools": (
+        {"placement": {"nodePools": [f"p{i}" for i in range(33)]}},
+        "spec.placement.nodePools",
+    ),
+    "long image": ({"image": "x" * 600}, "spec.image"),
+}
+
+
+@pytest.mark.parametrize(("spec", "field"), SCHEMA_CASES.values(), ids=SCHEMA_CASES.keys())
+def test_schema_bounds_reject(
+    kube: Kube, namespace: str, install_crds: list[str], spec: dict[str, Any], field: str
+) -> None:
+    custom = client.CustomObjectsApi(kube.api_client)
+    with pytest.raises(ApiException) as error:
+        custom.create_namespaced_custom_object(
+            "memfit.dev", "v1alpha1", namespace, "memoryoptimizedtrainingjobs", job("bad", **spec)
+        )
+    assert error.value.status == 422 and field in error.value.body
+
+
+def test_examples_are_accepted_and_defaulted(kube: Kube, namespace: str, install_crds: list[str]) -> None:
+    custom = client.CustomObjectsApi(kube.api_client)
+    for path in ("quickstart.yaml", "llama-finetune.yaml"):
+        doc = yaml.safe_load((REPO / "examples" / path).read_text())
+        doc["metadata"].pop("namespace", None)
+        created = custom.create_namespaced_custom_object(
+            "memfit.dev", "v1alpha1", namespace, "memoryoptimizedtrainingjobs", doc
+        )
+        assert created["spec"]["strategy"]["engine"] == "auto"  # defaults applied by the API server
+        assert created["spec"]["profiling"]["reuse"] is True
+    pools = list(yaml.safe_load_all((REPO / "examples" / "gpunodepools.yaml").read_text()))
+    for pool in pools:
+        pool["metadata"]["name"] = f"{namespace[:40]}-{pool['metadata']['name']}"[:63]
+        custom.create_cluster_custom_object("memfit.dev", "v1alpha1", "gpunodepools", pool)
+        custom.delete_cluster_custom_object(
+            "memfit.dev", "v1alpha1", "gpunodepools", pool["metadata"]["name"]
+        )
