@@ -31,6 +31,9 @@ class ModelShape(ApiModel):
     gated_mlp: bool = Field(default=False, description="SwiGLU-style MLP with three matrices.")
     flash_attention: bool = Field(default=True, description="Attention scores not materialised (SDPA).")
     dropout: bool = Field(default=False, description="Dropout active in training (masks are stored).")
+    separate_qkv: bool = Field(
+        default=False, description="Q, K, V (and gate/up) are separate Linear layers, not one fused matmul."
+    )
 
     @property
     def trainable(self) -> int:

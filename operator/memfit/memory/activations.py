@@ -11,7 +11,10 @@ each saved tensor is counted with its real dtype and size per token:
   fp32 weights, so the stream stays fp32), 16-bit when the model itself runs in bf16/fp16 (FSDP2
   MixedPrecisionPolicy, DeepSpeed);
 - SDPA / FlashAttention saves Q, K, V and the output, never the a·s scores (the 5as/h term vanishes);
-  Hugging Face expands GQA K/V to all heads before SDPA (`repeat_kv`), so K and V count at full width;
+  with grouped-query attention K and V are saved at their own (smaller) width (SDPA `enable_gqa`,
+  Hugging Face transformers >= 4.5x; checked against saved-tensor hooks on LlamaForCausalLM);
+- under torch.autocast every separate projection (Q, K, V; gate, up) casts and saves its own 16-bit
+  copy of its input; one fused QKV matmul saves one;
 - a SwiGLU MLP saves its input, gate output, SiLU output, up output and their product (h + 4f);
 - Hugging Face RMSNorm upcasts to fp32 and saves the fp32 input as well (LlamaRMSNorm);
 - dropout masks are 1 byte per element (bool), only when the model trains with dropout;
@@ -63,10 +66,16 @@ def _norm(shape: Shape, residual: int) -> int:
     return (RMSNORM_FP32_COPY_BYTES * h + residual * h) if shape.rms_norm else residual * h
 
 
-def _attention_core(shape: Shape, compute: int) -> float:
+def _input_copies(shape: Shape, strategy: Strategy, *, projections: int) -> int:
+    """Saved copies of a sub-block's input: one per projection under autocast, else one shared."""
+    autocast = strategy.mixed_precision and strategy.engine == Engine.DDP
+    return projections if autocast and shape.separate_qkv else 1
+
+
+def _attention_core(shape: Shape, compute: int, copies: int = 1) -> float:
     """Bytes per token of the attention sub-block after its norm: QKV input, Q/K/V, output, masks."""
     h, s, a = shape.hidden, shape.tokens, shape.heads
-    core = compute * h + compute * 3 * h + compute * h
+    core = compute * h * copies + compute * (h + 2 * shape.kv_hidden) + compute * h
     if shape.dropout:
         core += DROPOUT_MASK_BYTES * h
     if not shape.flash_attention:
@@ -76,9 +85,9 @@ def _attention_core(shape: Shape, compute: int) -> float:
     return core
 
 
-def _mlp(shape: Shape, compute: int) -> float:
+def _mlp(shape: Shape, compute: int, copies: int = 1) -> float:
     h, f = shape.hidden, shape.ffn
-    mlp = compute * (h + 4 * f) if shape.gated_mlp else compute * (h + 2 * f)
+    mlp = compute * (h * copies + 4 * f) if shape.gated_mlp else compute * (h * copies + 2 * f)
     if shape.dropout:
         mlp += DROPOUT_MASK_BYTES * h
     return mlp
@@ -90,12 +99,14 @@ def activation_terms(shape: Shape, strategy: Strategy) -> ActivationTerms:
     compute, residual = dtype_bytes(strategy)
     h, tokens, layers = shape.hidden, shape.tokens, shape.layers
     norm = _norm(shape, residual)
-    attn = norm + _attention_core(shape, compute)
-    mlp = norm + _mlp(shape, compute)
+    qkv_copies = _input_copies(shape, strategy, projections=3)
+    mlp_copies = _input_copies(shape, strategy, projections=2 if shape.gated_mlp else 1)
+    attn = norm + _attention_core(shape, compute, qkv_copies)
+    mlp = norm + _mlp(shape, compute, mlp_copies)
     if strategy.checkpointing == Checkpointing.FULL:
         per_token = layers * residual * h + attn + mlp
     elif strategy.checkpointing == Checkpointing.SELECTIVE:
-        per_token = layers * (norm + residual * h + mlp) + _attention_core(shape, compute)
+        per_token = layers * (norm + residual * h + mlp) + _attention_core(shape, compute, qkv_copies)
     else:
         per_token = layers * (attn + mlp)
     # Outside the blocks: embedding dropout, final norm and head input, the loss's log-probs.

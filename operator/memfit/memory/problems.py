@@ -157,6 +157,7 @@ def _gated_decoder(config: Mapping[str, object], seq: int) -> ModelShape:
         family="decoder", parameters=params, largest_layer_parameters=max(v * h, h * f, h * q_dim),
         layers=layers, hidden=h, heads=heads, kv_heads=kv_heads, ffn_hidden=f, vocab=v,
         tokens_per_sample=seq, gated_mlp=True, dropout=_prob(config, "attention_dropout", 0.0) > 0,
+        separate_qkv=True,
     )
 
 
@@ -200,6 +201,7 @@ def _bert(config: Mapping[str, object], seq: int) -> ModelShape:
     return ModelShape(
         family="encoder", parameters=params, largest_layer_parameters=max(v * h, h * f),
         layers=layers, hidden=h, heads=heads, ffn_hidden=f, vocab=v, tokens_per_sample=seq, dropout=dropout,
+        separate_qkv=True,
     )
 
 
@@ -224,4 +226,5 @@ def _vit(config: Mapping[str, object]) -> ModelShape:
     return ModelShape(
         family="vision", parameters=params, largest_layer_parameters=max(h * f, 3 * h * h),
         layers=layers, hidden=h, heads=heads, ffn_hidden=f, vocab=0, tokens_per_sample=tokens, dropout=dropout,
+        separate_qkv=True,
     )

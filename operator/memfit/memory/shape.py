@@ -34,6 +34,7 @@ class Shape:
     rms_norm: bool  # HF Llama-style RMSNorm (computes in fp32); implied by a gated MLP
     flash_attention: bool
     dropout: bool
+    separate_qkv: bool  # under autocast each projection saves its own 16-bit copy of the input
 
     @classmethod
     def of(cls, model: ModelShape) -> Shape:
@@ -69,6 +70,7 @@ class Shape:
             rms_norm=model.gated_mlp,
             flash_attention=model.flash_attention,
             dropout=model.dropout,
+            separate_qkv=model.separate_qkv,
         )
 
 
