@@ -373,7 +373,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = ap.parse_args(argv)
     cluster = TestCluster(workdir=args.dir.resolve(), pod_runner=not args.no_pod_runner)
     if args.command == "up":
-        secs = cluster.start()
+        try:
+            secs = cluster.start()
+        except ClusterError as e:
+            print(f"testcluster: {e}", file=sys.stderr)
+            return 1
         msg = f"cluster up in {secs:.1f}s: {cluster.server}"
         if not args.no_pools:
             import kwok_pools  # needs the kubernetes client (the project venv)
