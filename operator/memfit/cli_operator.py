@@ -82,7 +82,10 @@ def cmd_operator(args: argparse.Namespace) -> int:
     threading.Thread(
         target=handlers.resync_forever, args=(settings.requeue_seconds,), name="memfit-resync", daemon=True
     ).start()
-    kopf.run(standalone=True, clusterwide=not args.namespace, namespaces=args.namespace or None)
+    if args.namespace:
+        kopf.run(standalone=True, namespaces=args.namespace)
+    else:
+        kopf.run(standalone=True, clusterwide=True)
     return 0
 
 
