@@ -1,0 +1,137 @@
+"""The reconcile function itself against the real API server (no operator process running):
+idempotence, invalid specs, NoFit with per-pool reasons, the plan ConfigMap as the record of a decision."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+from cluster_helpers import Kube
+from kubernetes import client
+from memfit.api.hashing import problem_hash
+from memfit.api.job import MemoryOptimizedTrainingJobSpec
+from memfit.api.profile import Profile
+from memfit.controller.kubeapi import KubeApi
+from memfit.controller.reconcile import reconcile_job
+from memfit.controller.settings import OperatorSettings
+from memfit.kube.profile_cache import CachedProfile, build_profile_cache
+from memfit.memory.problems import shape_from_problem
+from operator_helpers import GROUP, VERSION, apply_pools, create_job, get_job, quickstart
+
+pytestmark = pytest.mark.cluster
+SETTINGS = OperatorSettings(trainer_image="memfit-trainer:test")
+
+
+@pytest.fixture
+def api(kube: Kube, install_crds: list[str]) -> KubeApi:
+    apply_pools(kube)
+    return KubeApi.from_client(kube.api_client)
+
+
+def children(kube: Kube, namespace: str) -> dict[str, str]:
+    """name -> resourceVersion of every Job, ConfigMap and Service memfit made in the namespace."""
+    out: dict[str, str] = {}
+    for item in kube.batch.list_namespaced_job(namespace).items:
+        out[f"job/{item.metadata.name}"] = item.metadata.resource_version
+    for item in kube.core.list_namespaced_config_map(
+        namespace, label_selector="app.kubernetes.io/managed-by=memfit"
+    ).items:
+        out[f"cm/{item.metadata.name}"] = item.metadata.resource_version
+    for item in kube.core.list_namespaced_service(namespace).items:
+        out[f"svc/{item.metadata.name}"] = item.metadata.resource_version
+    return out
+
+
+def seed_profile(api: KubeApi, namespace: str, doc: dict[str, Any]) -> None:
+    """An analytic profile in the cache, as an earlier run of the same problem would have left."""
+    spec = MemoryOptimizedTrainingJobSpec.model_validate(doc["spec"])
+    digest = problem_hash(spec.problem)
+    profile = Profile(problem_hash=digest[:16], shape=shape_from_problem(spec.problem))
+    api.ensure(
+        build_profile_cache(namespace=namespace, problem_hash=digest, cached=CachedProfile(profile, ()))
+    )
+
+
+def test_second_reconcile_writes_nothing(kube: Kube, namespace: str, api: KubeApi) -> None:
+    create_job(kube, namespace, quickstart("idem"))
+    first = reconcile_job(api, get_job(kube, namespace, "idem"), settings=SETTINGS)  # type: ignore[arg-type]
+    assert first is not None and first.status["phase"] == "Profiling"
+    body = get_job(kube, namespace, "idem")
+    assert body is not None
+    before = (body["metadata"]["resourceVersion"], children(kube, namespace))
+    assert "job/idem-profile" in before[1] and "cm/idem-profile" in before[1]
+    assert reconcile_job(api, body, settings=SETTINGS) is None
+    after = get_job(kube, namespace, "idem")
+    assert after is not None
+    assert (after["metadata"]["resourceVersion"], children(kube, namespace)) == before
+
+
+def test_cached_profile_goes_straight_to_launch(kube: Kube, namespace: str, api: KubeApi) -> None:
+    doc = quickstart("cached")
+    seed_profile(api, namespace, doc)
+    create_job(kube, namespace, doc)
+    decision = reconcile_job(api, get_job(kube, namespace, "cached"), settings=SETTINGS)  # type: ignore[arg-type]
+    assert decision is not None and decision.status["phase"] == "Launching"
+    made = children(kube, namespace)
+    assert {"cm/cached-plan-0", "job/cached-train-0", "svc/cached"} <= set(made)
+    assert "job/cached-profile" not in made
+    assert decision.status["profile"]["source"] == "cached"
+    reasons = [reason for _, reason, _ in decision.events]
+    assert reasons == ["ProfileCached", "PlanFound"]
+    # The plan ConfigMap is the record of the decision: a second reconcile neither re-plans nor writes.
+    assert reconcile_job(api, get_job(kube, namespace, "cached"), settings=SETTINGS) is None  # type: ignore[arg-type]
+    assert children(kube, namespace) == made
+
+
+def test_invalid_spec_fails_without_children(kube: Kube, namespace: str, api: KubeApi) -> None:
+    create_job(kube, namespace, quickstart("invalid"))
+    body = get_job(kube, namespace, "invalid")
+    assert body is not None
+    bad = copy.deepcopy(body)  # as an older CRD without the CEL rules would have stored it
+    bad["spec"]["strategy"] = {"engine": "ddp", "zeroStage": 3}
+    decision = reconcile_job(api, bad, settings=SETTINGS)
+    assert decision is not None
+    failed = next(c for c in decision.status["conditions"] if c["type"] == "Failed")
+    assert failed["status"] == "True" and failed["reason"] == "InvalidSpec"
+    assert "spec.strategy.zeroStage" in failed["message"]
+    assert children(kube, namespace) == {}
+
+
+def test_no_fit_reports_a_reason_per_pool(kube: Kube, namespace: str, api: KubeApi) -> None:
+    doc = quickstart(
+        "huge",
+        placement={"maxNodes": 1, "baseline": {"nodePool": "a100-80-ondemand"}},
+        strategy={"precision": "fp32", "offload": "none", "activationCheckpointing": "none"},
+    )
+    doc["spec"]["problem"] = {
+        "builtin": {
+            "kind": "gpt",
+            "layers": 80,
+            "hidden": 8192,
+            "heads": 64,
+            "vocab": 32000,
+            "sequenceLength": 4096,
+        }
+    }
+    seed_profile(api, namespace, doc)
+    create_job(kube, namespace, doc)
+    decision = reconcile_job(api, get_job(kube, namespace, "huge"), settings=SETTINGS)  # type: ignore[arg-type]
+    assert decision is not None and decision.status["phase"] == "Failed"
+    failed = next(c for c in decision.status["conditions"] if c["type"] == "Failed")
+    assert failed["reason"] == "NoFit"
+    for pool in ("t4-spot", "l4-ondemand", "a100-80-ondemand"):
+        assert pool in failed["message"]
+    assert not [k for k in children(kube, namespace) if k.startswith("job/huge-train")]
+
+
+def test_pool_status_from_nodes(kube: Kube, api: KubeApi) -> None:
+    from memfit.controller.pool_status import reconcile_pools
+
+    reconcile_pools(api)
+    pool = client.CustomObjectsApi(kube.api_client).get_cluster_custom_object(
+        GROUP, VERSION, "gpunodepools", "l4-ondemand"
+    )
+    assert pool["status"]["nodes"] == 2 and pool["status"]["readyNodes"] == 2
+    assert pool["status"]["allocatableGpus"] == 8
+    assert 0 <= pool["status"]["freeGpus"] <= 8
