@@ -127,8 +127,16 @@ class TrainerMetrics:
     def serve(self, port: int) -> bool:
         """Start the HTTP exporter on port; False (logged) if the port is taken."""
         try:
-            start_http_server(port, registry=self.registry)
+            self._server, self._thread = start_http_server(port, registry=self.registry)
         except OSError as exc:
             log.warning("metrics: cannot listen on port %d: %s", port, exc)
             return False
         return True
+
+    def close(self) -> None:
+        """Stop the exporter (tests; a pod exits instead)."""
+        server = getattr(self, "_server", None)
+        if server is not None:
+            server.shutdown()
+            server.server_close()
+            self._server = None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import logging
 import os
+import signal
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -32,6 +33,7 @@ from memfit_trainer.strategies.checkpointing import apply_activation_checkpointi
 
 ENV_INJECT_OOM_AT_STEP = "MEMFIT_INJECT_OOM_AT_STEP"
 ENV_INJECT_OOM_RANK = "MEMFIT_INJECT_OOM_RANK"
+ENV_INJECT_KILL_AT_STEP = "MEMFIT_INJECT_KILL_AT_STEP"
 ENV_CHECKPOINT_DIR = "MEMFIT_CHECKPOINT_DIR"
 ENV_SEED = "MEMFIT_SEED"
 
@@ -46,6 +48,7 @@ class TrainOptions:
     checkpoint_dir: Path | None = None
     inject_oom_at_step: int | None = None
     inject_oom_rank: int | None = None
+    inject_kill_at_step: int | None = None
     keep_checkpoints: int = 2
 
     @staticmethod
@@ -53,12 +56,14 @@ class TrainOptions:
         """Seed, checkpoint folder (plan.checkpointDir or $MEMFIT_CHECKPOINT_DIR) and fault injection."""
         inject = environ.get(ENV_INJECT_OOM_AT_STEP, "").strip()
         inject_rank = environ.get(ENV_INJECT_OOM_RANK, "").strip()
+        kill = environ.get(ENV_INJECT_KILL_AT_STEP, "").strip()
         folder = plan.checkpoint_dir or environ.get(ENV_CHECKPOINT_DIR) or None
         return TrainOptions(
             seed=int(environ.get(ENV_SEED, "0") or 0),
             checkpoint_dir=Path(folder) if folder else None,
             inject_oom_at_step=int(inject) if inject.isdigit() else None,
             inject_oom_rank=int(inject_rank) if inject_rank.isdigit() else None,
+            inject_kill_at_step=int(kill) if kill.isdigit() else None,
             keep_checkpoints=keep_from_env(dict(environ)),
         )
 
@@ -215,6 +220,9 @@ def _train_steps(
                 sample_start=(index * env.world_size + env.rank) * micro,
                 samples=micro,
             )
+            if index == 0 and options.inject_kill_at_step == step:
+                # Simulates a lost node or pre-emption: no message, no cleanup (MEMFIT_INJECT_KILL_AT_STEP).
+                os.kill(os.getpid(), signal.SIGKILL)
             losses.append(runner.micro_step(make_batch(key), last=index == accumulation - 1))
             if index == 0 and _should_inject(options, step, env.rank):
                 raise SimulatedOutOfMemoryError(

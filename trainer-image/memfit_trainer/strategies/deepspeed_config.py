@@ -132,6 +132,9 @@ def build_deepspeed_config(plan: Plan, *, cuda: bool) -> dict[str, Any]:
         "bf16": {"enabled": plan.precision == Precision.BF16},
         "fp16": {"enabled": plan.precision == Precision.FP16}
         | (FP16_LOSS_SCALING if plan.precision == Precision.FP16 else {}),
+        # DeepSpeed clips gradients at norm 1.0 unless told otherwise (runtime/constants.py
+        # GRADIENT_CLIPPING_DEFAULT); DDP and FSDP do not, and a re-plan must not change the training.
+        "gradient_clipping": 0.0,
         "steps_per_print": NEVER,
         "wall_clock_breakdown": False,
     }
