@@ -70,10 +70,18 @@ def _load_pools(path: Path) -> tuple[list[GPUNodePool], list[PoolRejection]]:
     if unreadable:
         raise InputError([str(p) for p in unreadable])
     pools = [item.obj for item in loaded if isinstance(item.obj, GPUNodePool)]
-    rejected = [PoolRejection(p.source, f"invalid: {p.path}: {p.message}") for p in problems]
+    rejected = [PoolRejection(_pool_name(p.source), f"invalid ({p.source}): {p.path}: {p.message}")
+                for p in problems]
     if not pools and not rejected:
         raise InputError([f"{path}: no GPUNodePool in the file"])
     return pools, rejected
+
+
+def _pool_name(source: str) -> str:
+    """`pools.yaml[2] (l4-spot)` -> `l4-spot` (the source when the document has no name)."""
+    if source.endswith(")") and " (" in source:
+        return source.rsplit(" (", 1)[1][:-1]
+    return source
 
 
 def _load_profile(path: Path) -> Profile:

@@ -9,8 +9,11 @@ Bytes per parameter by regime (shared/reference/memory-model.md §1):
 - DeepSpeed mixed precision: 16-bit weights 2 + 16-bit gradients 2 + fp32 master 4 + Adam 8 = the
   ZeRO paper's 2 + 2 + K (K = 12), plus the fp32 gradient partition (4) that DeepSpeed allocates for
   the step: optimizer 16 B/param, as the DeepSpeed autotuner counts it
-  (deepspeed/autotuning/autotuner.py: optimizer 16 B fp16 / 8 B fp32) and as its ZeRO-2/3 estimators
-  do (stage_1_and_2.py `2Ψ + 18Ψ/N`; stage3.py `18Ψ/N`).
+  (deepspeed/autotuning/autotuner.py: optimizer 16 B for fp16) and as its ZeRO-2/3 estimators do
+  (stage_1_and_2.py `2Ψ + 18Ψ/N`; stage3.py `18Ψ/N`). The ZeRO optimizers clone the fp32 partition
+  and its gradient even when the model itself is fp32 (`single_partition_of_fp32_groups`,
+  `fp32_partitioned_groups_flat`), so fp32 ZeRO >= 1 also pays 4 + 4 B/param on top of the moments;
+  only fp32 without ZeRO (stage 0) steps the model's own parameters (8 B/param, the autotuner's fp32).
 - Sharding (ZeRO paper, Rajbhandari et al. 2020, §5): stage >= 1 divides the optimizer state by N,
   >= 2 the gradients, 3 the parameters.
 - bitsandbytes 8-bit Adam: uint8 state1/state2 + one fp32 absmax per 256-element block =
@@ -111,7 +114,7 @@ def _deepspeed_states(shape: Shape, strategy: Strategy, optim: float) -> ModelSt
     n, stage = strategy.world_size, strategy.zero_stage
     p, t = float(shape.parameters), float(shape.trainable)
     weight_bytes = 2.0 if strategy.mixed_precision else 4.0
-    if strategy.mixed_precision:
+    if strategy.mixed_precision or stage >= 1:
         optim += (FP32_MASTER_BYTES + FP32_GRAD_PARTITION_BYTES) * t
     params = weight_bytes * p / (n if stage == 3 else 1)
     grads = weight_bytes * t / (n if stage >= 2 else 1)
@@ -130,7 +133,7 @@ def _deepspeed_states(shape: Shape, strategy: Strategy, optim: float) -> ModelSt
     if strategy.offload == Offload.NVME:
         # ZeRO-Infinity: 16-bit parameters and fp32 master + moments on NVMe; the fp32 gradient
         # partition and pinned swap buffers stay in host RAM.
-        grad_partition = (FP32_GRAD_PARTITION_BYTES if strategy.mixed_precision else 0.0) * t / n
+        grad_partition = FP32_GRAD_PARTITION_BYTES * t / n
         nvme = params + optimizer - grad_partition
         host = grad_partition * HOST_BUFFER_FACTOR + NVME_SWAP_BUFFER_BYTES
         return ModelStates(buffers, 0.0, 0.0, host, nvme)

@@ -52,6 +52,7 @@ class OfferFailures:
     layouts_tried: int = 0
     pinned_micro_batch_layouts: int | None = None
     min_memory: tuple[int, str, int, int] | None = None  # (peak, config, world size, micro-batch)
+    min_memory_on_gpu: tuple[int, str, int, int] | None = None  # the same without offload
     min_host: tuple[float, str, int] | None = None
     min_nvme: tuple[float, str, int] | None = None
     min_deadline: tuple[float, str, int] | None = None
@@ -59,8 +60,11 @@ class OfferFailures:
     extra: list[str] = field(default_factory=list)
 
     def note_memory(self, peak_bytes: int, choice: Choice, world_size: int, micro_batch: int) -> None:
+        entry = (peak_bytes, choice_words(choice), world_size, micro_batch)
         if self.min_memory is None or peak_bytes < self.min_memory[0]:
-            self.min_memory = (peak_bytes, choice_words(choice), world_size, micro_batch)
+            self.min_memory = entry
+        if choice.offload == Offload.NONE and (self.min_memory_on_gpu is None or peak_bytes < self.min_memory_on_gpu[0]):
+            self.min_memory_on_gpu = entry
 
     def note_host(self, needed_bytes: float, choice: Choice, world_size: int) -> None:
         if self.min_host is None or needed_bytes < self.min_host[0]:
@@ -94,24 +98,29 @@ class OfferFailures:
                 f"the pinned microBatchSize {pinned_micro_batch} does not divide the per-GPU batch "
                 f"(globalBatchSize {global_batch} / GPUs) at any GPU count it offers"
             )
-        if self.min_memory is not None:
-            peak, words, world, micro = self.min_memory
+        # When offload fits the GPU but not the host, the GPU-memory sentence is about configurations
+        # without offload; the host sentence says what offload would need.
+        memory = self.min_memory_on_gpu if self.min_host or self.min_nvme else self.min_memory
+        if memory is not None:
+            peak, words, world, micro = memory
             need = peak * (1 + headroom_percent / 100)
+            prefix = "without offload it " if memory is not self.min_memory or self.min_host else ""
             parts.append(
-                f"needs {gib(need)} per GPU ({gib(peak)} predicted + {headroom_percent}% headroom) at "
-                f"micro-batch {micro} even with {words} on {world} GPU{'s' if world > 1 else ''}; "
+                f"{prefix}needs {gib(need)} per GPU ({gib(peak)} predicted + {headroom_percent}% headroom) "
+                f"at micro-batch {micro} even with {words} on {world} GPU{'s' if world > 1 else ''}; "
                 f"has {gib(offer.usable_bytes)}"
             )
         if self.min_host is not None:
             needed, words, world = self.min_host
             parts.append(
-                f"{words} on {world} GPUs would fit the GPUs but needs {gib(needed)} host RAM per node; "
-                f"has {gib(offer.host_usable_bytes_per_node)} usable"
+                f"{words} on {world} GPU{'s' if world > 1 else ''} would fit the GPU memory but needs "
+                f"{gib(needed)} host RAM per node; has {gib(offer.host_usable_bytes_per_node)} usable"
             )
         if self.min_nvme is not None:
             needed, words, world = self.min_nvme
             parts.append(
-                f"{words} on {world} GPUs needs {gib(needed)} NVMe per node; has {gib(offer.nvme_bytes_per_node)}"
+                f"{words} on {world} GPU{'s' if world > 1 else ''} needs {gib(needed)} NVMe per node; "
+                f"has {gib(offer.nvme_bytes_per_node)}"
             )
         if self.min_deadline is not None and deadline_hours is not None:
             hours, words, world = self.min_deadline
@@ -131,7 +140,7 @@ class OfferFailures:
         if self.host_unknown:
             parts.append("CPU offload needs host.memoryGiB, which is unknown for this pool")
         parts.extend(self.extra)
-        return "; ".join(parts) or "no configuration fits"
+        return ". ".join(parts) or "no configuration fits"
 
 
 def plan_summary(result: PlanResult) -> PlanSummary | None:

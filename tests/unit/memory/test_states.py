@@ -34,7 +34,10 @@ STATES = {
     "DeepSpeed bf16 ZeRO-2 on 8 = estimator 2Ψ + 18Ψ/N": (
         S().deepspeed(2).bf16().world(8).build(), 2 * P, 2 * P / 8, 16 * P / 8),
     "DeepSpeed bf16 ZeRO-3 on 8": (S().deepspeed(3).bf16().world(8).build(), 2 * P / 8, 2 * P / 8, 16 * P / 8),
-    "DeepSpeed fp32 ZeRO-2 on 4": (S().deepspeed(2).fp32().world(4).build(), 4 * P, 4 * P / 4, 8 * P / 4),
+    "DeepSpeed fp32 ZeRO-2 on 4 clones an fp32 partition": (
+        S().deepspeed(2).fp32().world(4).build(), 4 * P, 4 * P / 4, 16 * P / 4),
+    "DeepSpeed fp32 without ZeRO steps the model's parameters": (
+        S().deepspeed(0).fp32().build(), 4 * P, 4 * P, 8 * P),
     "FSDP full shard on 16: 16/N": (S().fsdp(3).bf16().world(16).build(), 4 * P / 16, 4 * P / 16, 8 * P / 16),
     "8-bit AdamW: 2 x (1 + 4/256) = 2.03 B/param": (S().ddp().bf16().eight_bit().build(), 4 * P, 4 * P, 2.03125 * P),
     "SGD momentum: 4 B/param": (S().ddp().fp32().sgd().build(), 4 * P, 4 * P, 4 * P),

@@ -1,0 +1,119 @@
+"""`memfit plan` and `memfit estimate` as a user runs them."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from memfit.api.plan import Plan
+from memfit.cli_plan import main
+
+REPO = Path(__file__).resolve().parents[3]
+FIXTURES = Path(__file__).parent / "fixtures"
+QUICKSTART = str(REPO / "examples" / "quickstart.yaml")
+
+
+def run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "memfit.cli", *args], capture_output=True, text=True, cwd=REPO)
+
+
+def test_plan_quickstart_offline_prints_plan_alternatives_and_baseline(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", QUICKSTART]) == 0
+    out = capsys.readouterr().out
+    for text in ("memfit plan: quickstart", "Plan (predicted):", "Alternatives (best on each other pool):",
+                 "peak per GPU", "Baseline: fp32 DDP on 1x8 NVIDIA-A100-SXM4-80GB (a100-80)",
+                 "Savings vs baseline:"):
+        assert text in out
+
+
+def test_plan_json_is_the_plan_contract(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", QUICKSTART, "--json"]) == 0
+    plan = Plan.model_validate(json.loads(capsys.readouterr().out))
+    assert plan.training is not None and plan.training.global_batch_size == 8
+    assert plan.memory.peak_bytes * 1.1 <= plan.gpu_memory_bytes
+
+
+def test_plan_chart_writes_a_png(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    chart = tmp_path / "plan.png"
+    assert main(["plan", QUICKSTART, "--chart", str(chart)]) == 0
+    assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert f"Chart: {chart}" in capsys.readouterr().out
+
+
+def test_no_fit_exits_1_with_a_reason_per_pool() -> None:
+    result = run("plan", str(FIXTURES / "llama-7b-small-pools.yaml"), "--pools", str(FIXTURES / "small-pools.yaml"))
+    assert result.returncode == 1, result.stderr
+    assert "NoFit: nothing fits." in result.stdout
+    assert "nofit: l4-spot: without offload it needs" in result.stderr
+    assert "nofit: t4-spot: " in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_invalid_job_exits_2_with_field_paths_and_no_traceback() -> None:
+    result = run("plan", str(FIXTURES / "bad-job.yaml"))
+    assert result.returncode == 2
+    assert "spec.problem.builtin.layers" in result.stderr and "spec.training.maxStepz" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_missing_file_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", str(FIXTURES / "nope.yaml")]) == 2
+    assert "cannot read" in capsys.readouterr().err
+
+
+def test_bad_pools_become_reasons_and_the_good_pool_is_planned(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", QUICKSTART, "--pools", str(FIXTURES / "bad-pools.yaml")]) == 0
+    out = capsys.readouterr().out
+    assert "  1  l4 " in out
+    assert "- negative: invalid (" in out and "spec.pricePerNodeHour: Input should be greater than or equal to 0" in out
+    assert "- no-memory: gpu.memoryMiB is 0" in out
+
+
+def test_plan_with_a_profile_uses_its_shape(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", QUICKSTART, "--profile", str(FIXTURES / "gpt-profile.json")]) == 0
+    assert "shape from the profile" in capsys.readouterr().out
+
+
+ESTIMATES = {
+    "builtin": (["--builtin", "gpt:layers=24,hidden=2048,heads=16,vocab=32000,seq=2048", "--engine", "deepspeed",
+                 "--stage", "3", "--world-size", "8", "--precision", "bf16", "--checkpointing", "full",
+                 "--micro-batch", "2"], "ZeRO-3 bf16 ckpt-full mbs 2x1"),
+    "hf config": (["--hf-config", str(FIXTURES / "gpt2-config.json"), "--seq", "1024", "--optimizer8bit"],
+                  "0.124 B parameters (124,439,808)"),
+    "job with gpu": (["--job", QUICKSTART, "--engine", "fsdp", "--world-size", "2", "--gpu", "l4"],
+                     "on NVIDIA-L4: step"),
+    "profile calibration": (["--builtin", "gpt:layers=2,hidden=64,heads=4,vocab=512,seq=64", "--profile",
+                             str(FIXTURES / "gpt-profile.json")], "calibrated from the profile"),
+}
+
+
+@pytest.mark.parametrize(("args", "expected"), ESTIMATES.values(), ids=ESTIMATES.keys())
+def test_estimate_prints_the_breakdown(args: list[str], expected: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["estimate", *args]) == 0
+    out = capsys.readouterr().out
+    assert expected in out and "peak per GPU" in out and "optimizer state" in out
+
+
+def test_estimate_json_is_a_memory_breakdown(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["estimate", "--hf-config", str(FIXTURES / "gpt2-config.json"), "--seq", "512", "--json"]) == 0
+    breakdown = json.loads(capsys.readouterr().out)
+    assert breakdown["peakBytes"] == sum(breakdown[k] for k in (
+        "parametersBytes", "gradientsBytes", "optimizerBytes", "activationsBytes", "temporariesBytes", "overheadBytes"))
+
+
+BAD_ESTIMATES = {
+    "impossible strategy": (["--builtin", "gpt:layers=2,hidden=64,heads=4", "--engine", "ddp", "--stage", "3"],
+                            "strategy: DDP does not shard"),
+    "bad builtin": (["--builtin", "gpt:layers=2,hidden=65,heads=4"], "problem.builtin.heads: 4 does not divide"),
+    "not an integer": (["--builtin", "gpt:layers=two"], "--builtin.layers: 'two' is not an integer"),
+    "unknown gpu": (["--builtin", "gpt:layers=2,hidden=64,heads=4", "--gpu", "v100"], "--gpu: 'v100'"),
+}
+
+
+@pytest.mark.parametrize(("args", "message"), BAD_ESTIMATES.values(), ids=BAD_ESTIMATES.keys())
+def test_estimate_bad_input_exits_2(args: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["estimate", *args]) == 2
+    assert message in capsys.readouterr().err

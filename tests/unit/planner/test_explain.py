@@ -1,0 +1,27 @@
+"""Plan summaries and one-line messages."""
+
+from __future__ import annotations
+
+from memfit.planner import plan, plan_summary
+from planner_factories import LLAMA_1B_CONFIG, make_job, make_pool
+
+
+def test_plan_summary_carries_the_status_columns() -> None:
+    result = plan(make_job().hf(LLAMA_1B_CONFIG).batch(64).baseline("a100-80").build(),
+                  pools=[make_pool("l4", "l4"), make_pool("a100-80", "a100-80", per_node=8)])
+    summary = plan_summary(result)
+    assert summary is not None and result.chosen is not None
+    assert summary.node_pool == result.chosen.pool
+    assert summary.gpus == result.chosen.gpus
+    assert summary.predicted_peak.endswith("Gi")
+    assert summary.savings is not None and summary.savings.startswith("-")
+    assert summary.cost_per_hour_text.startswith("$")
+
+
+def test_message_of_a_plan_and_of_no_fit() -> None:
+    result = plan(make_job().build(), pools=[make_pool("l4", "l4")])
+    assert result.message().startswith("Planned 1x NVIDIA-L4 (l4) ")
+    assert " vs baseline fp32 DDP on 1x8 NVIDIA-A100-SXM4-80GB (a100-80) " in result.message()
+    nofit = plan(make_job().pin(precision="bf16").build(), pools=[make_pool("t4", "t4")])
+    assert nofit.message().startswith("NoFit: t4: ")
+    assert plan_summary(nofit) is None

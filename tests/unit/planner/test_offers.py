@@ -1,0 +1,93 @@
+"""Offers: catalog defaults, rejections with reasons, layouts and their prices."""
+
+from __future__ import annotations
+
+import pytest
+from memfit.api.pool import GPUNodePool
+from memfit.planner import catalog_pools, resolve_offers
+from memfit.planner.offers import Offer, PoolRejection, resolve_offer
+from planner_factories import GIB, make_pool
+
+
+def _with_spec(pool: GPUNodePool, **changes: object) -> GPUNodePool:
+    """A pool with spec fields set past validation (what a buggy client could still hand over)."""
+    return pool.model_copy(update={"spec": pool.spec.model_copy(update=changes)})
+
+
+def test_known_product_gets_catalog_memory_price_bf16_and_host() -> None:
+    offer = resolve_offer(make_pool("l4", "NVIDIA-L4", per_node=4, price=None))
+    assert isinstance(offer, Offer)
+    assert offer.usable_bytes == 23034 * 1024**2
+    assert offer.price_per_node_hour == pytest.approx(4 * 0.805)
+    assert offer.supports_bf16 and offer.speed.bf16_tflops == 121.0
+    assert offer.host_bytes_per_node == 16 * 4 * GIB and offer.nvme_bytes_per_node == 250 * 4 * GIB
+    assert offer.speed.intra_node_gbps == 25.0  # PCIe
+
+
+def test_t4_has_no_bf16() -> None:
+    offer = resolve_offer(make_pool("t4", "Tesla-T4"))
+    assert isinstance(offer, Offer) and not offer.supports_bf16
+
+
+def test_pool_overrides_win_over_the_catalog() -> None:
+    offer = resolve_offer(make_pool("x", "a100-80", memory_mib=40000, price=1.5, host_gib=64, nvme_gib=0,
+                                    bf16_tflops=156))
+    assert isinstance(offer, Offer)
+    assert (offer.usable_bytes, offer.price_per_node_hour) == (40000 * 1024**2, 1.5)
+    assert offer.speed.bf16_tflops == 156 and offer.speed.fp32_tflops == pytest.approx(19.5 / 2)
+
+
+def test_unknown_product_with_memory_and_price_is_usable_with_a_note() -> None:
+    offer = resolve_offer(make_pool("mystery", "ACME-X1", memory_mib=30000, price=2.0))
+    assert isinstance(offer, Offer)
+    assert offer.notes and "throughput unknown" in offer.notes[0]
+    assert offer.host_bytes_per_node is None  # no CPU offload without a host size
+
+
+REJECTED = {
+    "unknown product without memory": (
+        make_pool("u", "ACME-X1", price=1.0), "not in the built-in catalog and gpu.memoryMiB is not set"),
+    "unknown product without price": (make_pool("u", "ACME-X1", memory_mib=1000), "no price"),
+    "zero memory": (make_pool("z", "l4", memory_mib=0), "gpu.memoryMiB is 0"),
+    "zero price": (make_pool("p", "l4", price=0.0), "pricePerNodeHour is 0"),
+    "negative price": (_with_spec(make_pool("n", "l4"), price_per_node_hour=-2.0), "pricePerNodeHour is negative"),
+    "no nodes": (make_pool("m", "l4", max_nodes=0), "maxNodes is 0"),
+}
+
+
+@pytest.mark.parametrize(("pool", "reason"), REJECTED.values(), ids=REJECTED.keys())
+def test_bad_pools_are_rejections_not_exceptions(pool: GPUNodePool, reason: str) -> None:
+    rejected = resolve_offer(pool)
+    assert isinstance(rejected, PoolRejection)
+    assert reason in rejected.reason
+
+
+def test_no_free_gpus_rejects_and_some_free_gpus_cap_layouts() -> None:
+    pool = make_pool("a100", "a100-80", per_node=8, max_nodes=4)
+    assert isinstance(resolve_offer(pool, free_gpus=0), PoolRejection)
+    offer = resolve_offer(pool, free_gpus=4)
+    assert isinstance(offer, Offer)
+    assert [lay.world_size for lay in offer.layouts()] == [1, 2, 4]
+
+
+def test_layouts_are_partial_nodes_then_whole_nodes_priced_pro_rata() -> None:
+    offer = resolve_offer(make_pool("h", "h100-80", per_node=8, price=80.0, max_nodes=3))
+    assert isinstance(offer, Offer)
+    layouts = [(lay.nodes, lay.gpus_per_node, lay.price_per_hour) for lay in offer.layouts()]
+    assert layouts == [(1, 1, 10.0), (1, 2, 20.0), (1, 4, 40.0), (1, 8, 80.0), (2, 8, 160.0), (3, 8, 240.0)]
+    assert [lay.world_size for lay in offer.layouts(max_nodes=1)] == [1, 2, 4, 8]
+
+
+def test_resolve_offers_sorts_and_filters() -> None:
+    pools = [make_pool("b", "l4"), make_pool("a", "t4"), make_pool("c", "l4", memory_mib=0)]
+    offers, rejections = resolve_offers(pools, allowed=["a", "c", "ghost"])
+    assert [o.pool for o in offers] == ["a"]
+    assert [r.pool for r in rejections] == ["ghost", "c"]
+
+
+def test_catalog_pools_are_one_per_gpu_with_8_gpus_per_node() -> None:
+    pools = catalog_pools()
+    assert [p.metadata.name for p in pools] == ["t4", "l4", "a10g", "l40s", "a100-40", "a100-80", "h100-80", "h200"]
+    assert {p.spec.gpu.per_node for p in pools} == {8}
+    offers, rejections = resolve_offers(pools)
+    assert len(offers) == 8 and rejections == []

@@ -1,0 +1,44 @@
+"""The search space and the pins."""
+
+from __future__ import annotations
+
+import pytest
+from memfit.api.common import Engine, Offload, Precision
+from memfit.api.job import StrategySpec
+from memfit.planner.space import divisors, strategy_choices
+
+
+def test_all_auto_space() -> None:
+    choices, problems = strategy_choices(StrategySpec())
+    assert problems == []
+    # engine/stage/offload/8-bit combinations: DDP 2, FSDP 2x3, ZeRO-0 2, ZeRO-1/2 3 each, ZeRO-3 4 = 20,
+    # times 3 precisions and 3 checkpointing modes.
+    assert len(choices) == 20 * 9
+    assert [c.rank for c in choices] == list(range(len(choices)))
+    assert len(set(choices)) == len(choices)
+
+
+PINS = {
+    "stage 1 means DeepSpeed": ({"zeroStage": 1}, lambda c: c.engine == Engine.DEEPSPEED and c.zero_stage == 1),
+    "nvme means ZeRO-3": ({"offload": "nvme"}, lambda c: (c.engine, c.zero_stage) == (Engine.DEEPSPEED, 3)),
+    "fp16 only": ({"precision": "fp16"}, lambda c: c.precision == Precision.FP16),
+    "8-bit disables offload": ({"optimizer8bit": "enabled"}, lambda c: c.optimizer8bit and c.offload == Offload.NONE),
+}
+
+
+@pytest.mark.parametrize(("pins", "check"), PINS.values(), ids=PINS.keys())
+def test_pins_restrict_the_space(pins: dict[str, object], check: object) -> None:
+    choices, _ = strategy_choices(StrategySpec.model_validate(pins))
+    assert choices and all(check(c) for c in choices)  # type: ignore[operator]
+
+
+def test_pins_that_leave_nothing_explain_why() -> None:
+    pins = StrategySpec.model_validate({"engine": "fsdp", "zeroStage": 1})
+    choices, problems = strategy_choices(pins)
+    assert choices == []
+    assert problems == ["the pinned strategy cannot run: FSDP shards at stage 2 (grad-op) or 3 (full shard), not 1"]
+
+
+def test_divisors() -> None:
+    assert divisors(12) == (1, 2, 3, 4, 6, 12)
+    assert divisors(1) == (1,)
