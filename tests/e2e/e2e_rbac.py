@@ -78,8 +78,17 @@ def grants_of(policy_rules: Iterable[Mapping[str, Any]]) -> set[Grant]:
     return out
 
 
-def resource_arg(group: str, resource: str) -> str:
-    """`kubectl auth can-i` resource argument: resource[.group], subresource kept after a slash."""
+STANDARD_VERBS = ("get", "list", "watch", "create", "update", "patch", "delete", "deletecollection")
+
+
+def can_i_args(group: str, resource: str) -> list[str]:
+    """`kubectl auth can-i` arguments after the verb: resource[.group] [--subresource=sub]."""
     base, _, sub = resource.partition("/")
-    name = f"{base}.{group}" if group else base
-    return f"{name}/{sub}" if sub else name
+    args = [f"{base}.{group}" if group else base]
+    return [*args, f"--subresource={sub}"] if sub else args
+
+
+def matrix(rules: Rules) -> list[tuple[str, str, str, bool]]:
+    """(group, resource, verb, allowed) for every standard verb of every resource the rules mention."""
+    return [(group, res, verb, verb in verbs) for (group, res), verbs in sorted(rules.items())
+            for verb in STANDARD_VERBS]

@@ -85,3 +85,11 @@ memfit-operator
 {{- end }}
 {{- join "," $pairs }}
 {{- end }}
+
+{{/* "true" when this upgrade adopts a GPUNodePool that the install created as a post-install hook: the
+first upgrade (revision 2) finds it in the cluster, still carrying the hook annotation. Pass a dict with
+"ctx" (root) and "live" (the lookup result, or an empty dict). */}}
+{{- define "memfit.adoptingPool" -}}
+{{- $annotations := dig "metadata" "annotations" dict .live }}
+{{- if and .ctx.Release.IsUpgrade (eq (int .ctx.Release.Revision) 2) (hasKey $annotations "helm.sh/hook") }}true{{ end }}
+{{- end }}
