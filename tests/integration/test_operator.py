@@ -161,3 +161,53 @@ def test_deleting_the_job_garbage_collects_children(
         ),
         timeout=90,
     )
+
+
+def test_full_pool_falls_back_to_the_next_cheapest(
+    kube: Kube, namespace: str, operator: tuple[Path, int]
+) -> None:
+    """t4-spot's GPUs are all held, but the pool says it can grow (an autoscaler that never delivers):
+    memfit plans it, the pods stay Unschedulable, and after capacityTimeoutSeconds it re-plans without it."""
+    log, _ = operator
+    custom = client.CustomObjectsApi(kube.api_client)
+    custom.patch_cluster_custom_object(
+        "memfit.dev", "v1alpha1", "gpunodepools", "t4-spot", {"spec": {"maxNodes": 4}}
+    )
+    try:
+        for i in range(2):
+            kube.core.create_namespaced_pod(
+                namespace,
+                {
+                    "metadata": {"name": f"blocker-{i}"},
+                    "spec": {
+                        "nodeSelector": {"memfit.dev/pool": "t4-spot"},
+                        "tolerations": [
+                            {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+                        ],
+                        "containers": [
+                            {
+                                "name": "c",
+                                "image": "busybox",
+                                "resources": {"limits": {"nvidia.com/gpu": "1"}},
+                            }
+                        ],
+                    },
+                },
+            )
+        for i in range(2):
+            kube.wait_pod_phase(namespace, f"blocker-{i}", ("Running",), timeout=60)
+        create_job(
+            kube, namespace, quickstart("fallback", recovery={"maxReplans": 2, "capacityTimeoutSeconds": 10})
+        )
+        job = wait_phase(kube, namespace, "fallback", ("Succeeded", "Failed"), TIMEOUT, log)
+    finally:
+        custom.patch_cluster_custom_object(
+            "memfit.dev", "v1alpha1", "gpunodepools", "t4-spot", {"spec": {"maxNodes": 2}}
+        )
+    attempts = job["status"]["attempts"]
+    assert job["status"]["phase"] == "Succeeded", job["status"]
+    assert [a["outcome"] for a in attempts] == ["NoCapacity", "Succeeded"]
+    assert attempts[0]["nodePool"] == "t4-spot" and attempts[1]["nodePool"] != "t4-spot"
+    assert "no capacity" in attempts[0]["reason"]
+    events = kube.core.list_namespaced_event(namespace, field_selector="involvedObject.name=fallback").items
+    assert "NoCapacity" in {e.reason for e in events}
