@@ -1,0 +1,177 @@
+"""Profile a problem: build it, measure the configurations, and return the Profile contract."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+from memfit.api.common import Checkpointing, Precision
+from memfit.api.hashing import problem_hash
+from memfit.api.job import OptimizerKind
+from memfit.api.problem import Problem
+from memfit.api.profile import Measurement, ModelShape, Profile
+
+from memfit_trainer.problems import ProblemError, TrainingProblem, build_problem
+from memfit_trainer.profiler.configs import DEFAULT_CONFIGS, ProfileConfig
+from memfit_trainer.profiler.errors import ProfileInputError, ProfileRunError
+from memfit_trainer.profiler.measure import ConfigResult, MeasureOptions, measure_configs
+from memfit_trainer.profiler.shape import model_shape
+
+COMPUTE_MODES = ("auto", "full", "elide", "elide-compute")
+ERROR_MAX_CHARS = 1024  # Profile.error bound
+
+
+@dataclass(frozen=True, slots=True)
+class ProfileOptions:
+    """What to measure and how; the defaults are what `memfit-trainer profile` runs."""
+
+    configs: tuple[ProfileConfig, ...] = DEFAULT_CONFIGS
+    optimizer: OptimizerKind = OptimizerKind.ADAMW
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    # full: real arithmetic; elide: skip all large arithmetic; elide-compute: skip only matmul/attention/
+    # convolution (elide.py). auto: elide on a CPU, full on a GPU.
+    compute: str = "auto"
+    steps_per_config: int | None = None  # default: 1 with elided compute, 3 otherwise
+    split_optimizer: bool | None = None  # default: with elided compute (measure.py)
+    seed: int = 0
+
+
+@dataclass(slots=True)
+class ProfileOutcome:
+    """The Profile plus the per-configuration details the benchmark and logs use."""
+
+    profile: Profile
+    results: list[ConfigResult] = field(default_factory=list)
+    elided: bool = False
+
+
+def resolve_device(name: str) -> torch.device:
+    """`auto` picks the first GPU when CUDA works, else the CPU."""
+    if name == "auto":
+        return torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError as exc:
+        raise ProfileInputError("device", f"{name!r} is not a device: {exc}") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ProfileInputError("device", f"{name} requested but CUDA is not available here")
+    if device.type not in ("cpu", "cuda"):
+        raise ProfileInputError("device", f"must be auto, cpu or cuda[:N], got {name!r}")
+    return device
+
+
+def device_label(device: torch.device) -> str:
+    """`cpu`, or `cuda:<catalog key>` (`cuda:<product>` for a GPU the catalog does not know)."""
+    if device.type != "cuda":
+        return "cpu"
+    from memfit.catalog import find_gpu
+
+    product = torch.cuda.get_device_name(device).replace(" ", "-")
+    gpu = find_gpu(product)
+    return f"cuda:{gpu.key if gpu else product}"[:64]
+
+
+def profile_problem(spec: Problem, options: ProfileOptions | None = None) -> ProfileOutcome:
+    """Measure `spec` under the configurations; raises ProfileInputError / ProfileRunError on failure."""
+    options = options or ProfileOptions()
+    if options.compute not in COMPUTE_MODES:
+        raise ProfileInputError(
+            "compute", f"must be one of {', '.join(COMPUTE_MODES)}, got {options.compute!r}"
+        )
+    started = time.perf_counter()
+    device = resolve_device(options.device)
+    elide = options.compute.startswith("elide") or (options.compute == "auto" and device.type == "cpu")
+    steps = options.steps_per_config or (1 if elide else 3)
+    shapes: list[ModelShape] = []
+
+    def build() -> TrainingProblem:
+        try:
+            return build_problem(spec, seed=options.seed)
+        except ProblemError as exc:
+            raise _input_error(exc) from exc
+
+    def on_built(problem: TrainingProblem) -> None:
+        shapes.append(model_shape(spec, problem))
+
+    run = measure_configs(
+        build,
+        options.configs,
+        MeasureOptions(
+            device=device,
+            optimizer=options.optimizer,
+            steps_per_config=steps,
+            elide=elide,
+            elide_memory_bound=elide and options.compute != "elide-compute",
+            split_optimizer=elide if options.split_optimizer is None else options.split_optimizer,
+        ),
+        on_built=on_built,
+    )
+    ok = [r for r in run.results if r.error is None]
+    if not ok:
+        reasons = "; ".join(f"{r.config.key}: {r.error}" for r in run.results)
+        raise ProfileRunError(f"no configuration could be measured ({reasons})"[:ERROR_MAX_CHARS])
+    shape = shapes[0] if shapes else None
+    achieved = _achieved_tflops(ok, run.flops_per_sample)
+    profile = Profile(
+        problem_hash=problem_hash(spec),
+        device=device_label(device),
+        shape=shape,
+        flops_per_sample=run.flops_per_sample,
+        achieved_tflops=achieved,
+        mfu=_mfu(device, ok, achieved),
+        measurements=[_measurement(r) for r in ok],
+        seconds=round(time.perf_counter() - started, 3),
+    )
+    return ProfileOutcome(profile, run.results, elide)
+
+
+def error_profile(spec: Problem | None, message: str, *, seconds: float = 0.0) -> Profile:
+    """A Profile that only says why profiling failed (the operator shows `error` in a condition)."""
+    digest = problem_hash(spec) if spec is not None else "invalid"
+    return Profile(problem_hash=digest, error=message[:ERROR_MAX_CHARS], seconds=round(seconds, 3))
+
+
+def _input_error(exc: ProblemError) -> ProfileInputError:
+    message = str(exc)
+    head, sep, rest = message.partition(" ")
+    if sep and head.startswith("problem"):
+        return ProfileInputError(head.rstrip(":"), rest)
+    return ProfileInputError("problem", message)
+
+
+def _measurement(result: ConfigResult) -> Measurement:
+    c = result.config
+    return Measurement(
+        precision=c.precision,
+        checkpointing=c.checkpointing,
+        micro_batch_size=c.micro_batch_size,
+        optimizer8bit=c.optimizer8bit,
+        peak_allocated_bytes=result.peak_allocated_bytes,
+        peak_reserved_bytes=result.peak_reserved_bytes,
+        step_seconds=round(result.step_seconds, 4),
+    )
+
+
+def _achieved_tflops(results: list[ConfigResult], flops_per_sample: float) -> float | None:
+    """Best model-FLOP rate over the configurations without recomputation."""
+    rates = [
+        flops_per_sample * r.config.micro_batch_size / r.step_seconds / 1e12
+        for r in results
+        if r.config.checkpointing == Checkpointing.NONE and r.step_seconds > 0
+    ]
+    return round(max(rates), 6) if rates and flops_per_sample > 0 else None
+
+
+def _mfu(device: torch.device, results: list[ConfigResult], achieved: float | None) -> float | None:
+    """Achieved / datasheet peak of the catalog GPU (bf16 tensor cores when bf16 was measured)."""
+    if achieved is None or device.type != "cuda":
+        return None
+    from memfit.catalog import find_gpu
+
+    gpu = find_gpu(device_label(device).removeprefix("cuda:"))
+    if gpu is None:
+        return None
+    bf16 = any(r.config.precision == Precision.BF16 for r in results)
+    peak = gpu.bf16_tflops if bf16 and gpu.bf16_tflops else gpu.fp32_tflops
+    return round(min(1.0, achieved / peak), 4) if peak else None
