@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from memfit.api.plan import MemoryBreakdown
 from memfit.api.profile import ModelShape
-from memfit.memory.activations import activation_terms
+from memfit.memory.activations import ActivationTerms, activation_terms
 from memfit.memory.calibration import Calibration
 from memfit.memory.overhead import framework_overhead
 from memfit.memory.shape import Shape
@@ -175,11 +175,16 @@ class MemoryTerms:
         )
 
 
-def memory_terms(shape: Shape, strategy: Strategy, *, calibration: Calibration | None = None) -> MemoryTerms:
-    """Per-GPU memory terms of `strategy` (its micro-batch and accumulation are ignored)."""
+def memory_terms(shape: Shape, strategy: Strategy, *, calibration: Calibration | None = None,
+                 activations: ActivationTerms | None = None) -> MemoryTerms:
+    """Per-GPU memory terms of `strategy` (its micro-batch and accumulation are ignored).
+
+    `activations` may pass `activation_terms(shape, strategy)` computed earlier: they depend only on
+    the precision regime and checkpointing, so the planner computes them once per pair.
+    """
     states = model_states(shape, strategy)
     temps = fixed_temporaries(shape, strategy)
-    acts = activation_terms(shape, strategy)
+    acts = activations if activations is not None else activation_terms(shape, strategy)
     act_per_sample, tmp_per_sample = acts.activation_bytes_per_sample, acts.temporary_bytes_per_sample
     backward_fixed = temps.backward_bytes
     fragmentation = None

@@ -51,16 +51,17 @@ class OfferFailures:
     nvme_missing: bool = False
     layouts_tried: int = 0
     pinned_micro_batch_layouts: int | None = None
-    min_memory: tuple[int, str, int, int] | None = None  # (peak, config, world size, micro-batch)
-    min_memory_on_gpu: tuple[int, str, int, int] | None = None  # the same without offload
-    min_host: tuple[float, str, int] | None = None
-    min_nvme: tuple[float, str, int] | None = None
-    min_deadline: tuple[float, str, int] | None = None
+    # (bytes or hours, configuration, world size[, micro-batch]); words are made only for the reason.
+    min_memory: tuple[int, Choice, int, int] | None = None
+    min_memory_on_gpu: tuple[int, Choice, int, int] | None = None  # the same without offload
+    min_host: tuple[float, Choice, int] | None = None
+    min_nvme: tuple[float, Choice, int] | None = None
+    min_deadline: tuple[float, Choice, int] | None = None
     min_price_over: float | None = None
     extra: list[str] = field(default_factory=list)
 
     def note_memory(self, peak_bytes: int, choice: Choice, world_size: int, micro_batch: int) -> None:
-        entry = (peak_bytes, choice_words(choice), world_size, micro_batch)
+        entry = (peak_bytes, choice, world_size, micro_batch)
         if self.min_memory is None or peak_bytes < self.min_memory[0]:
             self.min_memory = entry
         if choice.offload == Offload.NONE and (self.min_memory_on_gpu is None or peak_bytes < self.min_memory_on_gpu[0]):
@@ -68,15 +69,15 @@ class OfferFailures:
 
     def note_host(self, needed_bytes: float, choice: Choice, world_size: int) -> None:
         if self.min_host is None or needed_bytes < self.min_host[0]:
-            self.min_host = (needed_bytes, choice_words(choice), world_size)
+            self.min_host = (needed_bytes, choice, world_size)
 
     def note_nvme(self, needed_bytes: float, choice: Choice, world_size: int) -> None:
         if self.min_nvme is None or needed_bytes < self.min_nvme[0]:
-            self.min_nvme = (needed_bytes, choice_words(choice), world_size)
+            self.min_nvme = (needed_bytes, choice, world_size)
 
     def note_deadline(self, hours: float, choice: Choice, world_size: int) -> None:
         if self.min_deadline is None or hours < self.min_deadline[0]:
-            self.min_deadline = (hours, choice_words(choice), world_size)
+            self.min_deadline = (hours, choice, world_size)
 
     def note_price(self, price_per_hour: float) -> None:
         if self.min_price_over is None or price_per_hour < self.min_price_over:
@@ -102,7 +103,8 @@ class OfferFailures:
         # without offload; the host sentence says what offload would need.
         memory = self.min_memory_on_gpu if self.min_host or self.min_nvme else self.min_memory
         if memory is not None:
-            peak, words, world, micro = memory
+            peak, choice, world, micro = memory
+            words = choice_words(choice)
             need = peak * (1 + headroom_percent / 100)
             prefix = "without offload it " if memory is not self.min_memory or self.min_host else ""
             parts.append(
@@ -111,19 +113,22 @@ class OfferFailures:
                 f"has {gib(offer.usable_bytes)}"
             )
         if self.min_host is not None:
-            needed, words, world = self.min_host
+            needed, choice, world = self.min_host
+            words = choice_words(choice)
             parts.append(
                 f"{words} on {world} GPU{'s' if world > 1 else ''} would fit the GPU memory but needs "
                 f"{gib(needed)} host RAM per node; has {gib(offer.host_usable_bytes_per_node)} usable"
             )
         if self.min_nvme is not None:
-            needed, words, world = self.min_nvme
+            needed, choice, world = self.min_nvme
+            words = choice_words(choice)
             parts.append(
                 f"{words} on {world} GPU{'s' if world > 1 else ''} needs {gib(needed)} NVMe per node; "
                 f"has {gib(offer.nvme_bytes_per_node)}"
             )
         if self.min_deadline is not None and deadline_hours is not None:
-            hours, words, world = self.min_deadline
+            hours, choice, world = self.min_deadline
+            words = choice_words(choice)
             parts.append(
                 f"the fastest fitting configuration ({words} on {world} GPUs) takes {hours:.1f} h, over the "
                 f"deadline of {deadline_hours:g} h"

@@ -46,10 +46,10 @@ class Layout:
     nodes: int
     gpus_per_node: int
     price_per_hour: float
+    world_size: int = 0  # nodes x GPUs per node (filled in by __post_init__)
 
-    @property
-    def world_size(self) -> int:
-        return self.nodes * self.gpus_per_node
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "world_size", self.nodes * self.gpus_per_node)
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,8 +14,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
-from memfit.api.common import Offload, Precision
+from memfit.api.common import Engine, Offload, Precision
 from memfit.api.job import Minimize, OptimizerKind
+from memfit.memory.activations import ActivationTerms, activation_terms
 from memfit.memory.calibration import Calibration
 from memfit.memory.predict import MemoryTerms, memory_terms
 from memfit.memory.shape import Shape
@@ -45,27 +46,54 @@ class SearchContext:
     corrections: PeakCorrections
     flops_per_sample: float
     mfu: float | None
-    # Keyed by choice rank (unique within one plan call), world size (and GPUs per node).
+    # Keyed by choice rank or memory id (unique within one plan call), world size (and GPUs per node).
     memory_cache: dict[tuple[int, int], MemoryTerms] = field(default_factory=dict)
     time_cache: dict[tuple[int, int, int], TimeTerms] = field(default_factory=dict)
+    min_peak_cache: dict[tuple[int, int], int] = field(default_factory=dict)
+    activation_cache: dict[tuple[object, ...], ActivationTerms] = field(default_factory=dict)
+    # Leanest member of a group at a world size, once every member's smallest peak is known.
+    group_min_cache: dict[tuple[tuple[int, ...], int], tuple[int, Choice]] = field(default_factory=dict)
 
     def fits_gpu(self, peak_bytes: float, usable_bytes: int) -> bool:
         """The fit rule: predicted peak x (1 + headroom) <= usable GPU memory."""
         return peak_bytes * (1 + self.headroom_percent / 100) <= usable_bytes
 
+    def _memory_key(self, choice: Choice) -> int:
+        # bf16 and fp16 twins share memory terms unless measured peaks scale their families apart.
+        return choice.rank if self.corrections.by_family else choice.memory_id
+
     def memory(self, choice: Choice, world_size: int, gpus_per_node: int) -> MemoryTerms:
         """Cached memory terms (with calibration and measured-peak correction)."""
-        key = (choice.rank, world_size)
+        key = (self._memory_key(choice), world_size)
         terms = self.memory_cache.get(key)
         if terms is None:
             strategy = choice.strategy(optimizer=self.optimizer, world_size=world_size,
                                        gpus_per_node=gpus_per_node)
-            terms = memory_terms(self.shape, strategy, calibration=self.calibration)
+            # Activations depend on precision and checkpointing (and autocast under DDP) only.
+            act_key = (strategy.mixed_precision, choice.checkpointing, choice.engine == Engine.DDP)
+            acts = self.activation_cache.get(act_key)
+            if acts is None:
+                acts = self.activation_cache[act_key] = activation_terms(self.shape, strategy)
+            terms = memory_terms(self.shape, strategy, calibration=self.calibration, activations=acts)
             factor = self.corrections.factor(strategy)
             if factor != 1.0:
                 terms = terms.scaled(factor)
             self.memory_cache[key] = terms
         return terms
+
+    def has_min_peak(self, choice: Choice, layout: Layout) -> bool:
+        """Whether `min_peak` is already known (no computation)."""
+        return (self._memory_key(choice), layout.world_size) in self.min_peak_cache
+
+    def min_peak(self, choice: Choice, layout: Layout) -> int:
+        """Peak at the smallest micro-batch allowed (1, or the pinned one): below it nothing fits."""
+        key = (self._memory_key(choice), layout.world_size)
+        peak = self.min_peak_cache.get(key)
+        if peak is None:
+            per_gpu = self.global_batch // layout.world_size
+            terms = self.memory(choice, layout.world_size, layout.gpus_per_node)
+            peak = self.min_peak_cache[key] = _peak(terms, self.pinned_micro_batch or 1, per_gpu)
+        return peak
 
     def time(self, choice: Choice, layout: Layout) -> TimeTerms:
         """Cached step-time terms."""
@@ -198,19 +226,46 @@ def best_on_offer(ctx: SearchContext, offer: Offer, choices: Sequence[Choice]) -
     for bound, _, _, layout, members in bounds:
         if bound > best_objective:
             break
-        eight_bit_results: dict[tuple[object, ...], Candidate | None] = {}
+        group_key = (tuple(c.rank for c in members), layout.world_size)
+        known = ctx.group_min_cache.get(group_key)
+        if known is not None and not ctx.fits_gpu(known[0], offer.usable_bytes):
+            # No member fits even at the smallest micro-batch (learned on a pool with no more memory).
+            failures.note_memory(known[0], known[1], layout.world_size, ctx.pinned_micro_batch or 1)
+            _note_lean_on_gpu(ctx, failures, members, layout)
+            continue
+        eight_bit_results: dict[int, Candidate | None] = {}
+        memory_failed_twins: set[int] = set()
         twins_share_terms = not ctx.corrections.by_family  # measured peaks may scale twins differently
+        all_out_of_memory = True
         for choice in members:
-            if choice.optimizer8bit or choice.sibling_key not in eight_bit_results or not twins_share_terms:
-                candidate = _evaluate(ctx, offer, layout, choice, failures, best_objective)
-                if choice.optimizer8bit:
-                    eight_bit_results[choice.sibling_key] = candidate
+            key = choice.twin_id
+            if not choice.optimizer8bit and twins_share_terms and key in eight_bit_results:
+                twin = eight_bit_results[key]
+                all_out_of_memory = all_out_of_memory and key in memory_failed_twins
+                candidate = None if twin is None else _as_32bit(ctx, choice, twin, layout)
             else:
-                candidate = _as_32bit(ctx, choice, eight_bit_results[choice.sibling_key], layout)
+                candidate, out_of_memory = _evaluate(ctx, offer, layout, choice, failures, best_objective)
+                all_out_of_memory = all_out_of_memory and out_of_memory
+                if choice.optimizer8bit:
+                    eight_bit_results[key] = candidate
+                    if out_of_memory:
+                        memory_failed_twins.add(key)
             if candidate is not None and _better(candidate, best, ctx.minimize):
                 best = candidate
                 best_objective = _objective(ctx, candidate.step.step_seconds, layout.price_per_hour)
+        if all_out_of_memory and known is None:
+            computed = [c for c in members if ctx.has_min_peak(c, layout)]
+            leanest = min(computed, key=lambda c: (ctx.min_peak(c, layout), c.rank))
+            ctx.group_min_cache[group_key] = (ctx.min_peak(leanest, layout), leanest)
     return OfferOutcome(best, failures)
+
+
+def _note_lean_on_gpu(ctx: SearchContext, failures: OfferFailures, members: list[Choice], layout: Layout) -> None:
+    """Also record the leanest configuration without offload (the reason may need it)."""
+    on_gpu = [c for c in members if c.offload == Offload.NONE and ctx.has_min_peak(c, layout)]
+    if on_gpu:
+        lean = min(on_gpu, key=lambda c: (ctx.min_peak(c, layout), c.rank))
+        failures.note_memory(ctx.min_peak(lean, layout), lean, layout.world_size, ctx.pinned_micro_batch or 1)
 
 
 def _group_order(members: list[Choice]) -> list[Choice]:
@@ -241,42 +296,53 @@ def _objective(ctx: SearchContext, seconds: float, price_per_hour: float) -> flo
     return hours if ctx.minimize == Minimize.TIME else hours * price_per_hour
 
 
+def _fits_at_smallest(ctx: SearchContext, offer: Offer, layout: Layout, choice: Choice,
+                      failures: OfferFailures) -> bool:
+    smallest_peak = ctx.min_peak(choice, layout)
+    if ctx.fits_gpu(smallest_peak, offer.usable_bytes):
+        return True
+    failures.note_memory(smallest_peak, choice, layout.world_size, ctx.pinned_micro_batch or 1)
+    return False
+
+
 def _evaluate(ctx: SearchContext, offer: Offer, layout: Layout, choice: Choice,
-              failures: OfferFailures, best_objective: float) -> Candidate | None:
-    """The candidate of `choice` on `layout`, or None when it does not fit, breaks a limit, or
-    cannot beat `best_objective` (checked first with its optimistic time, before any memory math)."""
+              failures: OfferFailures, best_objective: float) -> tuple[Candidate | None, bool]:
+    """The candidate of `choice` on `layout` (None when it does not fit, breaks a limit or cannot
+    beat `best_objective`), and whether it is out of GPU memory even at the smallest micro-batch."""
     n, g = layout.world_size, layout.gpus_per_node
     per_gpu = ctx.global_batch // n
+    # Cheapest test first: a known smallest peak (or nothing to prune against yet) -> memory first.
+    memory_first = best_objective == float("inf") or ctx.has_min_peak(choice, layout)
+    if memory_first and not _fits_at_smallest(ctx, offer, layout, choice, failures):
+        return None, True
     tt = ctx.time(choice, layout)
     optimistic_b = ctx.pinned_micro_batch or per_gpu
     optimistic = tt.step_seconds(offer.speed, optimistic_b)
     if _objective(ctx, optimistic.step_seconds, layout.price_per_hour) > best_objective:
-        return None
+        return None, False
+    if not memory_first and not _fits_at_smallest(ctx, offer, layout, choice, failures):
+        return None, True
     terms = ctx.memory(choice, n, g)
     b = _micro_batch(ctx, terms, per_gpu, offer.usable_bytes)
-    if b == 0:
-        smallest = ctx.pinned_micro_batch or 1
-        failures.note_memory(_peak(terms, smallest, per_gpu), choice, n, smallest)
-        return None
     host_needed = terms.host_bytes * g
     if choice.offload != Offload.NONE and host_needed > offer.host_usable_bytes_per_node:
         failures.note_host(host_needed, choice, n)
-        return None
+        return None, False
     nvme_needed = terms.nvme_bytes * g
     if nvme_needed > offer.nvme_bytes_per_node:
         failures.note_nvme(nvme_needed, choice, n)
-        return None
+        return None, False
     step = optimistic if b == optimistic_b else tt.step_seconds(offer.speed, b)
     hours = ctx.steps * step.step_seconds / 3600
     if ctx.deadline_hours is not None and hours > ctx.deadline_hours:
         failures.note_deadline(hours, choice, n)
-        return None
+        return None, False
     if _objective(ctx, step.step_seconds, layout.price_per_hour) > best_objective:
-        return None
+        return None, False
     accumulation = per_gpu // b
     strategy = choice.strategy(optimizer=ctx.optimizer, world_size=n, gpus_per_node=g,
                                micro_batch_size=b, accumulation_steps=accumulation)
-    return Candidate(
+    candidate = Candidate(
         pool=offer.pool,
         product=offer.product,
         strategy=strategy,
@@ -290,3 +356,4 @@ def _evaluate(ctx: SearchContext, offer: Offer, layout: Layout, choice: Choice,
         total_cost=hours * layout.price_per_hour,
         rank=choice.rank,
     )
+    return candidate, False

@@ -30,6 +30,8 @@ class Choice:
     offload: Offload
     optimizer8bit: bool
     rank: int  # position in the preference order (lower wins a tie)
+    memory_id: int = -1  # equal for choices with identical memory (bf16 and fp16 twins)
+    twin_id: int = -1  # equal for a 32-bit choice and its 8-bit twin
 
     def strategy(self, *, optimizer: OptimizerKind, world_size: int = 1, gpus_per_node: int = 1,
                  micro_batch_size: int = 1, accumulation_steps: int = 1) -> Strategy:
@@ -40,11 +42,6 @@ class Choice:
             optimizer=optimizer, world_size=world_size, gpus_per_node=gpus_per_node,
             micro_batch_size=micro_batch_size, accumulation_steps=accumulation_steps,
         )
-
-    @property
-    def sibling_key(self) -> tuple[object, ...]:
-        """Identity without the optimizer bit: a 32-bit choice and its 8-bit twin share it."""
-        return (self.engine, self.zero_stage, self.precision, self.checkpointing, self.offload)
 
     def describe(self) -> str:
         """`ZeRO-3 bf16 ckpt-full offload-cpu 8-bit-optim`."""
@@ -67,6 +64,8 @@ def strategy_choices(pins: StrategySpec) -> tuple[list[Choice], list[str]]:
     stage_pin = pins.zero_stage
     choices: list[Choice] = []
     problems: dict[str, None] = {}
+    memory_ids: dict[tuple[object, ...], int] = {}
+    twin_ids: dict[tuple[object, ...], int] = {}
     rank = 0
     for engine in engines:
         assert isinstance(engine, Engine)
@@ -78,7 +77,12 @@ def strategy_choices(pins: StrategySpec) -> tuple[list[Choice], list[str]]:
                         for ckpt in ckpts:
                             assert isinstance(offload, Offload)
                             assert isinstance(precision, Precision) and isinstance(ckpt, Checkpointing)
-                            choice = Choice(engine, int(stage), precision, ckpt, offload, eight, rank)
+                            mixed = precision != Precision.FP32
+                            memory_key = (engine, stage, mixed, ckpt, offload, eight)
+                            memory_id = memory_ids.setdefault(memory_key, len(memory_ids))
+                            twin_id = twin_ids.setdefault((engine, stage, precision, ckpt, offload), len(twin_ids))
+                            choice = Choice(engine, int(stage), precision, ckpt, offload, eight, rank, memory_id,
+                                            twin_id)
                             problem = strategy_problem(choice.strategy(optimizer=OptimizerKind.ADAMW))
                             if problem is None:
                                 choices.append(choice)

@@ -1,0 +1,385 @@
+"""Planner benchmark: latency, optimality against a brute force, predicted savings on public models.
+
+    python benchmarks/planner.py [--json OUT] [--quick]
+
+- latency_ms: p50/p99 of `memfit.planner.plan` over a suite of public model configurations on 10
+  pools (the 8 catalog GPUs with 8 GPUs per node and up to 8 nodes, plus two 1-GPU spot pools), the
+  full strategy space (all auto).
+- optimality: on 200 random specs (random model, batch, optimizer, headroom, objective, pools and
+  GPU memory), the fraction where the planner's objective equals a naive brute force that enumerates
+  every configuration, layout and micro-batch with the public memory and time functions, without the
+  planner's bounds or closed forms.
+- savings: predicted total cost of memfit's plan vs "fp32 DDP on the spec's baseline pool" (1 node
+  of a100-80) and vs "static (weights + grads + Adam) x 1.2, smallest GPU that fits", on >= 12 public
+  configurations (fine-tuning and pre-training). Every cost is a prediction of memfit's model, not a
+  measurement.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from memfit.api.common import Checkpointing, Engine, Offload, Precision
+from memfit.api.job import MemoryOptimizedTrainingJobSpec, Minimize
+from memfit.api.pool import GPUNodePool
+from memfit.catalog import CATALOG
+from memfit.memory import Strategy, estimate_step_seconds, predict_memory, strategy_problem
+from memfit.planner import catalog_pools, plan, resolve_offers, resolve_shape, search_context, static_baseline
+
+ROOT = Path(__file__).resolve().parent
+DEFAULT_OUT = ROOT / "results" / "planner.json"
+GIB = 1024**3
+
+# ------------------------------------------------------------------------------------------ models
+
+LLAMA = {"model_type": "llama"}
+MODELS: dict[str, dict[str, Any]] = {
+    "gpt2-124m": {"model_type": "gpt2", "n_embd": 768, "n_layer": 12, "n_head": 12, "n_positions": 1024,
+                  "vocab_size": 50257},
+    "qwen2.5-0.5b": {"model_type": "qwen2", "hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24,
+                     "num_attention_heads": 14, "num_key_value_heads": 2, "vocab_size": 151936,
+                     "tie_word_embeddings": True},
+    "llama-3.2-1b": {**LLAMA, "hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16,
+                     "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 64, "vocab_size": 128256,
+                     "tie_word_embeddings": True},
+    "llama-3.2-3b": {**LLAMA, "hidden_size": 3072, "intermediate_size": 8192, "num_hidden_layers": 28,
+                     "num_attention_heads": 24, "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 128256,
+                     "tie_word_embeddings": True},
+    "llama-2-7b": {**LLAMA, "hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32,
+                   "num_attention_heads": 32, "num_key_value_heads": 32, "vocab_size": 32000},
+    "mistral-7b": {"model_type": "mistral", "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+                   "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 32000},
+    "llama-3.1-8b": {**LLAMA, "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+                     "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 128256},
+    "llama-2-13b": {**LLAMA, "hidden_size": 5120, "intermediate_size": 13824, "num_hidden_layers": 40,
+                    "num_attention_heads": 40, "num_key_value_heads": 40, "vocab_size": 32000},
+    "llama-2-70b": {**LLAMA, "hidden_size": 8192, "intermediate_size": 28672, "num_hidden_layers": 80,
+                    "num_attention_heads": 64, "num_key_value_heads": 8, "vocab_size": 32000},
+    "bert-large": {"model_type": "bert", "hidden_size": 1024, "intermediate_size": 4096, "num_hidden_layers": 24,
+                   "num_attention_heads": 16, "vocab_size": 30522},
+    "vit-l16": {"model_type": "vit", "hidden_size": 1024, "intermediate_size": 4096, "num_hidden_layers": 24,
+                "num_attention_heads": 16, "image_size": 224, "patch_size": 16, "num_labels": 1000},
+    "vit-b16": {"model_type": "vit", "hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 12,
+                "num_attention_heads": 12, "image_size": 224, "patch_size": 16, "num_labels": 1000},
+}
+GPT3_XL_BUILTIN = {"kind": "gpt", "layers": 24, "hidden": 2048, "heads": 16, "vocab": 50257, "sequenceLength": 2048}
+
+# (case id, model, kind of run, sequence length, global batch, steps)
+CASES: list[tuple[str, str, str, int, int, int]] = [
+    ("gpt2-124m finetune", "gpt2-124m", "fine-tune", 1024, 32, 2000),
+    ("gpt2-124m pretrain", "gpt2-124m", "pre-train", 1024, 512, 20000),
+    ("qwen2.5-0.5b finetune", "qwen2.5-0.5b", "fine-tune", 2048, 64, 2000),
+    ("llama-3.2-1b finetune", "llama-3.2-1b", "fine-tune", 2048, 64, 2000),
+    ("llama-3.2-1b pretrain", "llama-3.2-1b", "pre-train", 2048, 512, 20000),
+    ("llama-3.2-3b finetune", "llama-3.2-3b", "fine-tune", 2048, 64, 1000),
+    ("llama-2-7b finetune", "llama-2-7b", "fine-tune", 4096, 64, 1000),
+    ("mistral-7b finetune", "mistral-7b", "fine-tune", 4096, 64, 1000),
+    ("llama-3.1-8b finetune", "llama-3.1-8b", "fine-tune", 4096, 64, 1000),
+    ("llama-2-13b finetune", "llama-2-13b", "fine-tune", 4096, 64, 500),
+    ("llama-2-70b finetune", "llama-2-70b", "fine-tune", 4096, 64, 200),
+    ("bert-large pretrain", "bert-large", "pre-train", 512, 256, 10000),
+    ("vit-l16 finetune", "vit-l16", "fine-tune", 1, 256, 2000),
+    ("vit-b16 pretrain", "vit-b16", "pre-train", 1, 1024, 20000),
+    ("gpt-1.3b builtin pretrain", "builtin", "pre-train", 2048, 256, 10000),
+]
+
+
+def case_spec(model: str, seq: int, global_batch: int, steps: int, *, max_nodes: int = 8) -> MemoryOptimizedTrainingJobSpec:
+    problem: dict[str, Any]
+    if model == "builtin":
+        problem = {"builtin": GPT3_XL_BUILTIN}
+    else:
+        problem = {"huggingface": {"model": f"public/{model}", "config": MODELS[model], "sequenceLength": seq}}
+    return MemoryOptimizedTrainingJobSpec.model_validate({
+        "problem": problem,
+        "training": {"globalBatchSize": global_batch, "maxSteps": steps},
+        "placement": {"maxNodes": max_nodes, "baseline": {"nodePool": "a100-80", "nodes": 1}},
+    })
+
+
+def benchmark_pools() -> list[GPUNodePool]:
+    """10 pools: the catalog's 8 GPUs (8 per node) plus 1-GPU L4 and T4 spot pools."""
+    pools = catalog_pools()
+    for name, product, price in (("l4-spot", "NVIDIA-L4", 0.35), ("t4-spot", "Tesla-T4", 0.22)):
+        pools.append(GPUNodePool.model_validate({
+            "metadata": {"name": name},
+            "spec": {"gpu": {"product": product, "perNode": 1}, "pricePerNodeHour": price, "capacityType": "spot",
+                     "maxNodes": 8, "host": {"memoryGiB": 16, "nvmeGiB": 250},
+                     "interconnect": {"intraNode": "pcie", "interNodeGbps": 25}},
+        }))
+    return pools
+
+
+# ------------------------------------------------------------------------------------------ latency
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    k = (len(ordered) - 1) * q
+    lo, hi = int(k), min(int(k) + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
+
+
+def bench_latency(repeats: int) -> dict[str, Any]:
+    pools = benchmark_pools()
+    specs = [case_spec(m, s, g, n) for _, m, _, s, g, n in CASES]
+    for spec in specs:  # warm imports and caches outside the timing
+        plan(spec, pools=pools)
+    times: list[float] = []
+    cpu: list[float] = []
+    load_before = os.getloadavg()[0]
+    for _ in range(repeats):
+        for spec in specs:
+            start, start_cpu = time.perf_counter(), time.thread_time()
+            plan(spec, pools=pools)
+            cpu.append((time.thread_time() - start_cpu) * 1000)
+            times.append((time.perf_counter() - start) * 1000)
+    return {"p50": round(percentile(times, 0.5), 2), "p99": round(percentile(times, 0.99), 2),
+            "max": round(max(times), 2),
+            "cpu_p50": round(percentile(cpu, 0.5), 2), "cpu_p99": round(percentile(cpu, 0.99), 2),
+            "runs": len(times), "pools": len(pools), "specs": len(specs), "space": "all strategy fields auto",
+            "load_average_1m": [round(load_before, 2), round(os.getloadavg()[0], 2)],
+            "note": "wall-clock p50/p99 (the target) and thread CPU time; the machine is shared, see the load"}
+
+
+# ------------------------------------------------------------------------------------------ optimality
+
+
+def brute_force(spec: MemoryOptimizedTrainingJobSpec, pools: list[GPUNodePool]) -> float | None:
+    """The best objective by enumerating every configuration, layout and micro-batch (no pruning).
+
+    Uses only the public predictor (`predict_memory`, `estimate_step_seconds`) and the pool
+    resolution (`resolve_offers`, which also gives the layouts and their prices).
+    """
+    shape = resolve_shape(spec, None)
+    if isinstance(shape, str):
+        return None
+    ctx = search_context(spec, shape)
+    offers, _ = resolve_offers(pools, allowed=spec.placement.node_pools)
+    headroom = spec.objective.memory_headroom_percent
+    pinned = spec.strategy.precision
+    g_batch, steps = spec.training.global_batch_size, spec.training.max_steps
+    best: float | None = None
+    for offer in offers:
+        for layout in offer.layouts(spec.placement.max_nodes):
+            n, g = layout.world_size, layout.gpus_per_node
+            if g_batch % n:
+                continue
+            per_gpu = g_batch // n
+            for engine in (Engine.DDP, Engine.FSDP, Engine.DEEPSPEED):
+                for stage in range(4):
+                    for precision in (Precision.BF16, Precision.FP16, Precision.FP32):
+                        if pinned != Precision.AUTO and precision != pinned:
+                            continue
+                        if precision == Precision.BF16 and not offer.supports_bf16:
+                            continue
+                        for ckpt in (Checkpointing.NONE, Checkpointing.SELECTIVE, Checkpointing.FULL):
+                            for offload in (Offload.NONE, Offload.CPU, Offload.NVME):
+                                if offload == Offload.CPU and offer.host_bytes_per_node is None:
+                                    continue
+                                for eight in (False, True):
+                                    for b in range(1, per_gpu + 1):
+                                        if per_gpu % b:
+                                            continue
+                                        s = Strategy(engine, stage, precision, ckpt, offload, eight,
+                                                     spec.training.optimizer, n, g, b, per_gpu // b)
+                                        if strategy_problem(s) is not None:
+                                            continue
+                                        m = predict_memory(ctx.shape, s)
+                                        if m.peak_bytes * (1 + headroom / 100) > offer.usable_bytes:
+                                            continue
+                                        if offload != Offload.NONE and m.host_bytes * g > offer.host_usable_bytes_per_node:
+                                            continue
+                                        if m.nvme_bytes * g > offer.nvme_bytes_per_node:
+                                            continue
+                                        t = estimate_step_seconds(ctx.shape, s, offer.speed)
+                                        hours = steps * t.step_seconds / 3600
+                                        value = hours if spec.objective.minimize == Minimize.TIME else (
+                                            hours * layout.price_per_hour)
+                                        best = value if best is None else min(best, value)
+    return best
+
+
+def random_case(rng: random.Random) -> tuple[MemoryOptimizedTrainingJobSpec, list[GPUNodePool]]:
+    kind = rng.choice(["gpt", "bert", "vit", "llama"])
+    heads = rng.choice([4, 8, 16])
+    hidden = heads * rng.choice([32, 64, 128])
+    layers = rng.randint(2, 32)
+    seq = rng.choice([128, 512, 1024, 2048])
+    if kind == "llama":
+        problem: dict[str, Any] = {"huggingface": {"model": "random/llama", "sequenceLength": seq, "config": {
+            "model_type": "llama", "hidden_size": hidden, "intermediate_size": hidden * 8 // 3 // 8 * 8,
+            "num_hidden_layers": layers, "num_attention_heads": heads, "num_key_value_heads": heads // 2,
+            "vocab_size": rng.choice([32000, 128256])}}}
+    else:
+        problem = {"builtin": {"kind": kind, "layers": layers, "hidden": hidden, "heads": heads,
+                               "vocab": rng.choice([1000, 32000, 50257]), "sequenceLength": seq}}
+    spec = MemoryOptimizedTrainingJobSpec.model_validate({
+        "problem": problem,
+        "training": {"globalBatchSize": rng.choice([4, 6, 8, 12, 16, 32]), "maxSteps": rng.choice([10, 100, 1000]),
+                     "optimizer": rng.choice(["adamw", "adam", "sgd"])},
+        "strategy": {"precision": rng.choice(["auto"] * 4 + ["fp16", "fp32"])},
+        "placement": {"maxNodes": rng.randint(1, 2)},
+        "objective": {"memoryHeadroomPercent": rng.choice([0, 10, 20, 40]),
+                      "minimize": rng.choice(["cost", "cost", "cost", "time"])},
+    })
+    pools = []
+    for i in range(rng.randint(1, 3)):
+        gpu = rng.choice(CATALOG)
+        pools.append(GPUNodePool.model_validate({
+            "metadata": {"name": f"pool-{i}"},
+            "spec": {"gpu": {"product": gpu.product, "perNode": rng.choice([1, 2, 4]),
+                             "memoryMiB": rng.choice([gpu.usable_mib, gpu.usable_mib // 4, 3000])},
+                     "pricePerNodeHour": round(rng.uniform(0.2, 30), 3), "maxNodes": 2,
+                     "host": {"memoryGiB": rng.choice([8, 64, 512]), "nvmeGiB": rng.choice([0, 500])}},
+        }))
+    return spec, pools
+
+
+def bench_optimality(count: int, seed: int) -> dict[str, Any]:
+    rng = random.Random(seed)
+    equal, nofit_both, mismatches = 0, 0, []
+    brute_seconds = planner_seconds = 0.0
+    for i in range(count):
+        spec, pools = random_case(rng)
+        start = time.perf_counter()
+        result = plan(spec, pools=pools)
+        planner_seconds += time.perf_counter() - start
+        start = time.perf_counter()
+        expected = brute_force(spec, pools)
+        brute_seconds += time.perf_counter() - start
+        got = None
+        if result.chosen is not None:
+            got = result.chosen.hours if spec.objective.minimize == Minimize.TIME else result.chosen.total_cost
+        same = (got is None and expected is None) or (
+            got is not None and expected is not None and abs(got - expected) <= 1e-9 * max(abs(expected), 1e-12))
+        if same:
+            equal += 1
+            nofit_both += got is None
+        else:
+            mismatches.append({"case": i, "planner": got, "brute_force": expected})
+    return {"fraction": equal / count, "specs": count, "equal": equal, "both_no_fit": nofit_both,
+            "mismatches": mismatches[:10], "seed": seed,
+            "planner_seconds_total": round(planner_seconds, 2), "brute_force_seconds_total": round(brute_seconds, 2)}
+
+
+# ------------------------------------------------------------------------------------------ savings
+
+
+def bench_savings() -> dict[str, Any]:
+    pools = catalog_pools()
+    cases = []
+    for case_id, model, run, seq, g_batch, steps in CASES:
+        spec = case_spec(model, seq, g_batch, steps)
+        result = plan(spec, pools=pools)
+        shape = resolve_shape(spec, None)
+        assert not isinstance(shape, str)
+        ctx = search_context(spec, shape)
+        offers, _ = resolve_offers(pools)
+        static = static_baseline(ctx, offers)
+        c, base = result.chosen, result.baseline
+        entry: dict[str, Any] = {
+            "id": case_id, "model": model, "run": run, "parameters": shape.parameters, "sequence_length": seq,
+            "global_batch": g_batch, "steps": steps, "predicted": True,
+            "plan": None, "fp32_baseline": None, "static_baseline": None,
+            "cost_ratio_vs_fp32_baseline": None, "cost_ratio_vs_static": None,
+        }
+        if c is not None:
+            entry["plan"] = {"pool": c.pool, "gpus": c.gpus, "nodes": c.nodes, "config": c.strategy.describe(),
+                             "peak_gib": round(c.memory.peak_bytes / GIB, 2), "usable_gib": round(c.usable_bytes / GIB, 2),
+                             "price_per_hour": round(c.price_per_hour, 4), "hours": round(c.hours, 4),
+                             "total_cost": round(c.total_cost, 4)}
+        else:
+            entry["no_fit"] = result.no_fit_reasons()
+        if base is not None:
+            entry["fp32_baseline"] = {"label": base.label, "fits": base.fits, "price_per_hour": round(base.price_per_hour, 4),
+                                      "hours": round(base.hours, 4), "total_cost": round(base.total_cost, 4)}
+            if c is not None:
+                entry["cost_ratio_vs_fp32_baseline"] = round(c.total_cost / base.total_cost, 5)
+        if static is not None:
+            entry["static_baseline"] = {"label": static.label, "pool": static.pool, "fits_by_memfit_model": static.fits,
+                                        "price_per_hour": round(static.price_per_hour, 4),
+                                        "hours": round(static.hours, 4), "total_cost": round(static.total_cost, 4)}
+            if c is not None:
+                entry["cost_ratio_vs_static"] = round(c.total_cost / static.total_cost, 5)
+        else:
+            entry["static_baseline_note"] = "no GPU holds (weights + grads + Adam) x 1.2 in fp32"
+        cases.append(entry)
+    vs_fp32 = [e["cost_ratio_vs_fp32_baseline"] for e in cases if e["cost_ratio_vs_fp32_baseline"] is not None]
+    vs_static = [e["cost_ratio_vs_static"] for e in cases if e["cost_ratio_vs_static"] is not None]
+    return {
+        "median_cost_ratio_vs_fp32_baseline": round(statistics.median(vs_fp32), 4) if vs_fp32 else None,
+        "median_cost_ratio_vs_static": round(statistics.median(vs_static), 4) if vs_static else None,
+        "cases_with_fp32_ratio": len(vs_fp32),
+        "cases_with_static_ratio": len(vs_static),
+        "pools": "offline catalog: one pool per GPU, 8 GPUs per node (1/2/4 GPUs of a node priced pro rata), <= 8 nodes",
+        "note": "predicted costs from memfit's memory and time model; nothing here was measured on GPUs",
+        "cases": cases,
+    }
+
+
+# ------------------------------------------------------------------------------------------ output
+
+
+def print_report(report: dict[str, Any]) -> None:
+    lat, opt, sav = report["latency_ms"], report["optimality"], report["savings"]
+    print(f"latency: p50 {lat['p50']} ms, p99 {lat['p99']} ms, max {lat['max']} ms over {lat['runs']} plans "
+          f"({lat['pools']} pools, {lat['specs']} public configurations, full space); CPU p50 {lat['cpu_p50']} ms, "
+          f"p99 {lat['cpu_p99']} ms; load average {lat['load_average_1m']} on {os.cpu_count()} CPUs")
+    detail = report["optimality_detail"]
+    print(f"optimality: {opt:.3f} ({detail['equal']}/{detail['specs']} random specs equal to brute force; "
+          f"planner {detail['planner_seconds_total']} s vs brute force {detail['brute_force_seconds_total']} s)")
+    print(f"savings (predicted): median cost ratio vs fp32 baseline {sav['median_cost_ratio_vs_fp32_baseline']}, "
+          f"vs static {sav['median_cost_ratio_vs_static']}")
+    header = f"{'case':<27} {'params':>7} {'plan':<58} {'$ plan':>10} {'$ fp32':>10} {'ratio':>7} {'$ static':>10} {'ratio':>7}"
+    print(header)
+    for e in sav["cases"]:
+        p = e["plan"]
+        desc = f"{p['gpus']}x {p['pool']} {p['config']}" if p else "NoFit"
+        base = e["fp32_baseline"]
+        static = e["static_baseline"]
+        fits = "" if not base or base["fits"] else "*"
+        print(f"{e['id']:<27} {e['parameters'] / 1e9:>6.2f}B {desc[:58]:<58} "
+              f"{p['total_cost'] if p else float('nan'):>10.2f} "
+              f"{base['total_cost'] if base else float('nan'):>9.2f}{fits:1} "
+              f"{e['cost_ratio_vs_fp32_baseline'] or float('nan'):>7.3f} "
+              f"{static['total_cost'] if static else float('nan'):>10.2f} "
+              f"{e['cost_ratio_vs_static'] or float('nan'):>7.3f}")
+    print("* the fp32 baseline does not fit its pool by memfit's model; its cost is what it would cost if it ran")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--json", type=Path, default=DEFAULT_OUT, help=f"output JSON (default {DEFAULT_OUT})")
+    parser.add_argument("--quick", action="store_true", help="fewer repeats and random specs (a smoke run)")
+    parser.add_argument("--seed", type=int, default=20260)
+    args = parser.parse_args(argv)
+    latency = bench_latency(repeats=2 if args.quick else 20)
+    optimality = bench_optimality(count=10 if args.quick else 200, seed=args.seed)
+    savings = bench_savings()
+    report = {
+        "command": "python benchmarks/planner.py" + (" --quick" if args.quick else ""),
+        "machine": {"python": platform.python_version(), "processor": platform.machine(), "cpus": os.cpu_count()},
+        "latency_ms": latency,
+        "optimality": optimality["fraction"],
+        "optimality_detail": optimality,
+        "savings": savings,
+    }
+    print_report(report)
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    print(f"wrote {args.json}")
+    return 0 if optimality["fraction"] == 1.0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
