@@ -50,6 +50,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="elide: skip the arithmetic, keep every allocation; elide-compute: skip only matmul/attention/"
         "convolution arithmetic; full: real steps. auto: elide on a CPU, full on a GPU (docs/profiler.md).",
     )
+    parser.add_argument(
+        "--engine",
+        default="ddp",
+        choices=("ddp", "none"),
+        help="ddp: measure under DistributedDataParallel on one rank, as a `ddp` plan trains (default); "
+        "none: the bare model.",
+    )
     parser.add_argument("--steps", type=int, default=None, help="Measured steps per configuration.")
     parser.add_argument("--seed", type=int, default=0, help="Seed for the initial weights and data.")
     parser.add_argument(
@@ -93,6 +100,7 @@ def run_from_args(args: argparse.Namespace) -> int:
             compute=args.compute,
             steps_per_config=args.steps,
             seed=args.seed,
+            ddp=args.engine == "ddp",
         )
         outcome = profile_problem(spec, options)
     except ProfileInputError as exc:

@@ -122,11 +122,15 @@ def train_step(
     step: int,
     device: torch.device,
     scaler: torch.amp.GradScaler | None = None,
+    model: nn.Module | None = None,
 ) -> float:
-    """Forward, backward, optimizer step and zero_grad(set_to_none) of one micro-batch; the loss."""
+    """Forward, backward, optimizer step and zero_grad(set_to_none) of one micro-batch; the loss.
+
+    `model` is what the loss calls: the problem's model, or its DDP wrapper.
+    """
     batch = batch_for(problem, micro_batch_size=micro_batch_size, step=step, device=device)
     with autocast(precision, device):
-        loss = problem.loss_fn(problem.model, batch)
+        loss = problem.loss_fn(model if model is not None else problem.model, batch)
     if scaler is not None:
         scaler.scale(loss).backward()
         scaler.step(optimizer)

@@ -4,6 +4,10 @@ The model is built once inside the memory meter's session (so that the CPU count
 reused: configurations are grouped by optimizer state (32- or 8-bit), the state is materialised once
 per group, and every measured step after that is a steady-state step (step 2+ of a real run).
 
+With `ddp` (the default) the model is wrapped in DistributedDataParallel on a one-rank process group,
+as the trainer runs a `ddp` plan: the reducer's gradient buckets are part of every measured peak, and
+two unmeasured forward/backward passes let DDP rebuild its buckets before the first measurement.
+
 With `split_optimizer` (the CPU default) the optimizer step, whose memory does not depend on precision,
 checkpointing or micro-batch under autocast (fp32 weights, fp32 gradients), is measured once per
 group; each configuration then runs forward and backward only, and its peak is
@@ -16,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -49,6 +54,8 @@ class MeasureOptions:
     elide: bool = False
     elide_memory_bound: bool = False
     split_optimizer: bool = False
+    ddp: bool = True
+    warmup_passes: int = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,7 +111,8 @@ def measure_configs(
         if on_built is not None:
             on_built(problem)
         rates = _gemm_rates(problem, configs, options.device) if elide is not None else None
-        session = _Session(problem, options, meter, elide, rates, run, pending)
+        model = _wrap_ddp(problem.model, options.device) if options.ddp else problem.model
+        session = _Session(problem, model, options, meter, elide, rates, run, pending)
         for eight_bit in (False, True):
             group = [c for c in configs if c.optimizer8bit == eight_bit]
             if group:
@@ -149,15 +157,38 @@ def _max_or_none(values: list[int | None]) -> int | None:
     return max(known) if known else None
 
 
+def _wrap_ddp(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
+    """DDP on the existing process group, or on a one-rank group created here (as the trainer does)."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    from memfit_trainer import dist as mdist
+
+    if not dist.is_initialized():
+        mdist.init_distributed(mdist.read_dist_env(os.environ), device)
+    return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+
+
 @dataclass(slots=True)
 class _Session:
     problem: TrainingProblem
+    model: torch.nn.Module
     options: MeasureOptions
     meter: MemoryMeter
     elide: ElideCompute | None
     rates: GemmRates | None
     run: MeasureRun
     pending: dict[ProfileConfig, _Pending]
+    warmed: bool = False
+
+    def _warm_up(self, config: ProfileConfig, optimizer: torch.optim.Optimizer) -> None:
+        """Unmeasured forward/backward passes: DDP rebuilds its buckets after the first one."""
+        self.warmed = True
+        if not self.options.ddp:
+            return
+        for step in range(self.options.warmup_passes):
+            self._step(config, optimizer, step, with_optimizer=False)
+            optimizer.zero_grad(set_to_none=True)
 
     def measure_group(self, group: list[ProfileConfig]) -> None:
         eight_bit = group[0].optimizer8bit
@@ -168,6 +199,8 @@ class _Session:
                 self.pending[config] = _Pending(error=f"optimizer: {type(exc).__name__}: {exc}")
             return
         materialise_optimizer_state(self.problem.model, optimizer)
+        if not self.warmed:
+            self._warm_up(group[0], optimizer)
         opt_region, opt_extra = None, 0.0
         if self.options.split_optimizer:
             opt_region, opt_extra = self._measure_optimizer_step(optimizer, eight_bit)
@@ -240,11 +273,12 @@ class _Session:
                 step=step,
                 device=device,
                 scaler=scaler,
+                model=self.model,
             )
             return
         batch = batch_for(self.problem, micro_batch_size=config.micro_batch_size, step=step, device=device)
         with autocast(config.precision, device):
-            loss = self.problem.loss_fn(self.problem.model, batch)
+            loss = self.problem.loss_fn(self.model, batch)
         loss.backward()
         del loss, batch
 

@@ -34,6 +34,7 @@ class ProfileOptions:
     compute: str = "auto"
     steps_per_config: int | None = None  # default: 1 with elided compute, 3 otherwise
     split_optimizer: bool | None = None  # default: with elided compute (measure.py)
+    ddp: bool = True  # measure under DDP on one rank, as the trainer runs a `ddp` plan
     seed: int = 0
 
 
@@ -104,6 +105,7 @@ def profile_problem(spec: Problem, options: ProfileOptions | None = None) -> Pro
             elide=elide,
             elide_memory_bound=elide and options.compute != "elide-compute",
             split_optimizer=elide if options.split_optimizer is None else options.split_optimizer,
+            ddp=options.ddp,
         ),
         on_built=on_built,
     )
