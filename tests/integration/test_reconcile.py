@@ -135,3 +135,39 @@ def test_pool_status_from_nodes(kube: Kube, api: KubeApi) -> None:
     assert pool["status"]["nodes"] == 2 and pool["status"]["readyNodes"] == 2
     assert pool["status"]["allocatableGpus"] == 8
     assert 0 <= pool["status"]["freeGpus"] <= 8
+
+
+def test_waits_for_capacity_instead_of_failing(kube: Kube, namespace: str, api: KubeApi) -> None:
+    """Every allowed GPU is busy but the job would fit: it waits (like a queue), then launches."""
+    for i in range(2):
+        kube.core.create_namespaced_pod(
+            namespace,
+            {
+                "metadata": {"name": f"busy-{i}"},
+                "spec": {
+                    "nodeSelector": {"memfit.dev/pool": "t4-spot"},
+                    "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+                    "containers": [
+                        {"name": "c", "image": "busybox", "resources": {"limits": {"nvidia.com/gpu": "1"}}}
+                    ],
+                },
+            },
+        )
+    for i in range(2):
+        kube.wait_pod_phase(namespace, f"busy-{i}", ("Running",), timeout=60)
+    doc = quickstart("waiter", placement={"nodePools": ["t4-spot"], "maxNodes": 1})
+    seed_profile(api, namespace, doc)
+    create_job(kube, namespace, doc)
+    decision = reconcile_job(api, get_job(kube, namespace, "waiter"), settings=SETTINGS)  # type: ignore[arg-type]
+    assert decision is not None and decision.status["phase"] == "Planning"
+    planned = next(c for c in decision.status["conditions"] if c["type"] == "Planned")
+    assert planned["reason"] == "WaitingForCapacity" and "t4-spot" in planned["message"]
+    assert not [k for k in children(kube, namespace) if k.startswith("job/waiter")]
+    for i in range(2):
+        kube.core.delete_namespaced_pod(
+            f"busy-{i}", namespace, body=client.V1DeleteOptions(grace_period_seconds=0)
+        )
+    kube.wait("busy pods gone", lambda: not kube.pods(namespace, ""), timeout=60)
+    decision = reconcile_job(api, get_job(kube, namespace, "waiter"), settings=SETTINGS)  # type: ignore[arg-type]
+    assert decision is not None and decision.status["phase"] == "Launching"
+    assert "job/waiter-train-0" in children(kube, namespace)

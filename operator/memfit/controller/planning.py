@@ -112,15 +112,19 @@ def plan_job(
     observations: Sequence[Observation],
     attempt: int,
     job_name: str,
+    ignore_capacity: bool = False,
 ) -> PlanOutcome:
-    """Plan attempt `attempt` of a job on the pools not excluded by earlier capacity failures."""
+    """Plan attempt `attempt` of a job on the pools not excluded by earlier capacity failures.
+
+    With `ignore_capacity` every pool counts as empty (up to maxNodes): whether the job could fit at
+    all, which tells waiting for capacity apart from NoFit."""
     usable = [p for p in pools if p.metadata.name not in excluded_pools]
     result = plan(
         spec,
         pools=usable,
         profile=profile,
         measured_peaks=measured_peaks(observations, spec),
-        free_gpus=free_gpus(usable, capacity),
+        free_gpus=None if ignore_capacity else free_gpus(usable, capacity),
     )
     if result.plan is None:
         if excluded_pools:

@@ -406,6 +406,31 @@ def _launch_step(
             job_name=owner.name,
         )
         if outcome.plan is None:
+            someday = plan_job(
+                spec=spec,
+                profile=profile,
+                pools=world.pools,
+                capacity=world.capacity,
+                excluded_pools=frozenset(excluded),
+                observations=observations,
+                attempt=index,
+                job_name=owner.name,
+                ignore_capacity=True,
+            )
+            if someday.plan is not None:
+                # It fits once GPUs free up: wait like a queue (the resync loop retries), do not fail.
+                msg = (
+                    f"waiting for capacity: {someday.plan.describe()} on {someday.plan.node_pool} fits "
+                    f"but its GPUs are in use; {outcome.message()}"
+                )
+                if (
+                    not _condition_is(status, c.PLANNED, "False")
+                    or status.get("phase") != Phase.PLANNING.value
+                ):
+                    decision.event(c.WAITING_FOR_CAPACITY, msg)
+                _set(decision, c.PLANNED, False, c.WAITING_FOR_CAPACITY, msg, generation, now)
+                _phase(decision, Phase.PLANNING, msg)
+                return
             _fail(decision, reason=c.NO_FIT, message=outcome.message(), generation=generation, now=now)
             _set(decision, c.PLANNED, False, c.NO_FIT, outcome.message(), generation, now)
             return
