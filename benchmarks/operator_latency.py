@@ -27,14 +27,13 @@ import testcluster  # noqa: E402
 import yaml  # noqa: E402
 from cluster_helpers import Kube  # noqa: E402
 from kubernetes import client, config  # noqa: E402
-from operator_helpers import apply_pools, create_job, operator_process, quickstart  # noqa: E402
-
 from memfit.api.hashing import problem_hash  # noqa: E402
 from memfit.api.job import MemoryOptimizedTrainingJobSpec  # noqa: E402
 from memfit.api.profile import Profile  # noqa: E402
 from memfit.controller.kubeapi import KubeApi  # noqa: E402
 from memfit.kube.profile_cache import CachedProfile, build_profile_cache  # noqa: E402
 from memfit.memory.problems import shape_from_problem  # noqa: E402
+from operator_helpers import apply_pools, create_job, operator_process, quickstart  # noqa: E402
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -77,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         batch = client.BatchV1Api(api_client)
         latencies: list[float] = []
-        with operator_process(cluster.kubeconfig, work / "operator.log") as (_, port):
+        with operator_process(cluster.kubeconfig, work / "operator.log") as (_, _port):
             time.sleep(3)  # operator started and listed
             for i in range(args.jobs):
                 name = f"lat-{i}"

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from memfit.catalog import CATALOG, find_gpu
 
 REQUIRED = {

@@ -8,7 +8,6 @@ from typing import Any
 
 import pytest
 import yaml
-
 from memfit.api import MemoryOptimizedTrainingJob
 from memfit.api.validation import load_file, validate_document
 
