@@ -533,14 +533,23 @@ def _monitor_step(
     if summary.complete:
         _finish_attempt(attempt, OUTCOME_SUCCEEDED, now, measured=measured, reason="training completed")
         decision.status["measuredPeakBytes"] = measured
-        if measured is not None:
-            _learn(api, owner=owner, digest=digest, cached=cached, plan=plan, measured=measured, oom=False)
         predicted = plan.memory.peak_bytes
-        error = f", prediction error {100 * (predicted - measured) / measured:+.1f}%" if measured else ""
-        msg = (
-            f"training succeeded on {plan.node_pool}: measured peak "
-            f"{_gib(measured) if measured else 'n/a'} vs predicted {_gib(predicted)}{error}"
-        )
+        meters = {str(p.message.get("memoryMeter", "")) for p in summary.pods} - {""}
+        gpu_truth = bool(meters) and all(m.startswith("cuda") for m in meters)
+        if measured is not None and gpu_truth:
+            # Only GPU measurements calibrate GPU predictions (auto-downsizing); a CPU stand-in's
+            # tensor bytes leave out the CUDA context and allocator, so they are reported, not learned.
+            _learn(api, owner=owner, digest=digest, cached=cached, plan=plan, measured=measured, oom=False)
+            error = f", prediction error {100 * (predicted - measured) / measured:+.1f}%"
+            versus = f"measured peak {_gib(measured)} vs predicted {_gib(predicted)}{error}"
+        elif measured is not None:
+            versus = (
+                f"measured peak {_mib(measured)} on {', '.join(sorted(meters)) or 'an unknown meter'} "
+                f"(CPU stand-in, not compared with the GPU prediction {_gib(predicted)})"
+            )
+        else:
+            versus = f"no measured peak reported; predicted {_gib(predicted)}"
+        msg = f"training succeeded on {plan.node_pool}: {versus}"
         _set(decision, c.RUNNING, False, c.TRAINING_SUCCEEDED, msg, generation, now)
         _set(decision, c.SUCCEEDED, True, c.TRAINING_SUCCEEDED, msg, generation, now)
         _set(decision, c.FAILED, False, c.TRAINING_SUCCEEDED, "", generation, now)
@@ -768,6 +777,10 @@ def _finish_attempt(
     if measured is not None:
         attempt["measuredPeakBytes"] = measured
     attempt["reason"] = reason[:1024]
+
+
+def _mib(value: int) -> str:
+    return f"{value / 2**20:.1f}Mi"
 
 
 def _gib(value: int | None) -> str:
