@@ -1,0 +1,116 @@
+"""The operator's planning adapter: measured peaks (auto-downsizing, OOM), live capacity, config keys."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from memfit.api.job import MemoryOptimizedTrainingJobSpec
+from memfit.api.pool import GPUNodePool
+from memfit.controller.planning import config_key, free_gpus, plan_job, strategy_of
+from memfit.controller.pools import PoolCapacity
+from memfit.kube.profile_cache import Observation
+
+REPO = Path(__file__).resolve().parents[3]
+POOLS = [
+    GPUNodePool.model_validate(d)
+    for d in yaml.safe_load_all((REPO / "hack/kwok/gpunodepools.yaml").read_text())
+]
+
+
+def spec(layers: int) -> MemoryOptimizedTrainingJobSpec:
+    return MemoryOptimizedTrainingJobSpec.model_validate(
+        {
+            "problem": {
+                "builtin": {
+                    "kind": "gpt",
+                    "layers": layers,
+                    "hidden": 2048,
+                    "heads": 16,
+                    "vocab": 32000,
+                    "sequenceLength": 2048,
+                }
+            },
+            "training": {"globalBatchSize": 8},
+            "placement": {"maxNodes": 1},
+            "strategy": {"offload": "none"},
+        }
+    )
+
+
+def run(s: MemoryOptimizedTrainingJobSpec, observations: tuple[Observation, ...] = (), **kw: object):  # type: ignore[no-untyped-def]
+    return plan_job(
+        spec=s,
+        profile=None,
+        pools=POOLS,
+        capacity=kw.pop("capacity", {}),  # type: ignore[arg-type]
+        excluded_pools=kw.pop("excluded", frozenset()),
+        observations=observations,  # type: ignore[arg-type]
+        attempt=0,
+        job_name="j",
+    )
+
+
+def test_measured_peak_below_prediction_moves_to_a_cheaper_plan() -> None:
+    job = spec(24)
+    first = run(job).plan
+    assert first is not None
+    seen = Observation(
+        config_key(first),
+        first.gpu_product,
+        first.memory.peak_bytes,
+        int(first.memory.peak_bytes * 0.55),
+        first.gpu_memory_bytes,
+        False,
+        "j/0",
+    )
+    second = run(job, (seen,)).plan
+    assert second is not None
+    assert second.estimated_cost < first.estimated_cost
+    assert second.world_size < first.world_size or second.node_pool != first.node_pool
+
+
+def test_oom_makes_the_failed_configuration_need_the_whole_gpu() -> None:
+    job = spec(12)
+    first = run(job).plan
+    assert first is not None
+    oom = Observation(
+        config_key(first), first.gpu_product, first.memory.peak_bytes, 1, first.gpu_memory_bytes, True, "j/0"
+    )
+    second = run(job, (oom,)).plan
+    assert second is not None
+    assert config_key(second) != config_key(first) or second.node_pool != first.node_pool
+
+
+def test_excluded_pool_is_not_planned_again() -> None:
+    job = spec(12)
+    first = run(job).plan
+    assert first is not None
+    second = run(job, excluded=frozenset({first.node_pool})).plan
+    assert second is not None and second.node_pool != first.node_pool
+
+
+def test_config_key_round_trip() -> None:
+    plan = run(spec(24)).plan
+    assert plan is not None
+    strategy = strategy_of(config_key(plan), spec(24))
+    assert strategy is not None
+    assert (strategy.engine, strategy.zero_stage, strategy.micro_batch_size, strategy.world_size) == (
+        plan.engine,
+        plan.zero_stage,
+        plan.micro_batch_size,
+        plan.world_size,
+    )
+    assert strategy_of("garbage", spec(24)) is None
+
+
+def test_free_gpus_counts_whole_free_nodes_and_room_to_grow() -> None:
+    capacity = {
+        "l4-ondemand": PoolCapacity(
+            nodes=2, ready_nodes=2, allocatable_gpus=8, free_gpus=5, free_whole_nodes=1
+        )
+    }
+    free = free_gpus(POOLS, capacity)
+    assert free["l4-ondemand"] == 4  # one whole node of 4; maxNodes 2 = nodes, no room to grow
+    assert free["t4-spot"] == 2  # unobserved pool: up to maxNodes x GPUs per node
