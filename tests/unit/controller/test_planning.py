@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import yaml
-
 from memfit.api.job import MemoryOptimizedTrainingJobSpec
 from memfit.api.pool import GPUNodePool
 from memfit.controller.planning import config_key, free_gpus, plan_job, strategy_of
