@@ -171,3 +171,18 @@ def test_waits_for_capacity_instead_of_failing(kube: Kube, namespace: str, api: 
     decision = reconcile_job(api, get_job(kube, namespace, "waiter"), settings=SETTINGS)  # type: ignore[arg-type]
     assert decision is not None and decision.status["phase"] == "Launching"
     assert "job/waiter-train-0" in children(kube, namespace)
+
+
+def test_kueue_queue_creates_the_job_suspended(kube: Kube, namespace: str, api: KubeApi) -> None:
+    doc = quickstart("queued", scheduling={"kueueQueue": "team-a"})
+    seed_profile(api, namespace, doc)
+    create_job(kube, namespace, doc)
+    reconcile_job(api, get_job(kube, namespace, "queued"), settings=SETTINGS)  # type: ignore[arg-type]
+    job = kube.batch.read_namespaced_job("queued-train-0", namespace)
+    assert job.spec.suspend is True
+    assert job.metadata.labels["kueue.x-k8s.io/queue-name"] == "team-a"
+    decision = reconcile_job(api, get_job(kube, namespace, "queued"), settings=SETTINGS)  # type: ignore[arg-type]
+    assert decision is not None
+    running = next(c for c in decision.status["conditions"] if c["type"] == "Running")
+    assert running["reason"] == "WaitingForAdmission" and "team-a" in running["message"]
+    assert not kube.pods(namespace, "memfit.dev/job=queued")  # nothing runs before admission

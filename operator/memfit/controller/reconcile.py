@@ -596,6 +596,20 @@ def _monitor_step(
         )
         return
 
+    if summary.suspended:
+        # Created suspended for Kueue: admission (unsuspend) is Kueue's decision, not a capacity failure.
+        queue = spec.scheduling.kueue_queue
+        _set(
+            decision,
+            c.RUNNING,
+            False,
+            c.WAITING_FOR_ADMISSION,
+            f"training Job {name} is suspended until Kueue admits it (LocalQueue {queue})",
+            generation,
+            now,
+        )
+        return
+
     stuck = [p for p in summary.pods if p.unschedulable_since is not None]
     if stuck:
         since = min(p.unschedulable_since for p in stuck if p.unschedulable_since)
