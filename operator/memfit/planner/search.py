@@ -53,6 +53,7 @@ class SearchContext:
     activation_cache: dict[tuple[object, ...], ActivationTerms] = field(default_factory=dict)
     # Leanest member of a group at a world size, once every member's smallest peak is known.
     group_min_cache: dict[tuple[tuple[int, ...], int], tuple[int, Choice]] = field(default_factory=dict)
+    group_cache: dict[tuple[int, ...], list[tuple[tuple[int, ...], list[Choice]]]] = field(default_factory=dict)
 
     def fits_gpu(self, peak_bytes: float, usable_bytes: int) -> bool:
         """The fit rule: predicted peak x (1 + headroom) <= usable GPU memory."""
@@ -80,6 +81,20 @@ class SearchContext:
                 terms = terms.scaled(factor)
             self.memory_cache[key] = terms
         return terms
+
+    def groups(self, runnable: list[Choice]) -> list[tuple[tuple[int, ...], list[Choice]]]:
+        """Runnable choices grouped by (precision, checkpointing) -- identical compute, hence one
+        lower bound -- each in visit order; cached, since most offers run the same choices."""
+        key = tuple(c.rank for c in runnable)
+        cached = self.group_cache.get(key)
+        if cached is None:
+            by_compute: dict[tuple[object, object], list[Choice]] = {}
+            for c in runnable:
+                by_compute.setdefault((c.precision, c.checkpointing), []).append(c)
+            cached = [(tuple(c.rank for c in ordered), ordered)
+                      for ordered in (_group_order(v) for v in by_compute.values())]
+            self.group_cache[key] = cached
+        return cached
 
     def has_min_peak(self, choice: Choice, layout: Layout) -> bool:
         """Whether `min_peak` is already known (no computation)."""
@@ -207,26 +222,22 @@ def best_on_offer(ctx: SearchContext, offer: Offer, choices: Sequence[Choice]) -
         if over:
             failures.note_price(min(lay.price_per_hour for lay in over))
         layouts = [lay for lay in layouts if lay.price_per_hour <= ctx.max_cost_per_hour]
-    # Groups share precision and checkpointing: identical compute, hence one lower bound.
-    groups: dict[tuple[Precision, object], list[Choice]] = {}
-    for c in runnable:
-        groups.setdefault((c.precision, c.checkpointing), []).append(c)
-    groups = {k: _group_order(v) for k, v in groups.items()}
-    bounds: list[tuple[float, int, int, Layout, list[Choice]]] = []
+    groups = ctx.groups(runnable)
+    bounds: list[tuple[float, int, int, Layout, tuple[int, ...], list[Choice]]] = []
     for li, layout in enumerate(layouts):
         per_gpu = ctx.global_batch // layout.world_size
-        for gi, members in enumerate(groups.values()):
+        for gi, (group_ranks, members) in enumerate(groups):
             seconds = _compute_bound_seconds(ctx, offer, layout, members[0], per_gpu)
             hours = ctx.steps * seconds / 3600
             bound = hours if ctx.minimize == Minimize.TIME else hours * layout.price_per_hour
-            bounds.append((bound, li, gi, layout, members))
+            bounds.append((bound, li, gi, layout, group_ranks, members))
     bounds.sort(key=lambda item: item[:3])
     best: Candidate | None = None
     best_objective = float("inf")
-    for bound, _, _, layout, members in bounds:
+    for bound, _, _, layout, group_ranks, members in bounds:
         if bound > best_objective:
             break
-        group_key = (tuple(c.rank for c in members), layout.world_size)
+        group_key = (group_ranks, layout.world_size)
         known = ctx.group_min_cache.get(group_key)
         if known is not None and not ctx.fits_gpu(known[0], offer.usable_bytes):
             # No member fits even at the smallest micro-batch (learned on a pool with no more memory).

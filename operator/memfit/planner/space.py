@@ -54,6 +54,13 @@ def _allowed(pin: object, values: tuple[object, ...], auto: object) -> tuple[obj
 
 def strategy_choices(pins: StrategySpec) -> tuple[list[Choice], list[str]]:
     """Valid choices under the pins, in preference order, and why none exist when the list is empty."""
+    pinned = pins.model_copy(update={"micro_batch_size": "auto"})  # the micro-batch is not part of a choice
+    choices, problems = _choices(pinned)
+    return list(choices), list(problems)
+
+
+@functools.lru_cache(maxsize=64)
+def _choices(pins: StrategySpec) -> tuple[tuple[Choice, ...], tuple[str, ...]]:
     engines = _allowed(pins.engine, ENGINES, Engine.AUTO)
     precisions = _allowed(pins.precision, PRECISIONS, Precision.AUTO)
     ckpts = _allowed(pins.activation_checkpointing, CHECKPOINTING, Checkpointing.AUTO)
@@ -90,10 +97,10 @@ def strategy_choices(pins: StrategySpec) -> tuple[list[Choice], list[str]]:
                             else:
                                 problems[problem] = None
     if choices:
-        return choices, []
-    return [], [f"the pinned strategy cannot run: {p}" for p in problems] or [
+        return tuple(choices), ()
+    return (), tuple([f"the pinned strategy cannot run: {p}" for p in problems] or [
         "the pinned strategy fields leave no configuration to try"
-    ]
+    ])
 
 
 @functools.lru_cache(maxsize=4096)
