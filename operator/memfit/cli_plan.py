@@ -14,14 +14,16 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import yaml
 from pydantic import ValidationError
 
+from memfit.api import rules
 from memfit.api.common import Checkpointing, Engine, Offload, Precision, Toggle
-from memfit.api.job import MemoryOptimizedTrainingJob, OptimizerKind
+from memfit.api.job import MemoryOptimizedTrainingJob, OptimizerKind, StrategySpec
 from memfit.api.pool import GPUNodePool
 from memfit.api.problem import BuiltinProblem, HuggingFaceProblem
 from memfit.api.profile import ModelShape, Profile
-from memfit.api.validation import load_file, violations_from
+from memfit.api.validation import Violation, load_file, violations_from
 from memfit.catalog import CATALOG, find_gpu
 from memfit.memory import (
     Calibration,
@@ -53,9 +55,39 @@ class InputError(Exception):
 # ----------------------------------------------------------------------------------------- loading
 
 
-def _load_job(path: Path) -> MemoryOptimizedTrainingJob:
+# Pinned strategy combinations that cannot run. `memfit validate` and admission reject them; `memfit
+# plan` answers them as the planner does (NoFit with the reason, exit 1), as issue 4 asks.
+PIN_RULES = (rules.ddp_does_not_shard, rules.ddp_does_not_offload, rules.nvme_needs_deepspeed)
+
+
+def _job_with_impossible_pins(path: Path, problems: Sequence[Violation]) -> MemoryOptimizedTrainingJob | None:
+    """The job when its only problems are impossible pin combinations (else None)."""
+    try:
+        docs = [d for d in yaml.safe_load_all(path.read_text(encoding="utf-8")) if isinstance(d, dict)]
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return None
+    doc = next((d for d in docs if d.get("kind") == "MemoryOptimizedTrainingJob"), None)
+    spec = doc.get("spec") if doc is not None else None
+    if doc is None or not isinstance(spec, dict) or not isinstance(spec.get("strategy"), dict):
+        return None
+    pins = {finding for rule in PIN_RULES if (finding := rule(spec)) is not None}
+    if not pins or any((p.path, p.message) not in pins for p in problems):
+        return None
+    try:
+        strategy = StrategySpec.model_validate(spec["strategy"])
+        rest = {**doc, "spec": {k: v for k, v in spec.items() if k != "strategy"}}
+        job = MemoryOptimizedTrainingJob.model_validate(rest)
+    except ValidationError:
+        return None
+    return job.model_copy(update={"spec": job.spec.model_copy(update={"strategy": strategy})})
+
+
+def _load_job(path: Path, *, allow_impossible_pins: bool = False) -> MemoryOptimizedTrainingJob:
     loaded, problems = load_file(path)
     if problems:
+        job = _job_with_impossible_pins(path, problems) if allow_impossible_pins else None
+        if job is not None:
+            return job
         raise InputError([str(p) for p in problems])
     jobs = [item.obj for item in loaded if isinstance(item.obj, MemoryOptimizedTrainingJob)]
     if not jobs:
@@ -233,7 +265,7 @@ def draw_chart(result: PlanResult, path: Path) -> None:
 def cmd_plan(args: argparse.Namespace) -> int:
     """`memfit plan JOB.yaml [--pools P.yaml] [--profile P.json] [--json] [--chart OUT.png]`."""
     try:
-        job = _load_job(Path(args.job))
+        job = _load_job(Path(args.job), allow_impossible_pins=True)
         pools, invalid = _load_pools(Path(args.pools)) if args.pools else (catalog_pools(), [])
         profile = _load_profile(Path(args.profile)) if args.profile else None
     except InputError as error:

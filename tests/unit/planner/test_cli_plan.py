@@ -52,6 +52,18 @@ def test_no_fit_exits_1_with_a_reason_per_pool() -> None:
     assert "Traceback" not in result.stderr
 
 
+def test_impossible_pins_exit_1_with_the_reason(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", str(FIXTURES / "pinned-ddp-zero3.yaml")]) == 1
+    assert "nofit: the pinned strategy cannot run: DDP does not shard" in capsys.readouterr().err
+
+
+def test_bf16_and_nvme_pinned_on_t4_spot_without_nvme_exit_1(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", str(FIXTURES / "pinned-bf16-nvme.yaml"), "--pools", str(FIXTURES / "small-pools.yaml")]) == 1
+    err = capsys.readouterr().err
+    assert "nofit: t4-spot: " in err and "Tesla-T4 has no bf16" in err
+    assert "NVMe offload needs local NVMe; the pool has none" in err
+
+
 def test_invalid_job_exits_2_with_field_paths_and_no_traceback() -> None:
     result = run("plan", str(FIXTURES / "bad-job.yaml"))
     assert result.returncode == 2
