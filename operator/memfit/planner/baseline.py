@@ -16,10 +16,10 @@ from memfit.api.common import Checkpointing, Engine, Offload, Precision
 from memfit.memory.predict import memory_terms
 from memfit.memory.states import optimizer_state_bytes_per_param
 from memfit.memory.timing import time_terms
+from memfit.planner.context import SearchContext
 from memfit.planner.explain import gib
 from memfit.planner.offers import Offer
 from memfit.planner.result import BaselineResult
-from memfit.planner.search import SearchContext
 from memfit.planner.space import Choice, divisors
 
 DEFAULT_BASELINE_POOL = "a100-80"

@@ -16,10 +16,11 @@ from memfit.memory.calibration import Calibration, calibrate
 from memfit.memory.problems import ShapeError, shape_from_problem
 from memfit.memory.shape import Shape
 from memfit.planner.baseline import DEFAULT_BASELINE_POOL, fp32_baseline
+from memfit.planner.context import SearchContext
 from memfit.planner.measured import MeasuredPeak, peak_corrections
 from memfit.planner.offers import Offer, PoolRejection, catalog_pool, resolve_offer, resolve_offers
 from memfit.planner.result import BaselineResult, Candidate, PlanResult
-from memfit.planner.search import SearchContext, best_on_offer, objective_key
+from memfit.planner.search import best_on_offer, objective_key
 from memfit.planner.space import strategy_choices
 
 DEFAULT_ALTERNATIVES = 5

@@ -12,117 +12,17 @@ enumerated. Memory and time terms are cached per (configuration, world size) acr
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
-from memfit.api.common import Engine, Offload, Precision
-from memfit.api.job import Minimize, OptimizerKind
-from memfit.memory.activations import ActivationTerms, activation_terms
-from memfit.memory.calibration import Calibration
-from memfit.memory.predict import MemoryTerms, memory_terms
-from memfit.memory.shape import Shape
-from memfit.memory.timing import SATURATION_TOKENS, TimeTerms, time_terms
+from memfit.api.common import Offload, Precision
+from memfit.api.job import Minimize
+from memfit.memory.predict import MemoryTerms
+from memfit.memory.timing import SATURATION_TOKENS
+from memfit.planner.context import SearchContext, peak_bytes_int
 from memfit.planner.explain import OfferFailures
-from memfit.planner.measured import PeakCorrections
 from memfit.planner.offers import Layout, Offer
 from memfit.planner.result import Candidate
-from memfit.planner.space import ENGINES, OFFLOADS, Choice, divisors
-
-
-@dataclass(frozen=True, slots=True)
-class SearchContext:
-    """Everything about the job the search needs, plus caches shared across offers."""
-
-    shape: Shape
-    optimizer: OptimizerKind
-    global_batch: int
-    steps: int
-    headroom_percent: int
-    minimize: Minimize
-    max_cost_per_hour: float | None
-    deadline_hours: float | None
-    max_nodes: int
-    pinned_micro_batch: int | None
-    calibration: Calibration | None
-    corrections: PeakCorrections
-    flops_per_sample: float
-    mfu: float | None
-    # Keyed by choice rank or memory id (unique within one plan call), world size (and GPUs per node).
-    memory_cache: dict[tuple[int, int], MemoryTerms] = field(default_factory=dict)
-    time_cache: dict[tuple[int, int, int], TimeTerms] = field(default_factory=dict)
-    min_peak_cache: dict[tuple[int, int], int] = field(default_factory=dict)
-    activation_cache: dict[tuple[object, ...], ActivationTerms] = field(default_factory=dict)
-    # Leanest member of a group at a world size, once every member's smallest peak is known.
-    group_min_cache: dict[tuple[tuple[int, ...], int], tuple[int, Choice]] = field(default_factory=dict)
-    group_cache: dict[tuple[int, ...], list[tuple[tuple[int, ...], list[Choice]]]] = field(default_factory=dict)
-
-    def fits_gpu(self, peak_bytes: float, usable_bytes: int) -> bool:
-        """The fit rule: predicted peak x (1 + headroom) <= usable GPU memory."""
-        return peak_bytes * (1 + self.headroom_percent / 100) <= usable_bytes
-
-    def _memory_key(self, choice: Choice) -> int:
-        # bf16 and fp16 twins share memory terms unless measured peaks scale their families apart.
-        return choice.rank if self.corrections.by_family else choice.memory_id
-
-    def memory(self, choice: Choice, world_size: int, gpus_per_node: int) -> MemoryTerms:
-        """Cached memory terms (with calibration and measured-peak correction)."""
-        key = (self._memory_key(choice), world_size)
-        terms = self.memory_cache.get(key)
-        if terms is None:
-            strategy = choice.strategy(optimizer=self.optimizer, world_size=world_size,
-                                       gpus_per_node=gpus_per_node)
-            # Activations depend on precision and checkpointing (and autocast under DDP) only.
-            act_key = (strategy.mixed_precision, choice.checkpointing, choice.engine == Engine.DDP)
-            acts = self.activation_cache.get(act_key)
-            if acts is None:
-                acts = self.activation_cache[act_key] = activation_terms(self.shape, strategy)
-            terms = memory_terms(self.shape, strategy, calibration=self.calibration, activations=acts)
-            factor = self.corrections.factor(strategy)
-            if factor != 1.0:
-                terms = terms.scaled(factor)
-            self.memory_cache[key] = terms
-        return terms
-
-    def groups(self, runnable: list[Choice]) -> list[tuple[tuple[int, ...], list[Choice]]]:
-        """Runnable choices grouped by (precision, checkpointing) -- identical compute, hence one
-        lower bound -- each in visit order; cached, since most offers run the same choices."""
-        key = tuple(c.rank for c in runnable)
-        cached = self.group_cache.get(key)
-        if cached is None:
-            by_compute: dict[tuple[object, object], list[Choice]] = {}
-            for c in runnable:
-                by_compute.setdefault((c.precision, c.checkpointing), []).append(c)
-            cached = [(tuple(c.rank for c in ordered), ordered)
-                      for ordered in (_group_order(v) for v in by_compute.values())]
-            self.group_cache[key] = cached
-        return cached
-
-    def has_min_peak(self, choice: Choice, layout: Layout) -> bool:
-        """Whether `min_peak` is already known (no computation)."""
-        return (self._memory_key(choice), layout.world_size) in self.min_peak_cache
-
-    def min_peak(self, choice: Choice, layout: Layout) -> int:
-        """Peak at the smallest micro-batch allowed (1, or the pinned one): below it nothing fits."""
-        key = (self._memory_key(choice), layout.world_size)
-        peak = self.min_peak_cache.get(key)
-        if peak is None:
-            per_gpu = self.global_batch // layout.world_size
-            terms = self.memory(choice, layout.world_size, layout.gpus_per_node)
-            peak = self.min_peak_cache[key] = _peak(terms, self.pinned_micro_batch or 1, per_gpu)
-        return peak
-
-    def time(self, choice: Choice, layout: Layout) -> TimeTerms:
-        """Cached step-time terms."""
-        key = (choice.rank, layout.world_size, layout.gpus_per_node)
-        terms = self.time_cache.get(key)
-        if terms is None:
-            strategy = choice.strategy(optimizer=self.optimizer, world_size=layout.world_size,
-                                       gpus_per_node=layout.gpus_per_node)
-            terms = time_terms(
-                self.shape, strategy, samples_per_gpu_step=self.global_batch // layout.world_size,
-                flops_per_sample_override=self.flops_per_sample, mfu=self.mfu,
-            )
-            self.time_cache[key] = terms
-        return terms
+from memfit.planner.space import Choice, divisors
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,8 +74,8 @@ def _micro_batch(ctx: SearchContext, terms: MemoryTerms, per_gpu: int, usable: i
     """Largest micro-batch dividing `per_gpu` that fits (0 when none); exact fit rule checked."""
     if ctx.pinned_micro_batch is not None:
         b = ctx.pinned_micro_batch
-        return b if ctx.fits_gpu(_peak(terms, b, per_gpu), usable) else 0
-    if ctx.fits_gpu(_peak(terms, per_gpu, per_gpu), usable):
+        return b if ctx.fits_gpu(peak_bytes_int(terms, b, per_gpu), usable) else 0
+    if ctx.fits_gpu(peak_bytes_int(terms, per_gpu, per_gpu), usable):
         return per_gpu
     budget = usable / (1 + ctx.headroom_percent / 100)
     limit = terms.max_micro_batch(budget, accumulation_above_one=True)
@@ -184,15 +84,9 @@ def _micro_batch(ctx: SearchContext, terms: MemoryTerms, per_gpu: int, usable: i
     for b in reversed(divisors(per_gpu)):
         if b >= per_gpu or b > limit:
             continue
-        if ctx.fits_gpu(_peak(terms, b, per_gpu), usable):
+        if ctx.fits_gpu(peak_bytes_int(terms, b, per_gpu), usable):
             return b
     return 0
-
-
-def _peak(terms: MemoryTerms, micro_batch: int, per_gpu: int) -> int:
-    # Integer bytes exactly as predict_memory reports them (MemoryEstimate.peak_bytes).
-    peak = terms.peak_bytes(micro_batch, per_gpu // micro_batch)
-    return int(-(-peak // 1))
 
 
 def _compute_bound_seconds(ctx: SearchContext, offer: Offer, layout: Layout, choice: Choice,
@@ -265,27 +159,18 @@ def best_on_offer(ctx: SearchContext, offer: Offer, choices: Sequence[Choice]) -
                 best = candidate
                 best_objective = _objective(ctx, candidate.step.step_seconds, layout.price_per_hour)
         if all_out_of_memory and known is None:
-            computed = [c for c in members if ctx.has_min_peak(c, layout)]
-            leanest = min(computed, key=lambda c: (ctx.min_peak(c, layout), c.rank))
-            ctx.group_min_cache[group_key] = (ctx.min_peak(leanest, layout), leanest)
+            computed = [c for c in members if ctx.has_minpeak_bytes_int(c, layout)]
+            leanest = min(computed, key=lambda c: (ctx.minpeak_bytes_int(c, layout), c.rank))
+            ctx.group_min_cache[group_key] = (ctx.minpeak_bytes_int(leanest, layout), leanest)
     return OfferOutcome(best, failures)
 
 
 def _note_lean_on_gpu(ctx: SearchContext, failures: OfferFailures, members: list[Choice], layout: Layout) -> None:
     """Also record the leanest configuration without offload (the reason may need it)."""
-    on_gpu = [c for c in members if c.offload == Offload.NONE and ctx.has_min_peak(c, layout)]
+    on_gpu = [c for c in members if c.offload == Offload.NONE and ctx.has_minpeak_bytes_int(c, layout)]
     if on_gpu:
-        lean = min(on_gpu, key=lambda c: (ctx.min_peak(c, layout), c.rank))
-        failures.note_memory(ctx.min_peak(lean, layout), lean, layout.world_size, ctx.pinned_micro_batch or 1)
-
-
-def _group_order(members: list[Choice]) -> list[Choice]:
-    """Visit order inside a group: no offload before offload (a tight bound early), and each 8-bit
-    choice right before its 32-bit twin."""
-    return sorted(members, key=lambda c: (
-        c.offload != Offload.NONE, ENGINES.index(c.engine), c.zero_stage, OFFLOADS.index(c.offload),
-        not c.optimizer8bit,
-    ))
+        lean = min(on_gpu, key=lambda c: (ctx.minpeak_bytes_int(c, layout), c.rank))
+        failures.note_memory(ctx.minpeak_bytes_int(lean, layout), lean, layout.world_size, ctx.pinned_micro_batch or 1)
 
 
 def _as_32bit(ctx: SearchContext, choice: Choice, eight_bit: Candidate | None, layout: Layout) -> Candidate | None:
@@ -296,7 +181,7 @@ def _as_32bit(ctx: SearchContext, choice: Choice, eight_bit: Candidate | None, l
     b = eight_bit.strategy.micro_batch_size
     per_gpu = ctx.global_batch // layout.world_size
     terms = ctx.memory(choice, layout.world_size, layout.gpus_per_node)
-    if not ctx.fits_gpu(_peak(terms, b, per_gpu), eight_bit.usable_bytes):
+    if not ctx.fits_gpu(peak_bytes_int(terms, b, per_gpu), eight_bit.usable_bytes):
         return None
     strategy = replace(eight_bit.strategy, optimizer8bit=False)
     return replace(eight_bit, strategy=strategy, memory=terms.at(b, per_gpu // b), rank=choice.rank)
@@ -309,7 +194,7 @@ def _objective(ctx: SearchContext, seconds: float, price_per_hour: float) -> flo
 
 def _fits_at_smallest(ctx: SearchContext, offer: Offer, layout: Layout, choice: Choice,
                       failures: OfferFailures) -> bool:
-    smallest_peak = ctx.min_peak(choice, layout)
+    smallest_peak = ctx.minpeak_bytes_int(choice, layout)
     if ctx.fits_gpu(smallest_peak, offer.usable_bytes):
         return True
     failures.note_memory(smallest_peak, choice, layout.world_size, ctx.pinned_micro_batch or 1)
@@ -323,7 +208,7 @@ def _evaluate(ctx: SearchContext, offer: Offer, layout: Layout, choice: Choice,
     n, g = layout.world_size, layout.gpus_per_node
     per_gpu = ctx.global_batch // n
     # Cheapest test first: a known smallest peak (or nothing to prune against yet) -> memory first.
-    memory_first = best_objective == float("inf") or ctx.has_min_peak(choice, layout)
+    memory_first = best_objective == float("inf") or ctx.has_minpeak_bytes_int(choice, layout)
     if memory_first and not _fits_at_smallest(ctx, offer, layout, choice, failures):
         return None, True
     tt = ctx.time(choice, layout)

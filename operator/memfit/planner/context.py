@@ -1,0 +1,128 @@
+"""The search context: the job's planning inputs and the caches shared across offers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from memfit.api.common import Engine, Offload
+from memfit.api.job import Minimize, OptimizerKind
+from memfit.memory.activations import ActivationTerms, activation_terms
+from memfit.memory.calibration import Calibration
+from memfit.memory.predict import MemoryTerms, memory_terms
+from memfit.memory.shape import Shape
+from memfit.memory.timing import TimeTerms, time_terms
+from memfit.planner.measured import PeakCorrections
+from memfit.planner.offers import Layout
+from memfit.planner.space import ENGINES, OFFLOADS, Choice
+
+
+@dataclass(frozen=True, slots=True)
+class SearchContext:
+    """Everything about the job the search needs, plus caches shared across offers."""
+
+    shape: Shape
+    optimizer: OptimizerKind
+    global_batch: int
+    steps: int
+    headroom_percent: int
+    minimize: Minimize
+    max_cost_per_hour: float | None
+    deadline_hours: float | None
+    max_nodes: int
+    pinned_micro_batch: int | None
+    calibration: Calibration | None
+    corrections: PeakCorrections
+    flops_per_sample: float
+    mfu: float | None
+    # Keyed by choice rank or memory id (unique within one plan call), world size (and GPUs per node).
+    memory_cache: dict[tuple[int, int], MemoryTerms] = field(default_factory=dict)
+    time_cache: dict[tuple[int, int, int], TimeTerms] = field(default_factory=dict)
+    min_peak_cache: dict[tuple[int, int], int] = field(default_factory=dict)
+    activation_cache: dict[tuple[object, ...], ActivationTerms] = field(default_factory=dict)
+    # Leanest member of a group at a world size, once every member's smallest peak is known.
+    group_min_cache: dict[tuple[tuple[int, ...], int], tuple[int, Choice]] = field(default_factory=dict)
+    group_cache: dict[tuple[int, ...], list[tuple[tuple[int, ...], list[Choice]]]] = field(default_factory=dict)
+
+    def fits_gpu(self, peak_bytes: float, usable_bytes: int) -> bool:
+        """The fit rule: predicted peak x (1 + headroom) <= usable GPU memory."""
+        return peak_bytes * (1 + self.headroom_percent / 100) <= usable_bytes
+
+    def _memory_key(self, choice: Choice) -> int:
+        # bf16 and fp16 twins share memory terms unless measured peaks scale their families apart.
+        return choice.rank if self.corrections.by_family else choice.memory_id
+
+    def memory(self, choice: Choice, world_size: int, gpus_per_node: int) -> MemoryTerms:
+        """Cached memory terms (with calibration and measured-peak correction)."""
+        key = (self._memory_key(choice), world_size)
+        terms = self.memory_cache.get(key)
+        if terms is None:
+            strategy = choice.strategy(optimizer=self.optimizer, world_size=world_size,
+                                       gpus_per_node=gpus_per_node)
+            # Activations depend on precision and checkpointing (and autocast under DDP) only.
+            act_key = (strategy.mixed_precision, choice.checkpointing, choice.engine == Engine.DDP)
+            acts = self.activation_cache.get(act_key)
+            if acts is None:
+                acts = self.activation_cache[act_key] = activation_terms(self.shape, strategy)
+            terms = memory_terms(self.shape, strategy, calibration=self.calibration, activations=acts)
+            factor = self.corrections.factor(strategy)
+            if factor != 1.0:
+                terms = terms.scaled(factor)
+            self.memory_cache[key] = terms
+        return terms
+
+    def groups(self, runnable: list[Choice]) -> list[tuple[tuple[int, ...], list[Choice]]]:
+        """Runnable choices grouped by (precision, checkpointing) -- identical compute, hence one
+        lower bound -- each in visit order; cached, since most offers run the same choices."""
+        key = tuple(c.rank for c in runnable)
+        cached = self.group_cache.get(key)
+        if cached is None:
+            by_compute: dict[tuple[object, object], list[Choice]] = {}
+            for c in runnable:
+                by_compute.setdefault((c.precision, c.checkpointing), []).append(c)
+            cached = [(tuple(c.rank for c in ordered), ordered)
+                      for ordered in (group_order(v) for v in by_compute.values())]
+            self.group_cache[key] = cached
+        return cached
+
+    def has_minpeak_bytes_int(self, choice: Choice, layout: Layout) -> bool:
+        """Whether `min_peak` is already known (no computation)."""
+        return (self._memory_key(choice), layout.world_size) in self.min_peak_cache
+
+    def minpeak_bytes_int(self, choice: Choice, layout: Layout) -> int:
+        """Peak at the smallest micro-batch allowed (1, or the pinned one): below it nothing fits."""
+        key = (self._memory_key(choice), layout.world_size)
+        peak = self.min_peak_cache.get(key)
+        if peak is None:
+            per_gpu = self.global_batch // layout.world_size
+            terms = self.memory(choice, layout.world_size, layout.gpus_per_node)
+            peak = self.min_peak_cache[key] = peak_bytes_int(terms, self.pinned_micro_batch or 1, per_gpu)
+        return peak
+
+    def time(self, choice: Choice, layout: Layout) -> TimeTerms:
+        """Cached step-time terms."""
+        key = (choice.rank, layout.world_size, layout.gpus_per_node)
+        terms = self.time_cache.get(key)
+        if terms is None:
+            strategy = choice.strategy(optimizer=self.optimizer, world_size=layout.world_size,
+                                       gpus_per_node=layout.gpus_per_node)
+            terms = time_terms(
+                self.shape, strategy, samples_per_gpu_step=self.global_batch // layout.world_size,
+                flops_per_sample_override=self.flops_per_sample, mfu=self.mfu,
+            )
+            self.time_cache[key] = terms
+        return terms
+
+
+def peak_bytes_int(terms: MemoryTerms, micro_batch: int, per_gpu: int) -> int:
+    # Integer bytes exactly as predict_memory reports them (MemoryEstimate.peak_bytes).
+    peak = terms.peak_bytes(micro_batch, per_gpu // micro_batch)
+    return int(-(-peak // 1))
+
+
+def group_order(members: list[Choice]) -> list[Choice]:
+    """Visit order inside a group: no offload before offload (a tight bound early), and each 8-bit
+    choice right before its 32-bit twin."""
+    return sorted(members, key=lambda c: (
+        c.offload != Offload.NONE, ENGINES.index(c.engine), c.zero_stage, OFFLOADS.index(c.offload),
+        not c.optimizer8bit,
+    ))
