@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from memfit_trainer.dist import free_port
 from trainer_support import (
+    ALL_PRECISIONS,
     CHECKPOINTING,
     EIGHT_BIT,
     ENGINE_STAGE_OFFLOAD,
@@ -33,6 +34,14 @@ from trainer_support import (
 )
 
 LAYERS = 2  # TINY_GPT
+
+
+def steps_for(plan: PlanBuilder) -> int:
+    """4 steps; 6 under fp16, whose dynamic loss scaling skips the first steps (overflow at 2**16)."""
+    return 6 if plan.wire()["precision"] == "fp16" else 4
+
+
+DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 
 def assert_applied(plan: dict[str, Any], report: dict[str, Any]) -> None:
@@ -53,20 +62,23 @@ def assert_applied(plan: dict[str, Any], report: dict[str, Any]) -> None:
     if engine == "deepspeed":
         assert facts["zero_stage"] == stage
         assert facts["bf16"] == (precision == "bf16")
+        assert facts["fp16"] == (precision == "fp16")
         assert facts["gradient_accumulation_steps"] == plan["gradientAccumulationSteps"]
         assert facts["train_micro_batch_size_per_gpu"] == plan["microBatchSize"]
         assert facts["offload_optimizer"] == ("cpu" if offload else None)
         assert facts["offload_param"] == ("cpu" if offload and stage == 3 else None)
         if offload and not plan["optimizer8bit"] and plan["training"]["optimizer"] != "sgd":
             assert facts["optimizer_class"] == "DeepSpeedCPUAdam"
-        assert facts["param_dtypes"] == (["torch.bfloat16"] if precision == "bf16" else ["torch.float32"])
+        assert facts["param_dtypes"] == [f"torch.{DTYPES[precision]}"]
     elif engine == "fsdp":
         assert facts["reshard_after_forward"] == (stage == 3)
-        assert facts["mp_param_dtype"] == ("torch.bfloat16" if precision == "bf16" else None)
+        assert facts["mp_param_dtype"] == (None if precision == "fp32" else f"torch.{DTYPES[precision]}")
+        assert facts["grad_scaler"] == (precision == "fp16")
         assert facts["offload_policy"] == ("CPUOffloadPolicy" if offload else "OffloadPolicy")
         assert facts["optimizer_state_devices"] == ["cpu"]
     else:
-        assert facts["autocast_dtype"] == ("torch.bfloat16" if precision == "bf16" else None)
+        assert facts["autocast_dtype"] == (None if precision == "fp32" else f"torch.{DTYPES[precision]}")
+        assert facts["grad_scaler"] == (precision == "fp16")
     if plan["optimizer8bit"]:
         assert facts["optimizer_class"] in {"AdamW8bit", "Adam8bit", "SGD8bit", "LocalShardOptimizer"}
 
@@ -81,7 +93,7 @@ WORLD1 = [
     for s, p, c, b in itertools.product(ENGINE_STAGE_OFFLOAD, PRECISIONS, CHECKPOINTING, EIGHT_BIT)
     if FULL or s[0] != "deepspeed"
 ] + ([] if FULL else [
-    strategy_plan(*combo) for combo in pairwise([DEEPSPEED, PRECISIONS, CHECKPOINTING, EIGHT_BIT, OPTIMIZERS])
+    strategy_plan(*combo) for combo in pairwise([DEEPSPEED, ALL_PRECISIONS, CHECKPOINTING, EIGHT_BIT, OPTIMIZERS])
 ])  # fmt: skip
 
 
@@ -90,14 +102,14 @@ WORLD1 = [
 def test_world1_strategy_trains_and_applies(plan: PlanBuilder, train_local: Callable[..., Any]) -> None:
     from dataclasses import asdict
 
-    result = train_local(plan.steps(4))
-    assert_applied(plan.steps(4).wire(), asdict(result))
+    plan = plan.steps(steps_for(plan))
+    assert_applied(plan.wire(), asdict(train_local(plan)))
 
 
-# Pairwise over (engine/stage/offload, precision, checkpointing, 8-bit, optimizer), plus the
+# Pairwise over (engine/stage/offload, precision incl. fp16, checkpointing, 8-bit, optimizer), plus the
 # same-precision pairs whose parameter bytes are compared.
 WORLD2 = [strategy_plan(*combo).world(2) for combo in pairwise(
-    [ENGINE_STAGE_OFFLOAD, PRECISIONS, CHECKPOINTING, EIGHT_BIT, OPTIMIZERS]
+    [ENGINE_STAGE_OFFLOAD, ALL_PRECISIONS, CHECKPOINTING, EIGHT_BIT, OPTIMIZERS]
 )] + [
     strategy_plan(("ddp", 0, "none"), "fp32", "none", False).world(2),
     strategy_plan(("deepspeed", 0, "none"), "fp32", "none", False).world(2),
@@ -111,7 +123,7 @@ WORLD2 = list({case_id(p): p for p in WORLD2}.values())
 def world2_reports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[int, dict[str, Any]]]:
     """Run every world-2 case in one 2-rank torchrun launch; reports by case id and rank."""
     tmp = tmp_path_factory.mktemp("world2")
-    cases = [{"id": case_id(p), "plan": p.steps(4).wire()} for p in WORLD2]
+    cases = [{"id": case_id(p), "plan": p.steps(steps_for(p)).wire()} for p in WORLD2]
     (tmp / "cases.json").write_text(json.dumps(cases))
     command = [
         PYTHON, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
@@ -131,7 +143,7 @@ def world2_reports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[i
 def test_world2_cases_cover_every_pair() -> None:
     ids = {case_id(p) for p in WORLD2}
     assert len(ids) >= len(ENGINE_STAGE_OFFLOAD) * len(OPTIMIZERS)
-    for strategy, precision in itertools.product(ENGINE_STAGE_OFFLOAD, PRECISIONS):
+    for strategy, precision in itertools.product(ENGINE_STAGE_OFFLOAD, ALL_PRECISIONS):
         prefix = f"{strategy[0]}{strategy[1]}-{precision}-"
         assert any(i.startswith(prefix) and f"-{strategy[2]}" in i for i in ids), (strategy, precision)
 
@@ -143,7 +155,7 @@ def test_world2_strategy_trains_and_applies(plan: PlanBuilder, world2_reports: d
     for rank in (0, 1):
         assert "error" not in reports[rank], reports[rank].get("traceback")
         assert reports[rank]["world_size"] == 2
-        assert_applied(plan.steps(4).wire(), reports[rank])
+        assert_applied(plan.steps(steps_for(plan)).wire(), reports[rank])
     # The loss is averaged over ranks, so both ranks report the same trajectory.
     assert reports[0]["losses"] == reports[1]["losses"]
 

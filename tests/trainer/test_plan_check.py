@@ -15,7 +15,6 @@ CASES: dict[str, tuple[PlanBuilder, RuntimeFacts, str]] = {
     "nvme without a path": (make_plan().deepspeed(3).offload("nvme"), CPU_1, "offload nvme without nvmePath"),
     "nvme at zero-2": (make_plan().deepspeed(2).offload("nvme", "/nvme"), CPU_1, "ZeRO-3 only"),
     "offload at zero-0": (make_plan().deepspeed(0).offload("cpu"), CPU_1, "offload cpu with ZeRO-0"),
-    "fp16 without a GPU": (make_plan().precision("fp16"), CPU_1, "fp16 needs a CUDA GPU"),
     "bf16 on a T4": (
         make_plan().bf16(),
         RuntimeFacts(1, cuda=True, bf16_supported=False),
@@ -46,8 +45,14 @@ def test_invalid_plan_names_the_reason(name: str) -> None:
         make_plan().fsdp(2).offload("cpu"),
         make_plan().deepspeed(3).offload("nvme", "/nvme"),
         make_plan().deepspeed(1).offload("cpu").eight_bit(),
+        make_plan().fsdp(3).precision("fp16"),
     ],
-    ids=["ddp", "fsdp2-offload", "ds3-nvme", "ds1-offload-8bit"],
+    ids=["ddp", "fsdp2-offload", "ds3-nvme", "ds1-offload-8bit", "fsdp3-fp16"],
 )
 def test_valid_plans_pass(plan: PlanBuilder) -> None:
     assert plan_problems(plan.build(), RuntimeFacts(world_size=1, cuda=True)) == []
+
+
+def test_fp16_is_accepted_on_cpu() -> None:
+    """fp16 with loss scaling runs on CPU too (slowly), so CPU stand-ins for GPU pods can run fp16 plans."""
+    assert plan_problems(make_plan().deepspeed(2).precision("fp16").build(), CPU_1) == []

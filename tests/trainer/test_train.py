@@ -35,6 +35,28 @@ def test_engines_and_accumulation_splits_give_the_same_losses(train_local: Calla
         assert trajectory == pytest.approx(reference, rel=1e-5), name
 
 
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_sixteen_bit_engines_agree(precision: str, train_local: Callable[..., Any]) -> None:
+    """bf16/fp16 with loss scaling: every engine makes the same SGD updates (SGD, unlike Adam, exposes a
+    wrongly scaled gradient). Guards the DeepSpeed ZeRO-0 fp16 workaround (DeepSpeed PR #8393)."""
+    plans = {
+        "ddp": make_plan().ddp(),
+        "fsdp3": make_plan().fsdp(3),
+        "zero0": make_plan().deepspeed(0),
+        "zero2": make_plan().deepspeed(2),
+        "zero3": make_plan().deepspeed(3),
+    }
+    trajectories = {
+        name: [loss for _, loss in train_local(plan.precision(precision).optimizer("sgd").learning_rate(0.1)
+                                               .steps(STEPS)).losses]
+        for name, plan in plans.items()
+    }  # fmt: skip
+    reference = trajectories["ddp"]
+    assert reference[-1] < reference[0]
+    for name, trajectory in trajectories.items():
+        assert trajectory == pytest.approx(reference, rel=2e-3), name
+
+
 LONG_SEQUENCE = {
     "builtin": {"kind": "gpt", "layers": 2, "hidden": 64, "heads": 4, "vocab": 128, "sequenceLength": 256}
 }

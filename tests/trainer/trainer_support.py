@@ -251,6 +251,7 @@ ENGINE_STAGE_OFFLOAD: list[tuple[str, int, str]] = [
     ("deepspeed", 3, "cpu"),
 ]
 PRECISIONS = ["fp32", "bf16"]
+ALL_PRECISIONS = ["fp32", "bf16", "fp16"]  # fp16 runs on CPU too (slowly), with loss scaling
 CHECKPOINTING = ["none", "selective", "full"]
 EIGHT_BIT = [False, True]
 OPTIMIZERS = ["adamw", "adam", "sgd"]

@@ -35,31 +35,40 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _train(args: argparse.Namespace) -> int:
+    from memfit_trainer.dist import read_dist_env
+    from memfit_trainer.plan_check import (
+        InvalidPlanError,
+        RuntimeFacts,
+        load_plan,
+        plan_problems,
+        refuse_invalid,
+    )
+
+    env = read_dist_env(os.environ)
+    rank = env.rank if env.under_launcher else None
+    try:
+        if args.plan is None:
+            raise InvalidPlanError(f"no plan: pass --plan or set ${ENV_PLAN_PATH}")
+        plan = load_plan(args.plan)
+        # What no device could fix is refused before torch is even imported (the worker checks again,
+        # with the device's bf16 and async I/O support).
+        world_size = env.world_size if env.under_launcher else plan.world_size
+        static = plan_problems(plan, RuntimeFacts(world_size=world_size, cuda=True))
+        if static:
+            raise InvalidPlanError("; ".join(static))
+    except InvalidPlanError as error:
+        print(f"memfit-trainer: InvalidPlan: {error}", file=sys.stderr)
+        return refuse_invalid(error, rank=rank, environ=os.environ)
+
     # Imported here: torch and the engines are heavy, and `profile` must not pay for them.
-    from memfit_trainer.dist import under_launcher
-    from memfit_trainer.plan_check import InvalidPlanError, RuntimeFacts, plan_problems
-    from memfit_trainer.worker import configure_logging, load_plan, refuse_invalid, train_process
+    from memfit_trainer.worker import configure_logging, train_process
 
     configure_logging()
-    if args.plan is None:
-        return refuse_invalid(InvalidPlanError(f"no plan: pass --plan or set ${ENV_PLAN_PATH}"), rank=None,
-                              environ=os.environ)  # fmt: skip
     extra = ["--report-dir", str(args.report_dir)] if args.report_dir else []
-    if not under_launcher(os.environ):
-        try:
-            plan = load_plan(args.plan)
-        except InvalidPlanError as error:
-            return refuse_invalid(error, rank=None, environ=os.environ)
-        if plan.world_size > 1:
-            from memfit_trainer.launch import launch
+    if not env.under_launcher and plan.world_size > 1:
+        from memfit_trainer.launch import launch
 
-            # Refuse what no worker could run before starting any (the workers check again, with devices).
-            static = [
-                r for r in plan_problems(plan, RuntimeFacts(world_size=plan.world_size, cuda=True)) if r
-            ]
-            if static:
-                return refuse_invalid(InvalidPlanError("; ".join(static)), rank=None, environ=os.environ)
-            return launch(plan, plan_path=args.plan, extra=extra, environ=os.environ)
+        return launch(plan, plan_path=args.plan, extra=extra, environ=os.environ)
     return train_process(args.plan, report_dir=args.report_dir, environ=os.environ)
 
 
@@ -83,8 +92,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "train":
         return _train(args)
     if args.command == "deepspeed-config":
+        from memfit_trainer.plan_check import load_plan
         from memfit_trainer.strategies.deepspeed_config import build_deepspeed_config
-        from memfit_trainer.worker import load_plan
 
         print(json.dumps(build_deepspeed_config(load_plan(args.plan), cuda=args.cuda), indent=2))
         return 0

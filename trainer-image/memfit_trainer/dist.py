@@ -6,9 +6,10 @@ import os
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
-import torch.distributed as dist
+if TYPE_CHECKING:  # torch is imported inside the functions: `memfit-trainer` refuses bad plans without it
+    import torch
 
 # Node rank, in order of preference: torchrun's GROUP_RANK, the PET_ flag torchrun reads, the
 # classic NODE_RANK, and the Indexed Job's completion index (kubernetes.io/docs/tasks/job/indexed-parallel-processing-static).
@@ -71,6 +72,8 @@ def free_port() -> int:
 
 def select_device(env: DistEnv, environ: Mapping[str, str]) -> torch.device:
     """cuda:<local rank> when a GPU is visible (unless MEMFIT_DEVICE=cpu), else cpu."""
+    import torch
+
     wanted = environ.get("MEMFIT_DEVICE", "").strip().lower()
     if wanted != "cpu" and torch.cuda.is_available():
         torch.cuda.set_device(env.local_rank)
@@ -85,6 +88,8 @@ def backend_for(device: torch.device) -> str:
 
 def init_distributed(env: DistEnv, device: torch.device) -> None:
     """Join the process group (env:// rendezvous); a single process gets a private port on 127.0.0.1."""
+    import torch.distributed as dist
+
     if dist.is_initialized():
         return
     if not env.under_launcher:
@@ -105,12 +110,17 @@ def init_distributed(env: DistEnv, device: torch.device) -> None:
 
 def barrier() -> None:
     """A barrier when a process group exists."""
+    import torch.distributed as dist
+
     if dist.is_initialized():
         dist.barrier()
 
 
 def all_reduce_max(value: float) -> float:
     """The maximum of a value over all ranks."""
+    import torch
+    import torch.distributed as dist
+
     if not dist.is_initialized() or dist.get_world_size() == 1:
         return value
     tensor = torch.tensor([value], dtype=torch.float64, device=_collective_device())
@@ -120,6 +130,9 @@ def all_reduce_max(value: float) -> float:
 
 def all_reduce_mean(value: float) -> float:
     """The mean of a value over all ranks."""
+    import torch
+    import torch.distributed as dist
+
     if not dist.is_initialized() or dist.get_world_size() == 1:
         return value
     tensor = torch.tensor([value], dtype=torch.float64, device=_collective_device())
@@ -128,6 +141,9 @@ def all_reduce_mean(value: float) -> float:
 
 
 def _collective_device() -> torch.device:
+    import torch
+    import torch.distributed as dist
+
     if dist.get_backend() == "nccl":
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")

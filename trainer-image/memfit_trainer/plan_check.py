@@ -2,11 +2,21 @@
 
 from __future__ import annotations
 
-import os
+from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 from memfit.api.common import Checkpointing, Engine, Offload, Precision
 from memfit.api.plan import Plan
+from pydantic import ValidationError
+
+from memfit_trainer.termination import (
+    Reason,
+    TerminationMessage,
+    exit_code,
+    termination_path,
+    write_termination_message,
+)
 
 FSDP_STAGES = (2, 3)  # FSDP2: 2 = reshard_after_forward=False (ZeRO-2-like), 3 = full shard
 
@@ -96,11 +106,8 @@ def _engine_problems(plan: Plan, facts: RuntimeFacts) -> list[str]:
 
 
 def _precision_problems(plan: Plan, facts: RuntimeFacts) -> list[str]:
-    # MEMFIT_GPU_EMULATION: a CPU process stands in for a GPU node's pod (the local test cluster's pod
-    # runner sets it); fp16 then runs with CPU autocast and a GradScaler instead of being refused.
-    emulated = bool(os.environ.get("MEMFIT_GPU_EMULATION"))
-    if plan.precision == Precision.FP16 and not facts.cuda and not emulated:
-        return ["precision fp16 needs a CUDA GPU (fp16 kernels and loss scaling); on CPU use bf16 or fp32"]
+    # fp16 is not refused on CPU: DDP/FSDP (autocast + GradScaler) and DeepSpeed (fp16 with dynamic
+    # loss scaling) all train with it there (slowly), so CPU stand-ins for GPU pods can run fp16 plans.
     if plan.precision == Precision.BF16 and facts.cuda and not facts.bf16_supported:
         return ["precision bf16 on a GPU without bf16 support (compute capability < 8.0): use fp16 or fp32"]
     return []
@@ -116,3 +123,24 @@ def check_plan(plan: Plan, facts: RuntimeFacts) -> None:
 def checkpointing_enabled(plan: Plan) -> bool:
     """True when the plan asks for any activation checkpointing."""
     return plan.activation_checkpointing in (Checkpointing.SELECTIVE, Checkpointing.FULL)
+
+
+def load_plan(path: Path) -> Plan:
+    """Parse the Plan JSON (camelCase); InvalidPlanError names the field on any problem."""
+    try:
+        return Plan.model_validate_json(path.read_bytes())
+    except OSError as exc:
+        raise InvalidPlanError(f"cannot read plan {path}: {exc.strerror or exc}") from exc
+    except ValidationError as exc:
+        details = "; ".join(
+            f"{'.'.join(str(part) for part in error['loc']) or 'plan'}: {error['msg']}"
+            for error in exc.errors()
+        )
+        raise InvalidPlanError(f"plan {path} is not a valid memfit.dev/plan/v1: {details}") from exc
+
+
+def refuse_invalid(error: Exception, *, rank: int | None, environ: Mapping[str, str]) -> int:
+    """Write the InvalidPlan termination message; its exit code."""
+    message = TerminationMessage(reason=Reason.INVALID_PLAN, rank=rank, message=str(error))
+    write_termination_message(message, termination_path(dict(environ)))
+    return exit_code(Reason.INVALID_PLAN)

@@ -13,12 +13,10 @@ from dataclasses import asdict
 from pathlib import Path
 
 import torch
-from memfit.api.plan import Plan
-from pydantic import ValidationError
 
 from memfit_trainer import dist as mdist
 from memfit_trainer.metrics import ENV_JOB, ENV_METRICS_PORT, TrainerMetrics
-from memfit_trainer.plan_check import InvalidPlanError, RuntimeFacts, check_plan
+from memfit_trainer.plan_check import InvalidPlanError, RuntimeFacts, check_plan, load_plan, refuse_invalid
 from memfit_trainer.problems import ProblemError
 from memfit_trainer.termination import (
     Reason,
@@ -32,20 +30,6 @@ from memfit_trainer.termination import (
 from memfit_trainer.train import Progress, RunResult, TrainOptions, run_training
 
 log = logging.getLogger("memfit_trainer")
-
-
-def load_plan(path: Path) -> Plan:
-    """Parse the Plan JSON (camelCase); InvalidPlanError names the field on any problem."""
-    try:
-        return Plan.model_validate_json(path.read_bytes())
-    except OSError as exc:
-        raise InvalidPlanError(f"cannot read plan {path}: {exc.strerror or exc}") from exc
-    except ValidationError as exc:
-        details = "; ".join(
-            f"{'.'.join(str(part) for part in error['loc']) or 'plan'}: {error['msg']}"
-            for error in exc.errors()
-        )
-        raise InvalidPlanError(f"plan {path} is not a valid memfit.dev/plan/v1: {details}") from exc
 
 
 def runtime_facts(world_size: int, device: torch.device) -> RuntimeFacts:
@@ -74,11 +58,6 @@ def _fail(message: TerminationMessage, environ: Mapping[str, str]) -> int:
     write_termination_message(message, termination_path(dict(environ)))
     log.error("%s: %s", message.reason.value, message.message or "")
     return exit_code(message.reason)
-
-
-def refuse_invalid(error: Exception, *, rank: int | None, environ: Mapping[str, str]) -> int:
-    """Write the InvalidPlan message and return its exit code."""
-    return _fail(TerminationMessage(reason=Reason.INVALID_PLAN, rank=rank, message=str(error)), environ)
 
 
 def _oom_message(

@@ -22,7 +22,12 @@ def load_entrypoint(entrypoint: str) -> TrainingProblem:
     factory = getattr(module, attribute, None)
     if not callable(factory):
         raise ProblemError(f"problem.entrypoint {entrypoint!r}: {module_name} has no callable {attribute!r}")
-    problem = factory()
+    try:
+        problem = factory()
+    except MemoryError:
+        raise
+    except Exception as exc:
+        raise ProblemError(f"problem.entrypoint {entrypoint!r} raised {type(exc).__name__}: {exc}") from exc
     if not isinstance(problem, TrainingProblem):
         raise ProblemError(
             f"problem.entrypoint {entrypoint!r} returned {type(problem).__name__}; "

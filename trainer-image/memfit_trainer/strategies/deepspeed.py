@@ -15,6 +15,23 @@ from memfit_trainer.strategies.base import move_batch, optimizer_state_facts, pa
 from memfit_trainer.strategies.deepspeed_config import build_deepspeed_config
 
 ENGINE_DTYPES = {Precision.BF16: torch.bfloat16, Precision.FP16: torch.float16}
+# DeepSpeed <= 0.19.8: with fp16 and ZeRO-0, engine.backward() does not scale the loss but the FP16
+# optimizer's step() still divides gradients by the loss scale, so updates are ~2**16 times too small
+# (deepspeedai/DeepSpeed PR #8393, open). The runner scales the loss itself on those versions.
+ZERO0_FP16_UNSCALED_UP_TO = (0, 19, 8)
+
+
+def _version_tuple(version: str) -> tuple[int, ...]:
+    parts = []
+    for part in version.split("+")[0].split(".")[:3]:
+        digits = "".join(ch for ch in part if ch.isdigit())
+        parts.append(int(digits or 0))
+    return tuple(parts)
+
+
+def zero0_fp16_needs_loss_scaling(version: str, *, zero_stage: int, fp16: bool) -> bool:
+    """True on DeepSpeed versions whose engine leaves the fp16 ZeRO-0 loss unscaled."""
+    return fp16 and zero_stage == 0 and _version_tuple(version) <= ZERO0_FP16_UNSCALED_UP_TO
 
 
 class DeepSpeedRunner:
@@ -41,11 +58,14 @@ class DeepSpeedRunner:
             dist_init_required=False,
         )
         self.input_dtype = ENGINE_DTYPES.get(plan.precision)
+        self.scale_loss = zero0_fp16_needs_loss_scaling(
+            deepspeed.__version__, zero_stage=plan.zero_stage, fp16=plan.precision == Precision.FP16
+        )
 
     def micro_step(self, batch: Batch, *, last: bool) -> torch.Tensor:
         inputs = move_batch(batch, self.device, self.input_dtype)
         loss = self.problem.loss_fn(self.model, inputs)
-        self.model.backward(loss)
+        self.model.backward(loss.float() * self.optimizer.loss_scale if self.scale_loss else loss)
         self.model.step()  # a no-op for the optimizer until the accumulation boundary
         return loss.detach()
 
@@ -76,6 +96,9 @@ class DeepSpeedRunner:
             "offload_param": zero.get("offload_param", {}).get("device"),
             "bf16": bool(self.model.bfloat16_enabled()),
             "fp16": bool(self.model.fp16_enabled()),
+            "loss_scale": float(getattr(self.optimizer, "loss_scale", 0.0) or 0.0)
+            if self.model.fp16_enabled()
+            else None,
             "gradient_accumulation_steps": int(self.model.gradient_accumulation_steps()),
             "train_micro_batch_size_per_gpu": int(self.model.train_micro_batch_size_per_gpu()),
             **parameter_facts(self.model.module),

@@ -108,6 +108,7 @@ class FsdpRunner:
             "mp_param_dtype": str(mp.param_dtype) if mp.param_dtype else None,
             "mp_reduce_dtype": str(mp.reduce_dtype) if mp.reduce_dtype else None,
             "offload_policy": type(self.settings["offload_policy"]).__name__,
+            "grad_scaler": self.scaler is not None,
             "fsdp_units": 1 + len(self.problem.blocks),
             **parameter_facts(self.model),
             **optimizer_state_facts(self.optimizer),
