@@ -23,6 +23,6 @@ def prom_bin() -> Path:
 
 @pytest.fixture(scope="session")
 def e2e_cluster(helm: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    """A local control plane with KWOK GPU pools, started once for the e2e tier (no pod runner)."""
+    """A local control plane with KWOK GPU pools and the local pod runner, started once for the e2e tier."""
     with start_cluster(tmp_path_factory.mktemp("e2e-cluster")) as started:
         yield Cluster(kubeconfig=started.kubeconfig, helm=helm)

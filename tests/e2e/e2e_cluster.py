@@ -1,5 +1,5 @@
 """The local test cluster for the e2e tier (hack/testcluster.py: etcd, kube-apiserver, controller-manager,
-scheduler, KWOK GPU pools), and kubectl/helm against it."""
+scheduler, KWOK GPU pools, local pod runner), and kubectl/helm against it."""
 
 from __future__ import annotations
 
@@ -88,7 +88,7 @@ def start_cluster(workdir: Path) -> Iterator[Any]:
     bin_dir = testcluster.find_bin_dir()
     if absent := testcluster.missing_binaries(bin_dir):
         missing(f"test cluster binaries missing: {absent} in {bin_dir}; run hack/install-testbin.sh")
-    cluster = testcluster.TestCluster(workdir=workdir, bin_dir=bin_dir, pod_runner=False, die_with_parent=True)
+    cluster = testcluster.TestCluster(workdir=workdir, bin_dir=bin_dir, pod_runner=True, die_with_parent=True)
     cluster.start()
     try:
         kwok_pools.apply_pools(str(cluster.kubeconfig))
