@@ -136,18 +136,23 @@ class TimeTerms:
         return StepTime(compute, exposed_comm, offload, total)
 
     def _seconds_per_ring_byte(self, gpu: GpuSpeed) -> float:
-        """Seconds per byte of ring volume, intra-node and inter-node shares (hierarchical ring)."""
-        n, g = self.world_size, self.gpus_per_node
-        nodes = -(-n // g)
-        # The volume carries the ring factor (N-1)/N; a hierarchical ring moves the (g-1)/g share
-        # over the intra-node links and the (nodes-1)/nodes share over the node's network.
-        unit = n / (n - 1)
-        seconds = 0.0
-        if g > 1:
-            seconds += unit * (g - 1) / g / (gpu.intra_node_gbps * 1e9)
-        if nodes > 1:
-            seconds += unit * (nodes - 1) / nodes / (gpu.inter_node_gbits / 8 * 1e9)
-        return seconds
+        return ring_seconds_per_byte(self.world_size, self.gpus_per_node, gpu)
+
+
+def ring_seconds_per_byte(world_size: int, gpus_per_node: int, gpu: GpuSpeed) -> float:
+    """Seconds per byte of ring volume (bytes x (N-1)/N), split into its intra-node share at the
+    NVLink/PCIe bandwidth and its inter-node share at the node's network (hierarchical ring)."""
+    n, g = world_size, min(gpus_per_node, world_size)
+    if n <= 1:
+        return 0.0
+    nodes = -(-n // g)
+    unit = n / (n - 1)
+    seconds = 0.0
+    if g > 1:
+        seconds += unit * (g - 1) / g / (gpu.intra_node_gbps * 1e9)
+    if nodes > 1:
+        seconds += unit * (nodes - 1) / nodes / (gpu.inter_node_gbits / 8 * 1e9)
+    return seconds
 
 
 def time_terms(shape: Shape, strategy: Strategy, *, samples_per_gpu_step: int,

@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 from memfit.api.common import Offload, Precision
 from memfit.api.job import Minimize
 from memfit.memory.predict import MemoryTerms
-from memfit.memory.timing import SATURATION_TOKENS
+from memfit.memory.timing import OVERLAP, SATURATION_TOKENS, ring_seconds_per_byte
 from memfit.planner.context import SearchContext, peak_bytes_int
 from memfit.planner.explain import OfferFailures
 from memfit.planner.offers import Layout, Offer
@@ -89,9 +89,11 @@ def _micro_batch(ctx: SearchContext, terms: MemoryTerms, per_gpu: int, usable: i
     return 0
 
 
-def _compute_bound_seconds(ctx: SearchContext, offer: Offer, layout: Layout, choice: Choice,
-                           per_gpu: int) -> float:
-    """Step seconds of compute alone at the best micro-batch this layout allows: a lower bound."""
+def _bound_seconds(ctx: SearchContext, offer: Offer, layout: Layout, choice: Choice, per_gpu: int) -> float:
+    """A lower bound on the step seconds of every configuration sharing `choice`'s precision and
+    checkpointing on `layout`: compute at the best micro-batch the layout allows, plus half of the
+    smallest gradient exchange any engine needs (a ring all-reduce of 16-bit gradients for mixed
+    precision, 32-bit otherwise: ZeRO-2/3 and FSDP move at least as much; at most half hides)."""
     peak = offer.speed.peak_flops(choice.precision)
     if peak <= 0:
         return float("inf")
@@ -99,7 +101,14 @@ def _compute_bound_seconds(ctx: SearchContext, offer: Offer, layout: Layout, cho
     b = ctx.pinned_micro_batch or per_gpu
     tokens = b * tt.tokens_per_sample
     efficiency = tt.mfu * tokens / (tokens + SATURATION_TOKENS)
-    return tt.flops_per_gpu_step / (peak * efficiency)
+    compute = tt.flops_per_gpu_step / (peak * efficiency)
+    n = layout.world_size
+    if n == 1:
+        return compute
+    grad_bytes = 2.0 if choice.precision != Precision.FP32 else 4.0
+    volume = 2 * (n - 1) / n * ctx.shape.trainable * grad_bytes
+    comm = volume * ring_seconds_per_byte(n, layout.gpus_per_node, offer.speed)
+    return compute + comm - OVERLAP * min(comm, compute)
 
 
 def best_on_offer(ctx: SearchContext, offer: Offer, choices: Sequence[Choice]) -> OfferOutcome:
@@ -121,7 +130,7 @@ def best_on_offer(ctx: SearchContext, offer: Offer, choices: Sequence[Choice]) -
     for li, layout in enumerate(layouts):
         per_gpu = ctx.global_batch // layout.world_size
         for gi, (group_ranks, members) in enumerate(groups):
-            seconds = _compute_bound_seconds(ctx, offer, layout, members[0], per_gpu)
+            seconds = _bound_seconds(ctx, offer, layout, members[0], per_gpu)
             hours = ctx.steps * seconds / 3600
             bound = hours if ctx.minimize == Minimize.TIME else hours * layout.price_per_hour
             bounds.append((bound, li, gi, layout, group_ranks, members))
