@@ -1,0 +1,196 @@
+"""Cases of the memory accuracy benchmark: three model families x engines, precisions, micro-batches."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+# Small enough that a real CPU step takes about a second, large enough that activations and model
+# states are both a sizeable part of the peak (gpt at mbs 8: ~190 MB activations, ~85 MB states).
+PROBLEMS: dict[str, dict[str, Any]] = {
+    "gpt": {
+        "builtin": {
+            "kind": "gpt",
+            "layers": 4,
+            "hidden": 256,
+            "heads": 4,
+            "vocab": 2048,
+            "sequenceLength": 256,
+        }
+    },
+    "bert": {
+        "builtin": {
+            "kind": "bert",
+            "layers": 4,
+            "hidden": 256,
+            "heads": 4,
+            "vocab": 2048,
+            "sequenceLength": 128,
+        }
+    },
+    "vit": {
+        "builtin": {
+            "kind": "vit",
+            "layers": 4,
+            "hidden": 192,
+            "heads": 3,
+            "imageSize": 96,
+            "patchSize": 8,
+            "numClasses": 100,
+        }
+    },
+    # --quick: a smaller decoder, so that the whole run stays under a minute on 2 cores.
+    "gpt-quick": {
+        "builtin": {
+            "kind": "gpt",
+            "layers": 2,
+            "hidden": 128,
+            "heads": 4,
+            "vocab": 1024,
+            "sequenceLength": 128,
+        }
+    },
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Case:
+    """One training configuration whose per-rank peak is measured and predicted."""
+
+    family: str
+    engine: str = "ddp"  # ddp | deepspeed | fsdp (as memfit-trainer runs them)
+    zero_stage: int = 0  # DeepSpeed ZeRO stage; FSDP 2 = reshard_after_forward False, 3 = True
+    world_size: int = 1
+    precision: str = "fp32"
+    checkpointing: str = "none"
+    micro_batch_size: int = 1
+    optimizer: str = "adamw"
+    eight_bit: bool = False
+
+    @property
+    def id(self) -> str:
+        engine = {"ddp": "ddp", "deepspeed": f"zero{self.zero_stage}", "fsdp": f"fsdp{self.zero_stage}"}[
+            self.engine
+        ]
+        opt = self.optimizer + ("8bit" if self.eight_bit else "")
+        return (
+            f"{self.family}-{engine}-w{self.world_size}-{self.precision}-{self.checkpointing}"
+            f"-mbs{self.micro_batch_size}-{opt}"
+        )
+
+    def config(self) -> dict[str, Any]:
+        """The case's settings as written to the results JSON."""
+        return asdict(self)
+
+    def plan_wire(self) -> dict[str, Any]:
+        """The Plan memfit-trainer would receive for this case (one step of one micro-batch per rank)."""
+        return {
+            "engine": self.engine,
+            "zeroStage": self.zero_stage,
+            "precision": self.precision,
+            "activationCheckpointing": self.checkpointing,
+            "offload": "none",
+            "optimizer8bit": self.eight_bit,
+            "microBatchSize": self.micro_batch_size,
+            "gradientAccumulationSteps": 1,
+            "nodes": 1,
+            "gpusPerNode": self.world_size,
+            "nodePool": "local-cpu",
+            "gpuProduct": "cpu",
+            "gpuMemoryBytes": 0,
+            "memory": {
+                "parametersBytes": 0, "gradientsBytes": 0, "optimizerBytes": 0, "activationsBytes": 0,
+                "temporariesBytes": 0, "overheadBytes": 0, "peakBytes": 0,
+            },
+            "headroomPercent": 10,
+            "pricePerHour": 0,
+            "stepSeconds": 0,
+            "estimatedHours": 0,
+            "estimatedCost": 0,
+            "problem": PROBLEMS[self.family],
+            "training": {
+                "globalBatchSize": self.micro_batch_size * self.world_size,
+                "maxSteps": 3,
+                "optimizer": self.optimizer,
+                "learningRate": 1e-4,
+            },
+        }  # fmt: skip
+
+
+def _ddp_cases(family: str) -> list[Case]:
+    """Single-rank DDP (what memfit-trainer runs for an unsharded plan): precision x checkpointing x
+    micro-batch x optimizer, a fractional factorial of 10 points."""
+    c = Case
+    return [
+        c(family, precision="fp32", checkpointing="none", micro_batch_size=1),
+        c(family, precision="fp32", checkpointing="none", micro_batch_size=4),
+        c(family, precision="fp32", checkpointing="full", micro_batch_size=8),
+        c(family, precision="bf16", checkpointing="none", micro_batch_size=2),
+        c(family, precision="bf16", checkpointing="none", micro_batch_size=8),
+        c(family, precision="bf16", checkpointing="full", micro_batch_size=4),
+        c(family, precision="bf16", checkpointing="selective", micro_batch_size=4),
+        c(family, precision="bf16", checkpointing="none", micro_batch_size=4, eight_bit=True),
+        c(family, precision="fp32", checkpointing="full", micro_batch_size=2, eight_bit=True),
+        c(family, precision="fp32", checkpointing="none", micro_batch_size=2, optimizer="sgd"),
+    ]
+
+
+def _sharded_cases() -> list[Case]:
+    """DeepSpeed ZeRO 0-3 and FSDP2 at world size 1 and 2 (gloo)."""
+    ds = {"engine": "deepspeed"}
+    fsdp = {"engine": "fsdp"}
+    return [
+        Case("gpt", **ds, zero_stage=0, precision="bf16", micro_batch_size=2),
+        Case("gpt", **ds, zero_stage=1, precision="bf16", micro_batch_size=2),
+        Case("gpt", **ds, zero_stage=2, precision="bf16", micro_batch_size=2),
+        Case("gpt", **ds, zero_stage=3, precision="bf16", micro_batch_size=2),
+        Case("gpt", **ds, zero_stage=2, precision="fp32", micro_batch_size=4),
+        Case("gpt", **ds, zero_stage=1, world_size=2, precision="bf16", micro_batch_size=2),
+        Case("gpt", **ds, zero_stage=2, world_size=2, precision="bf16", micro_batch_size=2),
+        Case("gpt", **ds, zero_stage=3, world_size=2, precision="bf16", micro_batch_size=2),
+        Case(
+            "gpt",
+            **ds,
+            zero_stage=2,
+            world_size=2,
+            precision="fp32",
+            checkpointing="full",
+            micro_batch_size=4,
+        ),
+        Case(
+            "gpt",
+            **ds,
+            zero_stage=3,
+            world_size=2,
+            precision="bf16",
+            checkpointing="full",
+            micro_batch_size=4,
+        ),
+        Case("gpt", **ds, zero_stage=2, world_size=2, precision="bf16", micro_batch_size=2, eight_bit=True),
+        Case("bert", **ds, zero_stage=2, world_size=2, precision="bf16", micro_batch_size=4),
+        Case("vit", **ds, zero_stage=3, world_size=2, precision="bf16", micro_batch_size=4),
+        Case("gpt", **fsdp, zero_stage=3, precision="bf16", micro_batch_size=2),
+        Case("gpt", **fsdp, zero_stage=3, world_size=2, precision="bf16", micro_batch_size=2),
+        Case("gpt", **fsdp, zero_stage=2, world_size=2, precision="bf16", micro_batch_size=2),
+        Case(
+            "gpt",
+            **fsdp,
+            zero_stage=3,
+            world_size=2,
+            precision="fp32",
+            checkpointing="full",
+            micro_batch_size=4,
+        ),
+        Case("bert", **fsdp, zero_stage=3, world_size=2, precision="bf16", micro_batch_size=4),
+        Case("vit", **fsdp, zero_stage=3, world_size=2, precision="fp32", micro_batch_size=4),
+    ]
+
+
+def full_cases() -> list[Case]:
+    """The full benchmark: 30 single-rank DDP cases over three families and 19 sharded ones."""
+    return [*_ddp_cases("gpt"), *_ddp_cases("bert"), *_ddp_cases("vit"), *_sharded_cases()]
+
+
+def quick_cases() -> list[Case]:
+    """--quick: 8 single-rank cases of a small decoder (one process, no DeepSpeed start-up)."""
+    return _ddp_cases("gpt-quick")[:8]

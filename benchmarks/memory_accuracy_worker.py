@@ -1,0 +1,102 @@
+"""Truth worker of the memory accuracy benchmark: real training steps, allocator-level per-rank peaks.
+
+    python -m torch.distributed.run --nproc-per-node N benchmarks/memory_accuracy_worker.py CASES.json OUT
+    python benchmarks/memory_accuracy_worker.py CASES.json OUT          (one rank, no launcher)
+
+CASES.json: [{"id": ..., "plan": <Plan wire JSON>}]. For each case, every rank opens the CPU
+allocator meter (memfit_trainer.profiler.cpu_meter) before the model is built, builds the problem,
+applies checkpointing and the engine exactly as memfit-trainer does (`make_runner`), runs STEPS
+optimizer steps with the trainer's per-sample batches, and writes OUT/<id>/rank-<r>.json with each
+step's peak. One intra-op thread (the meter's requirement).
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+STEPS = 3  # the truth is the peak over steps 2..3 (step 1 allocates the optimizer state lazily)
+
+
+def run_case(plan_wire: dict[str, Any], env: Any) -> dict[str, Any]:
+    """Measure one plan on this rank."""
+    import torch
+    from memfit.api.plan import Plan
+    from memfit_trainer.problems import BatchKey, build_problem
+    from memfit_trainer.profiler.cpu_meter import CpuAllocatorMeter
+    from memfit_trainer.strategies import make_runner
+    from memfit_trainer.strategies.checkpointing import apply_activation_checkpointing
+
+    plan = Plan.model_validate(plan_wire)
+    assert plan.problem is not None
+    device = torch.device("cpu")
+    started = time.perf_counter()
+    meter = CpuAllocatorMeter()
+    runner: Any = None
+    with meter:
+        with meter.region("build"):
+            problem = build_problem(plan.problem, seed=0)
+            apply_activation_checkpointing(problem, plan.activation_checkpointing)
+            runner = make_runner(plan=plan, problem=problem, device=device, world_size=env.world_size)
+        mbs = plan.micro_batch_size
+        for step in range(1, STEPS + 1):
+            key = BatchKey(seed=0, step=step, sample_start=env.rank * mbs, samples=mbs)
+            with meter.region(f"step{step}"):
+                runner.micro_step(problem.make_batch(key), last=True)
+                runner.optimizer_step()
+        if hasattr(runner, "close"):
+            runner.close()
+        runner = None
+        del problem
+        gc.collect()
+    regions = meter.results()
+    steps = [regions[f"step{s}"] for s in range(1, STEPS + 1)]
+    return {
+        "rank": env.rank,
+        "world_size": env.world_size,
+        "build_peak_bytes": regions["build"].peak_allocated_bytes,
+        "steps": [
+            {
+                "peak_bytes": r.peak_allocated_bytes,
+                "start_bytes": r.start_allocated_bytes,
+                "end_bytes": r.end_allocated_bytes,
+                "seconds": round(r.seconds, 4),
+            }
+            for r in steps
+        ],
+        "peak_bytes": max(r.peak_allocated_bytes for r in steps[1:]),
+        "seconds": round(time.perf_counter() - started, 3),
+    }
+
+
+def main(argv: list[str]) -> int:
+    import torch
+    from memfit_trainer import dist as mdist
+
+    cases = json.loads(Path(argv[0]).read_text())
+    out = Path(argv[1])
+    torch.set_num_threads(1)
+    env = mdist.read_dist_env(os.environ)
+    mdist.init_distributed(env, torch.device("cpu"))
+    for case in cases:
+        target = out / case["id"]
+        target.mkdir(parents=True, exist_ok=True)
+        gc.collect()
+        mdist.barrier()
+        try:
+            payload = run_case(case["plan"], env)
+        except Exception as error:
+            payload = {"error": f"{type(error).__name__}: {error}", "traceback": traceback.format_exc()}
+        (target / f"rank-{env.rank}.json").write_text(json.dumps(payload))
+        mdist.barrier()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,82 @@
+"""benchmarks/memory_accuracy.py --quick: the report's shape, the truth, and memfit's accuracy bound."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from profiler_support import REPO, TORCH_EXTENSIONS_DIR
+
+pytest.importorskip("torch")
+
+# Stated bound on memfit's quick MAPE. Issue 9's target is 3 % (full benchmark); the predictor
+# (operator/memfit/memory) measured 10.6 % on these cases when this test was written
+# (docs/profiler.md, "Accuracy"). Lower this as the model improves.
+MEMFIT_QUICK_MAPE_BOUND = 15.0
+PREDICTORS = {"memfit", "memfit-analytic", "deepspeed", "accelerate", "memtracker"}
+SUMMARY_KEYS = {"mape", "p95_abs_pct", "max_under_pct", "coverage", "seconds_per_prediction"}
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
+    out = tmp_path_factory.mktemp("accuracy") / "quick.json"
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "memory_accuracy.py"), "--quick", "--json", str(out)],
+        env={**os.environ, "TORCH_EXTENSIONS_DIR": TORCH_EXTENSIONS_DIR},
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "memfit vs peer" in proc.stdout
+    return json.loads(out.read_text())
+
+
+def test_report_shape(report: dict[str, object]) -> None:
+    predictors = report["predictors"]
+    assert isinstance(predictors, dict) and set(predictors) == PREDICTORS
+    for summary in predictors.values():
+        assert set(summary) == SUMMARY_KEYS
+    cases = report["cases"]
+    assert isinstance(cases, list) and 1 <= len(cases) <= 10
+    for case in cases:
+        assert {"id", "config", "truth_bytes", "predictions"} <= set(case)
+        assert case["truth_bytes"] > 0, case
+        assert set(case["predictions"]) == PREDICTORS
+    assert predictors["memfit"]["coverage"] == len(cases)
+    assert predictors["memtracker"]["coverage"] == len(cases)
+    assert predictors["deepspeed"]["coverage"] == 0  # no DeepSpeed case in --quick
+    adam32 = [c for c in cases if c["config"]["optimizer"] == "adamw" and not c["config"]["eight_bit"]]
+    assert predictors["accelerate"]["coverage"] == len(adam32)
+
+
+def test_truth_matches_the_profile_of_the_same_configuration(report: dict[str, object]) -> None:
+    # The profiler (elided DDP steps) and the truth worker (real DdpRunner steps) measure the same
+    # allocator counter: at a configuration both ran, they agree to within a few KB.
+    profile = next(iter(report["profiles"].values()))["profile"]
+    measured = {
+        (m["precision"], m["checkpointing"], m["microBatchSize"], m.get("optimizer8bit", False)): m[
+            "peakAllocatedBytes"
+        ]
+        for m in profile["measurements"]
+    }
+    shared = 0
+    for case in report["cases"]:
+        c = case["config"]
+        key = (c["precision"], c["checkpointing"], c["micro_batch_size"], c["eight_bit"])
+        if c["optimizer"] == "adamw" and key in measured:
+            shared += 1
+            assert abs(measured[key] - case["truth_bytes"]) <= max(8192, 0.001 * case["truth_bytes"]), case[
+                "id"
+            ]
+    assert shared >= 2
+
+
+def test_memfit_quick_mape_is_within_the_stated_bound(report: dict[str, object]) -> None:
+    memfit = report["predictors"]["memfit"]
+    assert memfit["mape"] <= MEMFIT_QUICK_MAPE_BOUND, memfit
+    # memfit predicts a new configuration by arithmetic: far below a millisecond.
+    assert memfit["seconds_per_prediction"] < 1e-3
