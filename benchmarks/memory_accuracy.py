@@ -49,7 +49,7 @@ def _env() -> dict[str, str]:
     return env
 
 
-def measure_truth(cases: list[Case], workdir: Path) -> dict[str, dict[str, Any]]:
+def measure_truth(cases: list[Case], workdir: Path, *, device: str = "cpu") -> dict[str, dict[str, Any]]:
     """Run every case for real, one launch per world size; per-case truth and per-rank details."""
     results: dict[str, dict[str, Any]] = {}
     for world in sorted({c.world_size for c in cases}):
@@ -58,11 +58,11 @@ def measure_truth(cases: list[Case], workdir: Path) -> dict[str, dict[str, Any]]
         spec.write_text(json.dumps([{"id": c.id, "plan": c.plan_wire()} for c in group]))
         out = workdir / f"truth-w{world}"
         if world == 1:
-            command = [sys.executable, str(WORKER), str(spec), str(out)]
+            command = [sys.executable, str(WORKER), str(spec), str(out), "--device", device]
         else:
             command = [
                 sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}",
-                str(WORKER), str(spec), str(out),
+                str(WORKER), str(spec), str(out), "--device", device,
             ]  # fmt: skip
         started = time.perf_counter()
         proc = subprocess.run(command, env=_env(), capture_output=True, text=True, timeout=3600)
@@ -78,11 +78,21 @@ def measure_truth(cases: list[Case], workdir: Path) -> dict[str, dict[str, Any]]
                 }
                 print(f"truth: {case.id}: {results[case.id]['error']}", file=sys.stderr)
                 continue
-            results[case.id] = {"truth_bytes": max(r["peak_bytes"] for r in ranks), "ranks": ranks}
+            results[case.id] = {
+                "truth_bytes": max(r["peak_bytes"] for r in ranks),
+                "reserved_bytes": _max_known([r.get("peak_reserved_bytes") for r in ranks]),
+                "device_bytes": _max_known([r.get("peak_device_bytes") for r in ranks]),
+                "ranks": ranks,
+            }
     return results
 
 
-def profile_problems(families: set[str], workdir: Path) -> dict[str, Any]:
+def _max_known(values: list[int | None]) -> int | None:
+    known = [v for v in values if v is not None]
+    return max(known) if known else None
+
+
+def profile_problems(families: set[str], workdir: Path, *, extra: tuple[str, ...] = ()) -> dict[str, Any]:
     """`memfit-trainer profile` once per problem, as the operator's profiling Job runs it."""
     from memfit.api.profile import Profile
 

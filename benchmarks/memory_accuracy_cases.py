@@ -39,6 +39,48 @@ PROBLEMS: dict[str, dict[str, Any]] = {
             "numClasses": 100,
         }
     },
+    # GPU checks (benchmarks/gpu_checks.py): public model sizes, random weights, no download.
+    "gpt2-small": {
+        "builtin": {
+            "kind": "gpt",
+            "layers": 12,
+            "hidden": 768,
+            "heads": 12,
+            "vocab": 50257,
+            "sequenceLength": 1024,
+        }
+    },
+    "gpt-350m": {
+        "builtin": {
+            "kind": "gpt",
+            "layers": 24,
+            "hidden": 1024,
+            "heads": 16,
+            "vocab": 50257,
+            "sequenceLength": 1024,
+        }
+    },
+    "bert-base": {
+        "builtin": {
+            "kind": "bert",
+            "layers": 12,
+            "hidden": 768,
+            "heads": 12,
+            "vocab": 30522,
+            "sequenceLength": 512,
+        }
+    },
+    "vit-b16": {
+        "builtin": {
+            "kind": "vit",
+            "layers": 12,
+            "hidden": 768,
+            "heads": 12,
+            "imageSize": 224,
+            "patchSize": 16,
+            "numClasses": 1000,
+        }
+    },
     # --quick: a smaller decoder, so that the whole run stays under a minute on 2 cores.
     "gpt-quick": {
         "builtin": {
@@ -189,6 +231,34 @@ def _sharded_cases() -> list[Case]:
 def full_cases() -> list[Case]:
     """The full benchmark: 30 single-rank DDP cases over three families and 19 sharded ones."""
     return [*_ddp_cases("gpt"), *_ddp_cases("bert"), *_ddp_cases("vit"), *_sharded_cases()]
+
+
+def gpu_cases() -> list[Case]:
+    """benchmarks/gpu_checks.py: one GPU, so world size 1 only (NCCL cannot put two ranks on one GPU)."""
+    c = Case
+    ds, fsdp = {"engine": "deepspeed"}, {"engine": "fsdp"}
+    return [
+        c("gpt2-small", precision="fp32", micro_batch_size=1),
+        c("gpt2-small", precision="fp32", micro_batch_size=4),
+        c("gpt2-small", precision="bf16", micro_batch_size=4),
+        c("gpt2-small", precision="bf16", micro_batch_size=8),
+        c("gpt2-small", precision="bf16", checkpointing="full", micro_batch_size=16),
+        c("gpt2-small", precision="bf16", checkpointing="selective", micro_batch_size=8),
+        c("gpt2-small", precision="bf16", micro_batch_size=8, eight_bit=True),
+        c("gpt2-small", precision="fp32", checkpointing="full", micro_batch_size=8, optimizer="sgd"),
+        c("gpt-350m", precision="bf16", micro_batch_size=4),
+        c("gpt-350m", precision="bf16", checkpointing="full", micro_batch_size=16, eight_bit=True),
+        c("bert-base", precision="fp32", micro_batch_size=8),
+        c("bert-base", precision="bf16", checkpointing="full", micro_batch_size=32),
+        c("vit-b16", precision="bf16", micro_batch_size=32),
+        c("vit-b16", precision="fp32", checkpointing="full", micro_batch_size=64),
+        c("gpt2-small", **fsdp, zero_stage=3, precision="bf16", micro_batch_size=8),
+        c("gpt2-small", **fsdp, zero_stage=2, precision="bf16", micro_batch_size=8),
+        c("gpt2-small", **ds, zero_stage=0, precision="bf16", micro_batch_size=8),
+        c("gpt2-small", **ds, zero_stage=2, precision="bf16", micro_batch_size=8),
+        c("gpt2-small", **ds, zero_stage=3, precision="bf16", micro_batch_size=8),
+        c("gpt2-small", **ds, zero_stage=2, precision="bf16", micro_batch_size=8, eight_bit=True),
+    ]
 
 
 def quick_cases() -> list[Case]:

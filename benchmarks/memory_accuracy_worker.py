@@ -2,6 +2,7 @@
 
     python -m torch.distributed.run --nproc-per-node N benchmarks/memory_accuracy_worker.py CASES.json OUT
     python benchmarks/memory_accuracy_worker.py CASES.json OUT          (one rank, no launcher)
+    ... CASES.json OUT --device cuda    (benchmarks/gpu_checks.py: CUDA statistics and NVML instead)
 
 CASES.json: [{"id": ..., "plan": <Plan wire JSON>}]. For each case, every rank opens the CPU
 allocator meter (memfit_trainer.profiler.cpu_meter) before the model is built, builds the problem,
@@ -24,20 +25,21 @@ from typing import Any
 STEPS = 3  # the truth is the peak over steps 2..3 (step 1 allocates the optimizer state lazily)
 
 
-def run_case(plan_wire: dict[str, Any], env: Any) -> dict[str, Any]:
+def run_case(plan_wire: dict[str, Any], env: Any, device: Any) -> dict[str, Any]:
     """Measure one plan on this rank."""
     import torch
     from memfit.api.plan import Plan
     from memfit_trainer.problems import BatchKey, build_problem
-    from memfit_trainer.profiler.cpu_meter import CpuAllocatorMeter
+    from memfit_trainer.profiler.meters import meter_for
     from memfit_trainer.strategies import make_runner
     from memfit_trainer.strategies.checkpointing import apply_activation_checkpointing
 
     plan = Plan.model_validate(plan_wire)
     assert plan.problem is not None
-    device = torch.device("cpu")
     started = time.perf_counter()
-    meter = CpuAllocatorMeter()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    meter = meter_for(device)
     runner: Any = None
     with meter:
         with meter.region("build"):
@@ -66,13 +68,22 @@ def run_case(plan_wire: dict[str, Any], env: Any) -> dict[str, Any]:
                 "peak_bytes": r.peak_allocated_bytes,
                 "start_bytes": r.start_allocated_bytes,
                 "end_bytes": r.end_allocated_bytes,
+                "reserved_bytes": r.peak_reserved_bytes,
+                "device_bytes": r.peak_device_bytes,
                 "seconds": round(r.seconds, 4),
             }
             for r in steps
         ],
         "peak_bytes": max(r.peak_allocated_bytes for r in steps[1:]),
+        "peak_reserved_bytes": _max_known([r.peak_reserved_bytes for r in steps[1:]]),
+        "peak_device_bytes": _max_known([r.peak_device_bytes for r in steps[1:]]),
         "seconds": round(time.perf_counter() - started, 3),
     }
+
+
+def _max_known(values: list[int | None]) -> int | None:
+    known = [v for v in values if v is not None]
+    return max(known) if known else None
 
 
 def main(argv: list[str]) -> int:
@@ -81,16 +92,21 @@ def main(argv: list[str]) -> int:
 
     cases = json.loads(Path(argv[0]).read_text())
     out = Path(argv[1])
-    torch.set_num_threads(1)
     env = mdist.read_dist_env(os.environ)
-    mdist.init_distributed(env, torch.device("cpu"))
+    if argv[2:4] == ["--device", "cuda"]:  # "--device cpu" (the default) changes nothing
+        device = torch.device("cuda", env.local_rank)
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+        torch.set_num_threads(1)
+    mdist.init_distributed(env, device)
     for case in cases:
         target = out / case["id"]
         target.mkdir(parents=True, exist_ok=True)
         gc.collect()
         mdist.barrier()
         try:
-            payload = run_case(case["plan"], env)
+            payload = run_case(case["plan"], env, device)
         except Exception as error:
             payload = {"error": f"{type(error).__name__}: {error}", "traceback": traceback.format_exc()}
         (target / f"rank-{env.rank}.json").write_text(json.dumps(payload))
