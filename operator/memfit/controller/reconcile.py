@@ -195,6 +195,10 @@ def _advance(
     attempts: list[Manifest] = status["attempts"]
     current = attempts[-1] if attempts else None
     if current is None or current.get("outcome") in REPLAN_OUTCOMES:
+        if current is not None:
+            # The attempt's outcome is in the stored status (this reconcile read it), so its Job can go
+            # now: deleting it before the outcome was stored would let a crash in between relaunch it.
+            api.delete_job(owner.namespace, train_job_name(owner.name, int(current["index"])))
         replans_used = max(0, len(attempts) - 1) + (1 if current else 0)
         if current is not None and replans_used > spec.recovery.max_replans:
             _fail(
@@ -577,7 +581,6 @@ def _monitor_step(
             reason = f"{kind} at step {step} on {plan.node_pool} (peak {_gib(peak) if peak else 'n/a'})"
             _finish_attempt(attempt, OUTCOME_OOM, now, measured=peak, reason=reason)
             _learn(api, owner=owner, digest=digest, cached=cached, plan=plan, measured=peak or 0, oom=True)
-            api.delete_job(owner.namespace, name)
             _set(decision, c.RUNNING, False, c.OUT_OF_MEMORY, reason, generation, now)
             _phase(decision, Phase.REPLANNING, f"attempt {index}: {reason}; re-planning")
             decision.event(c.OUT_OF_MEMORY, reason, warning=True)
@@ -621,7 +624,6 @@ def _monitor_step(
                 f"{stuck[0].unschedulable_message[:300]}"
             )
             _finish_attempt(attempt, OUTCOME_NO_CAPACITY, now, reason=reason)
-            api.delete_job(owner.namespace, name)
             _set(decision, c.RUNNING, False, c.NO_CAPACITY, reason, generation, now)
             _phase(decision, Phase.REPLANNING, f"attempt {index}: {reason}; re-planning without it")
             decision.event(c.NO_CAPACITY, reason, warning=True)
