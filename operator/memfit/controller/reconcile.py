@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -166,16 +167,33 @@ def _advance(
 ) -> None:
     status = decision.status
     digest = problem_hash(spec.problem)
-    cache_raw = api.get_config_map(owner.namespace, profile_cache_name(digest))
-    cached = parse_profile_cache((cache_raw or {}).get("data"))
-    world = world or observe_world(api)
+    world_of = _on_demand(api, world)
     pod = PodSettings(
         image=spec.image or settings.trainer_image,
         image_pull_policy=settings.image_pull_policy,
         extra_labels=settings.extra_pod_labels,
         service_account=settings.trainer_service_account,
     )
+    attempts: list[Manifest] = status["attempts"]
+    current = attempts[-1] if attempts else None
+    if current is not None and current.get("outcome") in ACTIVE_OUTCOMES:
+        # Monitoring needs neither the profile nor the pools (only a relaunch does): no reads for them.
+        _monitor_step(
+            api,
+            decision,
+            owner=owner,
+            spec=spec,
+            attempt=current,
+            digest=digest,
+            world_of=world_of,
+            pod=pod,
+            settings=settings,
+            generation=generation,
+            now=now,
+        )
+        return
 
+    cached = _read_cache(api, owner.namespace, digest)
     profile = _profile_step(
         api,
         decision,
@@ -183,7 +201,7 @@ def _advance(
         spec=spec,
         digest=digest,
         cached=cached,
-        world=world,
+        world_of=world_of,
         pod=pod,
         generation=generation,
         now=now,
@@ -191,9 +209,6 @@ def _advance(
     if profile is None:
         return
     observations = cached.observations if cached else ()
-
-    attempts: list[Manifest] = status["attempts"]
-    current = attempts[-1] if attempts else None
     if current is None or current.get("outcome") in REPLAN_OUTCOMES:
         if current is not None:
             # The attempt's outcome is in the stored status (this reconcile read it), so its Job can go
@@ -216,29 +231,30 @@ def _advance(
             owner=owner,
             spec=spec,
             profile=profile,
-            world=world,
+            world=world_of(),
             pod=pod,
             observations=observations,
             settings=settings,
             generation=generation,
             now=now,
         )
-        return
-    if current.get("outcome") in ACTIVE_OUTCOMES:
-        _monitor_step(
-            api,
-            decision,
-            owner=owner,
-            spec=spec,
-            attempt=current,
-            digest=digest,
-            cached=cached,
-            world=world,
-            pod=pod,
-            settings=settings,
-            generation=generation,
-            now=now,
-        )
+
+
+def _on_demand(api: KubeApi, world: World | None) -> Callable[[], World]:
+    """The world, observed at most once per reconcile and only when a step asks for it."""
+    box: list[World] = [world] if world is not None else []
+
+    def get() -> World:
+        if not box:
+            box.append(observe_world(api))
+        return box[0]
+
+    return get
+
+
+def _read_cache(api: KubeApi, namespace: str, digest: str) -> CachedProfile | None:
+    raw = api.get_config_map(namespace, profile_cache_name(digest))
+    return parse_profile_cache((raw or {}).get("data"))
 
 
 def _profile_step(
@@ -249,29 +265,27 @@ def _profile_step(
     spec: MemoryOptimizedTrainingJobSpec,
     digest: str,
     cached: CachedProfile | None,
-    world: World,
+    world_of: Callable[[], World],
     pod: PodSettings,
     generation: int | None,
     now: datetime,
 ) -> Profile | None:
+    """The profile to plan with, or None while profiling (or after it failed).
+
+    A cached profile is used when `profiling.reuse` allows it or once this job's own measurement is in
+    the cache (condition Profiled). Otherwise the job waits for its own profiling Job to finish, even
+    when an older profile of the problem is cached."""
     status = decision.status
-    own_profile_job = api.get_job(owner.namespace, profile_job_name(owner.name))
-    if cached and (spec.profiling.reuse or own_profile_job is not None):
-        if not _condition_is(status, c.PROFILED, "True"):
-            source = "measured" if own_profile_job is not None else "cached"
-            status["profile"] = {
-                "problemHash": digest[:16],
-                "source": source,
-                "configMap": profile_cache_name(digest),
-                "parameters": cached.profile.shape.parameters if cached.profile.shape else None,
-            }
-            status["profile"] = {k: v for k, v in status["profile"].items() if v is not None}
-            reason = c.PROFILE_MEASURED if own_profile_job is not None else c.PROFILE_CACHED
-            msg = f"profile {digest[:16]} ({source}) from ConfigMap {profile_cache_name(digest)}"
-            _set(decision, c.PROFILED, True, reason, msg, generation, now)
-            decision.event(reason, msg)
+    profiled = _condition_is(status, c.PROFILED, "True")
+    if cached and profiled:
+        return cached.profile
+    if cached and spec.profiling.reuse:
+        own_profile_job = api.get_job(owner.namespace, profile_job_name(owner.name))
+        measured = own_profile_job is not None  # measured by this job before a restart
+        _mark_profiled(decision, digest, cached.profile, measured=measured, generation=generation, now=now)
         return cached.profile
 
+    world = world_of()
     placement = _profiling_placement(spec, world)
     if placement is None:
         _fail(
@@ -313,18 +327,31 @@ def _profile_step(
     _, created_cache = api.ensure(manifest)
     if not created_cache:
         api.replace_config_map_data(owner.namespace, manifest["metadata"]["name"], manifest["data"])
-    return _profile_step(
-        api,
-        decision,
-        owner=owner,
-        spec=spec,
-        digest=digest,
-        cached=fresh,
-        world=world,
-        pod=pod,
-        generation=generation,
-        now=now,
-    )
+    _mark_profiled(decision, digest, fresh.profile, measured=True, generation=generation, now=now)
+    return fresh.profile
+
+
+def _mark_profiled(
+    decision: Decision,
+    digest: str,
+    profile: Profile,
+    *,
+    measured: bool,
+    generation: int | None,
+    now: datetime,
+) -> None:
+    source = "measured" if measured else "cached"
+    summary = {
+        "problemHash": digest[:16],
+        "source": source,
+        "configMap": profile_cache_name(digest),
+        "parameters": profile.shape.parameters if profile.shape else None,
+    }
+    decision.status["profile"] = {k: v for k, v in summary.items() if v is not None}
+    reason = c.PROFILE_MEASURED if measured else c.PROFILE_CACHED
+    msg = f"profile {digest[:16]} ({source}) from ConfigMap {profile_cache_name(digest)}"
+    _set(decision, c.PROFILED, True, reason, msg, generation, now)
+    decision.event(reason, msg)
 
 
 def _profile_from(summary: JobSummary) -> tuple[Profile | None, str]:
@@ -509,8 +536,7 @@ def _monitor_step(
     spec: MemoryOptimizedTrainingJobSpec,
     attempt: Manifest,
     digest: str,
-    cached: CachedProfile | None,
-    world: World,
+    world_of: Callable[[], World],
     pod: PodSettings,
     settings: OperatorSettings,
     generation: int | None,
@@ -519,15 +545,16 @@ def _monitor_step(
     index = int(attempt["index"])
     name = train_job_name(owner.name, index)
     job = api.get_job(owner.namespace, name)
-    plan = _plan_of(api, owner, index, job)
+    plan_cm = api.get_config_map(owner.namespace, f"{owner.name}-plan-{index}")
+    plan = _plan_of(plan_cm, job)
     if job is None or plan is None:
         # A child was deleted under us: rebuild it from the recorded plan (or re-plan if it is gone too).
         if plan is None:
             _finish_attempt(attempt, OUTCOME_NO_CAPACITY, now, reason="plan record lost; re-planning")
             return
-        _relaunch(api, owner=owner, spec=spec, plan=plan, world=world, pod=pod, settings=settings)
+        _relaunch(api, owner=owner, spec=spec, plan=plan, world=world_of(), pod=pod, settings=settings)
         return
-    if api.get_config_map(owner.namespace, f"{owner.name}-plan-{index}") is None:
+    if plan_cm is None:
         api.ensure(build_plan_config_map(owner=owner, plan=plan))
     pods = api.list_pods(owner.namespace, pod_selector(owner.name, COMPONENT_TRAINER, index))
     summary = summarize_job(job, pods, name)
@@ -543,7 +570,7 @@ def _monitor_step(
         if measured is not None and gpu_truth:
             # Only GPU measurements calibrate GPU predictions (auto-downsizing); a CPU stand-in's
             # tensor bytes leave out the CUDA context and allocator, so they are reported, not learned.
-            _learn(api, owner=owner, digest=digest, cached=cached, plan=plan, measured=measured, oom=False)
+            _learn(api, owner=owner, digest=digest, plan=plan, measured=measured, oom=False)
             error = f", prediction error {100 * (predicted - measured) / measured:+.1f}%"
             versus = f"measured peak {_gib(measured)} vs predicted {_gib(predicted)}{error}"
         elif measured is not None:
@@ -580,7 +607,7 @@ def _monitor_step(
             step = oom.message.get("step")
             reason = f"{kind} at step {step} on {plan.node_pool} (peak {_gib(peak) if peak else 'n/a'})"
             _finish_attempt(attempt, OUTCOME_OOM, now, measured=peak, reason=reason)
-            _learn(api, owner=owner, digest=digest, cached=cached, plan=plan, measured=peak or 0, oom=True)
+            _learn(api, owner=owner, digest=digest, plan=plan, measured=peak or 0, oom=True)
             _set(decision, c.RUNNING, False, c.OUT_OF_MEMORY, reason, generation, now)
             _phase(decision, Phase.REPLANNING, f"attempt {index}: {reason}; re-planning")
             decision.event(c.OUT_OF_MEMORY, reason, warning=True)
@@ -689,8 +716,8 @@ def _fault_injection(annotations: dict[str, str], attempt: int) -> dict[str, str
     return {}
 
 
-def _plan_of(api: KubeApi, owner: Owner, index: int, job: Manifest | None) -> Plan | None:
-    cm = api.get_config_map(owner.namespace, f"{owner.name}-plan-{index}")
+def _plan_of(cm: Manifest | None, job: Manifest | None) -> Plan | None:
+    """The attempt's Plan from its ConfigMap, else from the copy annotated on its training Job."""
     raw = (cm or {}).get("data", {}).get("plan.json")
     if raw is None and job is not None:
         raw = (job["metadata"].get("annotations") or {}).get(ANNOTATION_PLAN_JSON)
@@ -707,12 +734,12 @@ def _learn(
     *,
     owner: Owner,
     digest: str,
-    cached: CachedProfile | None,
     plan: Plan,
     measured: int,
     oom: bool,
 ) -> None:
     """Store the attempt's measured peak with the profile (auto-downsizing and OOM escalation)."""
+    cached = _read_cache(api, owner.namespace, digest)
     if cached is None:
         return
     observation = Observation(
