@@ -8,7 +8,7 @@ PURE := operator/memfit/api operator/memfit/memory operator/memfit/planner opera
 export TORCH_EXTENSIONS_DIR ?= $(HOME)/.cache/memfit/torch_extensions
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: help venv testbin lint test test-unit test-trainer test-integration crds demo plan bench clean
+.PHONY: help venv testbin prometheus lint test test-unit test-integration test-e2e crds dashboard demo plan clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -19,19 +19,35 @@ venv: ## create or reuse the venv (outside the repo) with every extra installed
 testbin: ## build etcd, kube-apiserver, controller-manager, scheduler, kwok, helm (cached by version)
 	@hack/install-testbin.sh >/dev/null
 
-crds: venv ## regenerate crds/ from the API models
+prometheus: ## prometheus + promtool from Debian into ~/.cache/memfit/prometheus (no service)
+	@hack/install-prometheus.sh >/dev/null
+
+crds: venv ## regenerate crds/ and the chart's copy from the API models
 	$(VENV)/bin/memfit crds
+	$(VENV)/bin/memfit crds --out charts/memfit/files/crds
+
+dashboard: venv ## regenerate charts/memfit/files/dashboards/memfit.json from hack/dashboard/spec.py
+	$(PY) hack/dashboard/generate.py
 
 lint: venv ## ruff, mypy --strict on the pure packages, import boundaries, CRD drift
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy --strict $(wildcard $(PURE))
 	$(VENV)/bin/lint-imports
 	$(VENV)/bin/memfit crds --check
+	$(VENV)/bin/memfit crds --check --out charts/memfit/files/crds
+	$(PY) hack/dashboard/generate.py --check
+	$(VENV)/bin/hadolint Dockerfile trainer-image/Dockerfile
 
 test-unit: venv ## pure modules, fast
 	$(PY) -m pytest tests/unit -q
 
-test: venv testbin lint ## everything this machine supports: lint + unit + trainer + integration + e2e
+test-integration: venv testbin ## real control plane + KWOK + pod runner + operator
+	MEMFIT_REQUIRE_CLUSTER=$${MEMFIT_REQUIRE_CLUSTER:-1} $(PY) -m pytest tests/integration -q -ra
+
+test-e2e: venv testbin prometheus ## helm, Prometheus, images, helm install into the local cluster
+	MEMFIT_REQUIRE_CLUSTER=$${MEMFIT_REQUIRE_CLUSTER:-1} $(PY) -m pytest tests/e2e -q -ra
+
+test: venv testbin prometheus lint ## everything this machine supports: lint + unit + trainer + integration + e2e
 	MEMFIT_REQUIRE_CLUSTER=$${MEMFIT_REQUIRE_CLUSTER:-1} $(PY) -m pytest tests -q -ra
 
 demo: venv testbin ## local cluster + simulated GPU pools + operator: run the quickstart to Succeeded

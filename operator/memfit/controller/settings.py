@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-DEFAULT_TRAINER_IMAGE = "ghcr.io/memfit/memfit-trainer:0.1.0"
+DEFAULT_TRAINER_IMAGE = "memfit-trainer:0.1.0"  # set your registry's copy with --trainer-image / Helm
 
 
 @dataclass(frozen=True, slots=True)
