@@ -12,7 +12,7 @@ from memfit.api.plan import Plan
 from memfit.api.pool import GPUNodePool
 from memfit.api.profile import Profile
 from memfit.controller.pools import PoolCapacity
-from memfit.kube.names import CHECKPOINT_MOUNT, NVME_MOUNT
+from memfit.kube.names import NVME_MOUNT
 from memfit.kube.profile_cache import Observation
 from memfit.memory.strategy import Strategy
 from memfit.planner import MeasuredPeak, PlanResult, plan, plan_summary
@@ -111,7 +111,7 @@ def plan_job(
     excluded_pools: frozenset[str],
     observations: Sequence[Observation],
     attempt: int,
-    job_name: str,
+    job_name: str,  # noqa: ARG001 (kept for callers; names nothing in the plan now)
     ignore_capacity: bool = False,
 ) -> PlanOutcome:
     """Plan attempt `attempt` of a job on the pools not excluded by earlier capacity failures.
@@ -133,7 +133,9 @@ def plan_job(
     chosen = result.plan.model_copy(
         update={
             "attempt": attempt,
-            "checkpoint_dir": f"{CHECKPOINT_MOUNT}/{job_name}",
+            # The folder goes to the pod as MEMFIT_CHECKPOINT_DIR (kube.train_job), where the runtime can
+            # remap mounts; the plan leaves it unset so the env is what the trainer uses.
+            "checkpoint_dir": None,
             "nvme_path": NVME_MOUNT if result.plan.offload == Offload.NVME else None,
         }
     )

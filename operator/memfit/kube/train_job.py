@@ -84,6 +84,8 @@ def _env(*, owner: Owner, plan: Plan) -> list[Manifest]:
         {"name": "MEMFIT_JOB", "value": owner.name},
         {"name": "MEMFIT_METRICS_PORT", "value": str(METRICS_PORT)},
         {"name": "MEMFIT_PLAN_PATH", "value": f"{PLAN_MOUNT}/plan.json"},
+        # One folder per job on the checkpoint volume; a re-plan's attempt resumes from it.
+        {"name": "MEMFIT_CHECKPOINT_DIR", "value": f"{CHECKPOINT_MOUNT}/{owner.name}"},
     ]
 
 
