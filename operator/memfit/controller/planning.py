@@ -111,7 +111,7 @@ def plan_job(
     excluded_pools: frozenset[str],
     observations: Sequence[Observation],
     attempt: int,
-    job_name: str,  # noqa: ARG001 (kept for callers; names nothing in the plan now)
+    job_name: str,
     ignore_capacity: bool = False,
 ) -> PlanOutcome:
     """Plan attempt `attempt` of a job on the pools not excluded by earlier capacity failures.
