@@ -24,7 +24,8 @@ each saved tensor is counted with its real dtype and size per token:
 
 Checkpointing: `full` keeps each block's input (Korthikanti's 2sbh) plus one block's working set
 while it is recomputed; `selective` recomputes the attention sub-block (memfit_trainer checkpoints the
-block's attention module), keeping its input, the norms and the MLP.
+block's attention module), keeping its input, the norms and the MLP. The recomputed working set and
+the loss's logit buffers are alive at different moments of backward, so the larger one counts.
 """
 
 from __future__ import annotations
@@ -104,15 +105,18 @@ def activation_terms(shape: Shape, strategy: Strategy) -> ActivationTerms:
     attn = norm + _attention_core(shape, compute, qkv_copies)
     mlp = norm + _mlp(shape, compute, mlp_copies)
     if strategy.checkpointing == Checkpointing.FULL:
-        per_token = layers * residual * h + attn + mlp
+        stored, recompute = float(layers * residual * h), attn + mlp
     elif strategy.checkpointing == Checkpointing.SELECTIVE:
-        per_token = layers * (norm + residual * h + mlp) + _attention_core(shape, compute, qkv_copies)
+        stored = layers * (norm + residual * h + mlp)
+        recompute = _attention_core(shape, compute, qkv_copies)
     else:
-        per_token = layers * (attn + mlp)
-    # Outside the blocks: embedding dropout, final norm and head input, the loss's log-probs.
-    per_token += (DROPOUT_MASK_BYTES * h if shape.dropout else 0) + norm + compute * h
-    temporaries = 0.0
-    if shape.vocab:
-        per_token += LOGPROB_BYTES * shape.vocab
-        temporaries = float(LOGIT_GRAD_BYTES * shape.vocab * tokens)
-    return ActivationTerms(per_token * tokens, temporaries)
+        stored, recompute = layers * (attn + mlp), 0.0
+    # Outside the blocks: embedding dropout, final norm and head input.
+    stored += (DROPOUT_MASK_BYTES * h if shape.dropout else 0) + norm + compute * h
+    head_kept = LOGPROB_BYTES * shape.vocab
+    head_backward = LOGIT_GRAD_BYTES * shape.vocab
+    # Backward runs the loss and head first (log-probs and logit gradients alive), frees them, then
+    # recomputes one checkpointed unit at a time: the two never coexist.
+    if head_kept + head_backward >= recompute:
+        return ActivationTerms((stored + head_kept) * tokens, float(head_backward * tokens))
+    return ActivationTerms((stored + recompute) * tokens, 0.0)

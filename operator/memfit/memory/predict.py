@@ -187,6 +187,7 @@ def memory_terms(shape: Shape, strategy: Strategy, *, calibration: Calibration |
     acts = activations if activations is not None else activation_terms(shape, strategy)
     act_per_sample, tmp_per_sample = acts.activation_bytes_per_sample, acts.temporary_bytes_per_sample
     backward_fixed = temps.backward_bytes
+    step_fixed = temps.step_bytes
     fragmentation = None
     if calibration is not None:
         scale = calibration.activation_scale(strategy.precision, strategy.checkpointing)
@@ -194,6 +195,7 @@ def memory_terms(shape: Shape, strategy: Strategy, *, calibration: Calibration |
         tmp_per_sample *= scale
         backward_fixed = max(0.0, backward_fixed + calibration.fixed_residual(strategy.precision,
                                                                                strategy.checkpointing))
+        step_fixed = max(0.0, step_fixed + calibration.step_residual(strategy.precision))
         fragmentation = calibration.fragmentation
     overhead = (framework_overhead(strategy) if fragmentation is None
                 else framework_overhead(strategy, fragmentation=fragmentation))
@@ -203,7 +205,7 @@ def memory_terms(shape: Shape, strategy: Strategy, *, calibration: Calibration |
         optimizer_bytes=states.optimizer_bytes,
         first_gradient_bytes=min(temps.first_gradient_bytes, states.gradients_bytes),
         backward_temporary_bytes=backward_fixed + temps.persistent_bytes,
-        step_temporary_bytes=temps.step_bytes + temps.persistent_bytes,
+        step_temporary_bytes=step_fixed + temps.persistent_bytes,
         activation_bytes_per_sample=act_per_sample,
         temporary_bytes_per_sample=tmp_per_sample,
         overhead_bytes=overhead.fixed_bytes,

@@ -81,3 +81,15 @@ def test_grouped_query_attention_saves_k_and_v_at_their_width(micro_batch: int) 
              - activation_terms(gqa, strategy).activation_bytes_per_sample)
     # K and V: 2 x (h - h/4) x 2 bytes per token and layer.
     assert saved == 2 * (2048 - 512) * 2 * 2048 * 24
+
+
+def test_recompute_and_loss_buffers_never_coexist() -> None:
+    # Llama-3's 128k-vocabulary loss (12 B x V per token) outweighs one recomputed block: the
+    # block's working set is not added on top of it.
+    shape = hf_shape(LLAMA32_1B)
+    full = activation_terms(shape, CKPT["full"])
+    stored = 16 * 2 * 2048 + (4 * 2048 + 2 * 2048) + 2 * 2048  # block inputs, final RMSNorm, head input
+    assert full.activation_bytes_per_sample == (stored + 4 * 128256) * 2048
+    # Without a vocabulary the recomputed block counts instead.
+    no_vocab = Shape.of(model_shape(vocab=0))
+    assert activation_terms(no_vocab, CKPT["full"]).temporary_bytes_per_sample == 0
