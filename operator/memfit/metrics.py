@@ -17,6 +17,7 @@ from memfit import __version__
 
 PHASES = ("Pending", "Profiling", "Planning", "Launching", "Running", "Replanning", "Succeeded", "Failed")
 
+REPLAN_REASONS = ("OutOfMemory", "NoCapacity", "HostOutOfMemory")
 REPLANS = Counter(
     "memfit_replans",
     "Re-plans by reason (OutOfMemory, NoCapacity, HostOutOfMemory).",
@@ -24,6 +25,8 @@ REPLANS = Counter(
 )
 PROFILING_FAILURES = Counter("memfit_profiling_failures", "Jobs whose profiling failed.", ["namespace"])
 RECONCILE_ERRORS = Counter("memfit_reconcile_errors", "Reconciles that raised, by resource kind.", ["kind"])
+for _kind in ("MemoryOptimizedTrainingJob", "GPUNodePool", "Resync"):
+    RECONCILE_ERRORS.labels(_kind)
 PROFILE_SECONDS = Histogram(
     "memfit_profile_duration_seconds",
     "Profiling Job wall time.",
@@ -87,7 +90,13 @@ class JobCollector(Collector):
 
     def observe(self, snapshot: JobSnapshot) -> None:
         with self._lock:
+            new_namespace = all(ns != snapshot.namespace for ns, _ in self._jobs)
             self._jobs[(snapshot.namespace, snapshot.name)] = snapshot
+        if new_namespace:
+            # Export 0 for the known series (Prometheus practice), so rates and alerts see them from the start.
+            for reason in REPLAN_REASONS:
+                REPLANS.labels(snapshot.namespace, reason)
+            PROFILING_FAILURES.labels(snapshot.namespace)
 
     def forget(self, namespace: str, name: str) -> None:
         with self._lock:
