@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -38,11 +39,17 @@ class KubeApi:
         )
 
     # --- reads -------------------------------------------------------------------------------------
+    # Core and batch reads skip the client's model classes (`_preload_content=False` + json.loads):
+    # deserialising into V1Pod/V1Job and back to dicts cost most of the operator's CPU at scale.
     def get_job(self, namespace: str, name: str) -> Manifest | None:
-        return _or_none(lambda: self._dict(self.batch.read_namespaced_job(name, namespace)))
+        return _or_none(
+            lambda: _json(self.batch.read_namespaced_job(name, namespace, _preload_content=False))
+        )
 
     def get_config_map(self, namespace: str, name: str) -> Manifest | None:
-        return _or_none(lambda: self._dict(self.core.read_namespaced_config_map(name, namespace)))
+        return _or_none(
+            lambda: _json(self.core.read_namespaced_config_map(name, namespace, _preload_content=False))
+        )
 
     def get_motj(self, namespace: str, name: str) -> Manifest | None:
         return _or_none(
@@ -51,19 +58,38 @@ class KubeApi:
             )
         )
 
+    def list_motjs(self, namespace: str | None = None) -> list[Manifest]:
+        """Every MOTJ of the namespace (or of the cluster)."""
+        if namespace is None:
+            listing = self.custom.list_cluster_custom_object(
+                API_GROUP, API_VERSION, MOTJ_PLURAL, _preload_content=False
+            )
+        else:
+            listing = self.custom.list_namespaced_custom_object(
+                API_GROUP, API_VERSION, namespace, MOTJ_PLURAL, _preload_content=False
+            )
+        return list(_json(listing).get("items") or [])
+
     def list_pods(self, namespace: str, selector: str) -> list[Manifest]:
-        pods = self.core.list_namespaced_pod(namespace, label_selector=selector)
-        return [self._dict(p) for p in pods.items]
+        pods = _json(
+            self.core.list_namespaced_pod(namespace, label_selector=selector, _preload_content=False)
+        )
+        return list(pods.get("items") or [])
 
     def list_pools(self) -> list[Manifest]:
-        result = self.custom.list_cluster_custom_object(API_GROUP, API_VERSION, POOL_PLURAL)
-        return list(result.get("items", []))
+        listing = self.custom.list_cluster_custom_object(
+            API_GROUP, API_VERSION, POOL_PLURAL, _preload_content=False
+        )
+        return list(_json(listing).get("items") or [])
 
     def list_nodes(self) -> list[Manifest]:
-        return [self._dict(n) for n in self.core.list_node().items]
+        return list(_json(self.core.list_node(_preload_content=False)).get("items") or [])
 
-    def list_all_pods(self) -> list[Manifest]:
-        return [self._dict(p) for p in self.core.list_pod_for_all_namespaces().items]
+    def list_active_pods(self) -> list[Manifest]:
+        """Pods bound to a node and not finished, in every namespace: the ones that hold GPUs."""
+        selector = "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed"
+        listing = self.core.list_pod_for_all_namespaces(field_selector=selector, _preload_content=False)
+        return list(_json(listing).get("items") or [])
 
     # --- writes ------------------------------------------------------------------------------------
     def ensure(self, manifest: Manifest) -> tuple[Manifest, bool]:
@@ -116,11 +142,11 @@ class KubeApi:
     # --- helpers -----------------------------------------------------------------------------------
     def _create(self, kind: str, namespace: str, manifest: Manifest) -> Manifest:
         if kind == "Job":
-            return self._dict(self.batch.create_namespaced_job(namespace, manifest))
+            return _json(self.batch.create_namespaced_job(namespace, manifest, _preload_content=False))
         if kind == "ConfigMap":
-            return self._dict(self.core.create_namespaced_config_map(namespace, manifest))
+            return _json(self.core.create_namespaced_config_map(namespace, manifest, _preload_content=False))
         if kind == "Service":
-            return self._dict(self.core.create_namespaced_service(namespace, manifest))
+            return _json(self.core.create_namespaced_service(namespace, manifest, _preload_content=False))
         if kind == "PodGroup":
             result: Manifest = self.custom.create_namespaced_custom_object(
                 "scheduling.x-k8s.io", "v1alpha1", namespace, "podgroups", manifest
@@ -134,7 +160,9 @@ class KubeApi:
         if kind == "ConfigMap":
             return self.get_config_map(namespace, name)
         if kind == "Service":
-            return _or_none(lambda: self._dict(self.core.read_namespaced_service(name, namespace)))
+            return _or_none(
+                lambda: _json(self.core.read_namespaced_service(name, namespace, _preload_content=False))
+            )
         if kind == "PodGroup":
             return _or_none(
                 lambda: self.custom.get_namespaced_custom_object(
@@ -143,9 +171,11 @@ class KubeApi:
             )
         raise ValueError(f"memfit does not read {kind}")
 
-    def _dict(self, obj: Any) -> Manifest:
-        result: Manifest = self.core.api_client.sanitize_for_serialization(obj)
-        return result
+
+def _json(response: Any) -> Manifest:
+    """The body of a `_preload_content=False` response as a dict (camelCase, as the API server sent it)."""
+    result: Manifest = json.loads(response.data)
+    return result
 
 
 def _or_none(read: Any) -> Manifest | None:

@@ -12,7 +12,7 @@ def reconcile_pools(api: KubeApi) -> int:
     if not pools:
         return 0
     nodes = api.list_nodes()
-    used = gpus_requested_by_node(api.list_all_pods())
+    used = gpus_requested_by_node(api.list_active_pods())
     patched = 0
     for pool in pools:
         spec = pool.get("spec") or {}

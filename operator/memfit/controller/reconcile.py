@@ -33,8 +33,8 @@ from memfit.controller.observe import (
     summarize_job,
 )
 from memfit.controller.planning import PlanOutcome, config_key, plan_job, plan_status
-from memfit.controller.pools import PoolCapacity, gpus_requested_by_node, observe_pool_capacity
 from memfit.controller.settings import OperatorSettings
+from memfit.controller.world import World, observe_world
 from memfit.kube.common import Owner, Placement, PodSettings
 from memfit.kube.names import (
     ANNOTATION_INJECT_OOM_ATTEMPTS,
@@ -75,42 +75,19 @@ class Decision:
         self.events.append(("Warning" if warning else "Normal", reason, message))
 
 
-@dataclass(frozen=True, slots=True)
-class World:
-    """Cluster-wide inputs of a reconcile: pools and their live capacity."""
-
-    pools: tuple[GPUNodePool, ...]
-    capacity: dict[str, PoolCapacity]
-
-
-def observe_world(api: KubeApi) -> World:
-    """Read GPUNodePools and compute their capacity from Nodes and Pods."""
-    pools: list[GPUNodePool] = []
-    for raw in api.list_pools():
-        try:
-            pools.append(GPUNodePool.model_validate(raw | {"status": None}))
-        except ValidationError as error:
-            log.warning("ignoring invalid GPUNodePool %s: %s", raw.get("metadata", {}).get("name"), error)
-    nodes = api.list_nodes()
-    used = gpus_requested_by_node(api.list_all_pods())
-    capacity = {
-        p.metadata.name: observe_pool_capacity(
-            selector=p.spec.node_selector, gpus_per_node=p.spec.gpu.per_node, nodes=nodes, used_by_node=used
-        )
-        for p in pools
-    }
-    return World(tuple(sorted(pools, key=lambda p: p.metadata.name)), capacity)
-
-
 def reconcile_job(
     api: KubeApi,
     body: Manifest,
     *,
     settings: OperatorSettings,
     world: World | None = None,
+    world_source: Callable[[], World] | None = None,
     now: datetime | None = None,
 ) -> Decision | None:
-    """Reconcile one MOTJ; returns the decision it persisted, or None when nothing changed."""
+    """Reconcile one MOTJ; returns the decision it persisted, or None when nothing changed.
+
+    The pools and their capacity come from `world`, else from `world_source` (the operator's shared
+    snapshot), else from the API server; only the steps that plan or place pods ask for them."""
     now = now or datetime.now(UTC)
     meta = body["metadata"]
     old_status: Manifest = copy.deepcopy(body.get("status") or {})
@@ -141,7 +118,7 @@ def reconcile_job(
             spec=spec,
             generation=generation,
             settings=settings,
-            world=world,
+            world_of=_on_demand(api, world, world_source),
             now=now,
         )
     status["observedGeneration"] = generation
@@ -162,12 +139,11 @@ def _advance(
     spec: MemoryOptimizedTrainingJobSpec,
     generation: int | None,
     settings: OperatorSettings,
-    world: World | None,
+    world_of: Callable[[], World],
     now: datetime,
 ) -> None:
     status = decision.status
     digest = problem_hash(spec.problem)
-    world_of = _on_demand(api, world)
     pod = PodSettings(
         image=spec.image or settings.trainer_image,
         image_pull_policy=settings.image_pull_policy,
@@ -240,13 +216,13 @@ def _advance(
         )
 
 
-def _on_demand(api: KubeApi, world: World | None) -> Callable[[], World]:
-    """The world, observed at most once per reconcile and only when a step asks for it."""
+def _on_demand(api: KubeApi, world: World | None, source: Callable[[], World] | None) -> Callable[[], World]:
+    """The world, obtained at most once per reconcile and only when a step asks for it."""
     box: list[World] = [world] if world is not None else []
 
     def get() -> World:
         if not box:
-            box.append(observe_world(api))
+            box.append(source() if source is not None else observe_world(api))
         return box[0]
 
     return get

@@ -17,6 +17,7 @@ class OperatorSettings:
     requeue_seconds: float = 5.0
     pod_group_enabled: bool = False
     trainer_service_account: str = ""
+    world_ttl_seconds: float = 1.0  # pools + capacity snapshot shared by the reconciles of this long
 
     @classmethod
     def from_env(cls, **overrides: object) -> OperatorSettings:

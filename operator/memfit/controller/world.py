@@ -1,0 +1,73 @@
+"""What a plan needs from the cluster: the GPUNodePools and their live capacity, and a short-lived
+snapshot of it shared by the reconciles of one moment."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from pydantic import ValidationError
+
+from memfit.api.pool import GPUNodePool
+from memfit.controller.kubeapi import KubeApi
+from memfit.controller.pools import PoolCapacity, gpus_requested_by_node, observe_pool_capacity
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class World:
+    """Cluster-wide inputs of a reconcile: pools and their live capacity."""
+
+    pools: tuple[GPUNodePool, ...]
+    capacity: dict[str, PoolCapacity]
+
+
+def observe_world(api: KubeApi) -> World:
+    """Read GPUNodePools and compute their capacity from Nodes and the Pods bound to them."""
+    pools: list[GPUNodePool] = []
+    for raw in api.list_pools():
+        try:
+            pools.append(GPUNodePool.model_validate(raw | {"status": None}))
+        except ValidationError as error:
+            log.warning("ignoring invalid GPUNodePool %s: %s", raw.get("metadata", {}).get("name"), error)
+    nodes = api.list_nodes()
+    used = gpus_requested_by_node(api.list_active_pods())
+    capacity = {
+        p.metadata.name: observe_pool_capacity(
+            selector=p.spec.node_selector, gpus_per_node=p.spec.gpu.per_node, nodes=nodes, used_by_node=used
+        )
+        for p in pools
+    }
+    return World(tuple(sorted(pools, key=lambda p: p.metadata.name)), capacity)
+
+
+class WorldCache:
+    """One observation of the world, reused for `ttl_seconds` by every reconcile that plans.
+
+    Listing every Node and Pod for each plan made 1,000 simultaneous jobs quadratic. Capacity is
+    advisory anyway (pods not yet bound hold no GPU in it; an over-booked pool ends in the capacity
+    timeout and a re-plan), so a snapshot a second old decides as well as a fresh one.
+    """
+
+    def __init__(self, ttl_seconds: float = 1.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.ttl_seconds = ttl_seconds
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._world: World | None = None
+        self._taken = 0.0
+        self.observations = 0
+
+    def get(self, api: KubeApi) -> World:
+        with self._lock:  # one observer at a time; the others wait and share its result
+            if self._world is None or self._clock() - self._taken >= self.ttl_seconds:
+                self._world = observe_world(api)
+                self._taken = self._clock()
+                self.observations += 1
+            return self._world
+
+    def source(self, api: KubeApi) -> Callable[[], World]:
+        return lambda: self.get(api)
