@@ -9,7 +9,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import defaultdict
 from typing import Any
 
 import kopf
@@ -21,6 +20,7 @@ from memfit.controller.kubeapi import MOTJ_PLURAL, ForeignObjectError, KubeApi
 from memfit.controller.pool_status import reconcile_pools
 from memfit.controller.reconcile import reconcile_job
 from memfit.controller.settings import OperatorSettings
+from memfit.controller.world import WorldCache
 from memfit.kube.names import LABEL_JOB, LABEL_MANAGED_BY, MANAGED_BY
 
 log = logging.getLogger("memfit.operator")
@@ -29,53 +29,101 @@ TERMINAL = ("Succeeded", "Failed")
 
 
 class Runtime:
-    """Process-wide state of the operator: settings, API clients, per-job locks."""
+    """Process-wide state of the operator: settings, API clients, the shared world snapshot, and which
+    jobs are being reconciled (one reconcile per job at a time; events during it coalesce into one
+    more pass)."""
 
     def __init__(self) -> None:
         self.settings = OperatorSettings()
         self.api: KubeApi | None = None
+        self.world = WorldCache()
         self.healthy = threading.Event()
         self.stop = threading.Event()
-        self._locks: dict[tuple[str, str], threading.Lock] = defaultdict(threading.Lock)
         self._guard = threading.Lock()
+        self._running: set[tuple[str, str]] = set()
+        self._dirty: set[tuple[str, str]] = set()
+        self._finished_at: dict[tuple[str, str], float] = {}
 
-    def lock(self, namespace: str, name: str) -> threading.Lock:
+    def begin(self, key: tuple[str, str]) -> bool:
+        """Claim the job; False when a reconcile of it is running (it will run once more for us)."""
         with self._guard:
-            return self._locks[(namespace, name)]
+            if key in self._running:
+                self._dirty.add(key)
+                return False
+            self._running.add(key)
+            return True
+
+    def again(self, key: tuple[str, str]) -> bool:
+        """After a pass: True when events arrived during it (run once more), else release the job."""
+        with self._guard:
+            if key in self._dirty:
+                self._dirty.discard(key)
+                return True
+            self._running.discard(key)
+            self._finished_at[key] = time.monotonic()
+            return False
+
+    def release(self, key: tuple[str, str]) -> None:
+        with self._guard:
+            self._running.discard(key)
+            self._dirty.discard(key)
+
+    def reconciled_within(self, key: tuple[str, str], seconds: float) -> bool:
+        with self._guard:
+            return key in self._running or time.monotonic() - self._finished_at.get(key, -1e9) < seconds
+
+    def forget(self, key: tuple[str, str]) -> None:
+        with self._guard:
+            self._finished_at.pop(key, None)
 
 
 RUNTIME = Runtime()
 
 
-def reconcile_by_name(namespace: str, name: str) -> None:
-    """Fetch the freshest job and reconcile it; errors are logged and counted, never crash the operator."""
+def reconcile_by_name(namespace: str, name: str, body: dict[str, Any] | None = None) -> None:
+    """Reconcile the job (from `body` if given, else freshly read); errors are logged and counted, never
+    crash the operator. Calls for a job that is being reconciled return at once and make that
+    reconcile run one more pass, so an event storm costs one pass per job, not one per event."""
     api = RUNTIME.api
     if api is None:
         return
-    with RUNTIME.lock(namespace, name):
-        try:
-            body = api.get_motj(namespace, name)
-            if body is None:
-                metrics.JOBS.forget(namespace, name)
-                return
-            started = time.perf_counter()
-            decision = reconcile_job(api, body, settings=RUNTIME.settings)
-            status = decision.status if decision else (body.get("status") or {})
-            metrics.JOBS.observe(metrics.JobSnapshot.from_status(namespace, name, status))
-            if decision:
-                _count(namespace, decision.events)
-                log.debug("reconciled %s/%s in %.3fs", namespace, name, time.perf_counter() - started)
-        except ApiException as error:
-            if error.status == 409:  # a concurrent write; the next event or resync retries
-                return
-            metrics.RECONCILE_ERRORS.labels("MemoryOptimizedTrainingJob").inc()
-            log.warning("reconcile %s/%s: API error %s %s", namespace, name, error.status, error.reason)
-        except ForeignObjectError as error:
-            metrics.RECONCILE_ERRORS.labels("MemoryOptimizedTrainingJob").inc()
-            log.error("reconcile %s/%s: %s", namespace, name, error)
-        except Exception:
-            metrics.RECONCILE_ERRORS.labels("MemoryOptimizedTrainingJob").inc()
-            log.exception("reconcile %s/%s failed", namespace, name)
+    key = (namespace, name)
+    if not RUNTIME.begin(key):
+        return
+    try:
+        _reconcile_once(api, namespace, name, body)
+        while RUNTIME.again(key):  # releases the job when no event came in meanwhile
+            _reconcile_once(api, namespace, name, None)
+    except BaseException:
+        RUNTIME.release(key)
+        raise
+
+
+def _reconcile_once(api: KubeApi, namespace: str, name: str, body: dict[str, Any] | None) -> None:
+    try:
+        body = body or api.get_motj(namespace, name)
+        if body is None:
+            metrics.JOBS.forget(namespace, name)
+            RUNTIME.forget((namespace, name))
+            return
+        started = time.perf_counter()
+        decision = reconcile_job(api, body, settings=RUNTIME.settings, world_source=RUNTIME.world.source(api))
+        status = decision.status if decision else (body.get("status") or {})
+        metrics.JOBS.observe(metrics.JobSnapshot.from_status(namespace, name, status))
+        if decision:
+            _count(namespace, decision.events)
+            log.debug("reconciled %s/%s in %.3fs", namespace, name, time.perf_counter() - started)
+    except ApiException as error:
+        if error.status == 409:  # a concurrent write; the next event or resync retries
+            return
+        metrics.RECONCILE_ERRORS.labels("MemoryOptimizedTrainingJob").inc()
+        log.warning("reconcile %s/%s: API error %s %s", namespace, name, error.status, error.reason)
+    except ForeignObjectError as error:
+        metrics.RECONCILE_ERRORS.labels("MemoryOptimizedTrainingJob").inc()
+        log.error("reconcile %s/%s: %s", namespace, name, error)
+    except Exception:
+        metrics.RECONCILE_ERRORS.labels("MemoryOptimizedTrainingJob").inc()
+        log.exception("reconcile %s/%s failed", namespace, name)
 
 
 def _count(namespace: str, events: list[tuple[str, str, str]]) -> None:
@@ -96,6 +144,10 @@ def on_operator_startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.execution.max_workers = 8
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
+    RUNTIME.world = WorldCache(RUNTIME.settings.world_ttl_seconds)
+    # kopf logs "Handler ... succeeded" for every event (10 per job); memfit logs its own decisions.
+    if logging.getLogger().getEffectiveLevel() > logging.DEBUG:
+        logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     RUNTIME.healthy.set()
 
 
@@ -109,6 +161,7 @@ def on_operator_cleanup(**_: Any) -> None:
 def on_motj_event(event: dict[str, Any], namespace: str, name: str, **_: Any) -> None:
     if event.get("type") == "DELETED":
         metrics.JOBS.forget(namespace, name)
+        RUNTIME.forget((namespace, name))
         return
     reconcile_by_name(namespace, name)
 
@@ -134,26 +187,25 @@ def on_pool_event(**_: Any) -> None:
 
 
 def resync_forever(interval_seconds: float) -> None:
-    """Re-reconcile every unfinished job and the pools: capacity timeouts, missed events, crashes."""
+    """Re-reconcile unfinished jobs and the pools: capacity timeouts, missed events, crashes.
+
+    A job that an event reconciled within the interval is skipped, and the listed body is used
+    instead of a second read (a stale one only costs a 409 and the next pass)."""
     while not RUNTIME.stop.wait(interval_seconds):
         api = RUNTIME.api
         if api is None:
             continue
         try:
             reconcile_pools(api)
-            namespaces = RUNTIME.settings.namespaces or (None,)
-            for ns in namespaces:
-                if ns is None:
-                    items = api.custom.list_cluster_custom_object(API_GROUP, API_VERSION, MOTJ_PLURAL)[
-                        "items"
-                    ]
-                else:
-                    items = api.custom.list_namespaced_custom_object(API_GROUP, API_VERSION, ns, MOTJ_PLURAL)[
-                        "items"
-                    ]
-                for item in items:
-                    if (item.get("status") or {}).get("phase") not in TERMINAL:
-                        reconcile_by_name(item["metadata"]["namespace"], item["metadata"]["name"])
+            for ns in RUNTIME.settings.namespaces or (None,):
+                for item in api.list_motjs(ns):
+                    meta = item["metadata"]
+                    key = (meta["namespace"], meta["name"])
+                    if (item.get("status") or {}).get("phase") in TERMINAL:
+                        continue
+                    if RUNTIME.reconciled_within(key, interval_seconds):
+                        continue
+                    reconcile_by_name(*key, body=item)
         except Exception:
             metrics.RECONCILE_ERRORS.labels("Resync").inc()
             log.exception("resync failed")
