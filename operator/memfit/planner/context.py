@@ -84,11 +84,11 @@ class SearchContext:
             self.group_cache[key] = cached
         return cached
 
-    def has_minpeak_bytes_int(self, choice: Choice, layout: Layout) -> bool:
+    def has_min_peak(self, choice: Choice, layout: Layout) -> bool:
         """Whether `min_peak` is already known (no computation)."""
         return (self._memory_key(choice), layout.world_size) in self.min_peak_cache
 
-    def minpeak_bytes_int(self, choice: Choice, layout: Layout) -> int:
+    def min_peak(self, choice: Choice, layout: Layout) -> int:
         """Peak at the smallest micro-batch allowed (1, or the pinned one): below it nothing fits."""
         key = (self._memory_key(choice), layout.world_size)
         peak = self.min_peak_cache.get(key)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from memfit.api.job import MemoryOptimizedTrainingJobSpec
+from memfit.api.job import MemoryOptimizedTrainingJobSpec, Minimize
 from memfit.api.plan import Plan
 from memfit.api.pool import GPUNodePool
 from memfit.api.profile import ModelShape, Profile
@@ -20,8 +20,8 @@ from memfit.planner.context import SearchContext
 from memfit.planner.measured import MeasuredPeak, peak_corrections
 from memfit.planner.offers import Offer, PoolRejection, catalog_pool, resolve_offer, resolve_offers
 from memfit.planner.result import BaselineResult, Candidate, PlanResult
-from memfit.planner.search import best_on_offer, objective_key
-from memfit.planner.space import strategy_choices
+from memfit.planner.search import any_fit, objective_key, prepare_offer, search_offer
+from memfit.planner.space import Choice, strategy_choices
 
 DEFAULT_ALTERNATIVES = 5
 
@@ -139,17 +139,7 @@ def plan(
     baseline = _baseline(ctx, spec, pools)
     if not choices:
         return PlanResult(None, None, (), tuple(rejections), baseline, None, tuple(pin_problems))
-    best_per_pool: list[Candidate] = []
-    for offer in offers:
-        outcome = best_on_offer(ctx, offer, choices)
-        if outcome.best is None:
-            rejections.append(PoolRejection(offer.pool, outcome.failures.reason(
-                headroom_percent=ctx.headroom_percent, global_batch=ctx.global_batch,
-                pinned_micro_batch=ctx.pinned_micro_batch, max_cost_per_hour=ctx.max_cost_per_hour,
-                deadline_hours=ctx.deadline_hours,
-            )))
-        else:
-            best_per_pool.append(outcome.best)
+    best_per_pool = _best_per_pool(ctx, offers, choices, rejections, keep=1 + max_alternatives)
     rejections.sort(key=lambda r: r.pool)
     if not best_per_pool:
         reasons = [] if offers or rejections else ["no GPUNodePools to plan on"]
@@ -171,6 +161,31 @@ def plan(
         savings_percent=savings,
         notes=notes,
     )
+
+
+def _best_per_pool(ctx: SearchContext, offers: Sequence[Offer], choices: Sequence[Choice],
+                   rejections: list[PoolRejection], *, keep: int) -> list[Candidate]:
+    """The best candidate of every pool that can enter the top `keep`, and a rejection for every
+    pool where nothing fits. Pools are searched in order of their lower bound; once `keep` pools have
+    a best, a later pool is only searched below the `keep`-th objective, and otherwise only checked
+    for any fit (its exact best could not be shown)."""
+    prepared = sorted((prepare_offer(ctx, o, choices) for o in offers), key=lambda p: (p.lowest_bound, p.offer.pool))
+    found: list[Candidate] = []
+    for item in prepared:
+        cutoff = float("inf")
+        if len(found) >= keep:
+            kth = sorted(found, key=lambda c: (*objective_key(c, ctx.minimize), c.pool))[keep - 1]
+            cutoff = kth.hours if ctx.minimize == Minimize.TIME else kth.total_cost
+        outcome = search_offer(ctx, item, cutoff=cutoff)
+        if outcome.best is not None:
+            found.append(outcome.best)
+        elif cutoff == float("inf") or not any_fit(ctx, item):
+            rejections.append(PoolRejection(item.offer.pool, item.failures.reason(
+                headroom_percent=ctx.headroom_percent, global_batch=ctx.global_batch,
+                pinned_micro_batch=ctx.pinned_micro_batch, max_cost_per_hour=ctx.max_cost_per_hour,
+                deadline_hours=ctx.deadline_hours,
+            )))
+    return found
 
 
 def _baseline(ctx: SearchContext, spec: MemoryOptimizedTrainingJobSpec,

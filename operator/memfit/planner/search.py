@@ -111,8 +111,26 @@ def _bound_seconds(ctx: SearchContext, offer: Offer, layout: Layout, choice: Cho
     return compute + comm - OVERLAP * min(comm, compute)
 
 
+@dataclass(frozen=True, slots=True)
+class PreparedOffer:
+    """An offer with its (layout, group) lower bounds sorted, ready to search."""
+
+    offer: Offer
+    failures: OfferFailures
+    bounds: list[tuple[float, int, int, Layout, tuple[int, ...], list[Choice]]]
+
+    @property
+    def lowest_bound(self) -> float:
+        return self.bounds[0][0] if self.bounds else float("inf")
+
+
 def best_on_offer(ctx: SearchContext, offer: Offer, choices: Sequence[Choice]) -> OfferOutcome:
     """The best candidate on `offer` under the job's objective and limits."""
+    return search_offer(ctx, prepare_offer(ctx, offer, choices))
+
+
+def prepare_offer(ctx: SearchContext, offer: Offer, choices: Sequence[Choice]) -> PreparedOffer:
+    """Layouts and groups of an offer with their lower bounds, in visit order."""
     failures = OfferFailures(offer)
     runnable = _offer_choices(offer, choices, failures)
     layouts = [lay for lay in offer.layouts(ctx.max_nodes) if ctx.global_batch % lay.world_size == 0]
@@ -135,9 +153,16 @@ def best_on_offer(ctx: SearchContext, offer: Offer, choices: Sequence[Choice]) -
             bound = hours if ctx.minimize == Minimize.TIME else hours * layout.price_per_hour
             bounds.append((bound, li, gi, layout, group_ranks, members))
     bounds.sort(key=lambda item: item[:3])
+    return PreparedOffer(offer, failures, bounds)
+
+
+def search_offer(ctx: SearchContext, prepared: PreparedOffer, *, cutoff: float = float("inf")) -> OfferOutcome:
+    """Branch and bound over a prepared offer. Only candidates with an objective at most `cutoff` are
+    sought (a pool that cannot enter the ranking need not be solved); `inf` finds the best."""
+    offer, failures = prepared.offer, prepared.failures
     best: Candidate | None = None
-    best_objective = float("inf")
-    for bound, _, _, layout, group_ranks, members in bounds:
+    best_objective = cutoff
+    for bound, _, _, layout, group_ranks, members in prepared.bounds:
         if bound > best_objective:
             break
         group_key = (group_ranks, layout.world_size)
@@ -167,19 +192,31 @@ def best_on_offer(ctx: SearchContext, offer: Offer, choices: Sequence[Choice]) -
             if candidate is not None and _better(candidate, best, ctx.minimize):
                 best = candidate
                 best_objective = _objective(ctx, candidate.step.step_seconds, layout.price_per_hour)
-        if all_out_of_memory and known is None:
-            computed = [c for c in members if ctx.has_minpeak_bytes_int(c, layout)]
-            leanest = min(computed, key=lambda c: (ctx.minpeak_bytes_int(c, layout), c.rank))
-            ctx.group_min_cache[group_key] = (ctx.minpeak_bytes_int(leanest, layout), leanest)
+        if all_out_of_memory and known is None and cutoff == float("inf"):
+            computed = [c for c in members if ctx.has_min_peak(c, layout)]
+            leanest = min(computed, key=lambda c: (ctx.min_peak(c, layout), c.rank))
+            ctx.group_min_cache[group_key] = (ctx.min_peak(leanest, layout), leanest)
     return OfferOutcome(best, failures)
+
+
+def any_fit(ctx: SearchContext, prepared: PreparedOffer) -> bool:
+    """Whether anything fits the offer at all (leanest configurations and largest layouts first).
+    When nothing does, every configuration has been tried and the failures are complete."""
+    order = sorted(prepared.bounds, key=lambda item: -item[3].world_size)
+    for _, _, _, layout, _, members in order:
+        for choice in sorted(members, key=lambda c: (ctx.min_peak(c, layout), c.rank)):
+            candidate, _ = _evaluate(ctx, prepared.offer, layout, choice, prepared.failures, float("inf"))
+            if candidate is not None:
+                return True
+    return False
 
 
 def _note_lean_on_gpu(ctx: SearchContext, failures: OfferFailures, members: list[Choice], layout: Layout) -> None:
     """Also record the leanest configuration without offload (the reason may need it)."""
-    on_gpu = [c for c in members if c.offload == Offload.NONE and ctx.has_minpeak_bytes_int(c, layout)]
+    on_gpu = [c for c in members if c.offload == Offload.NONE and ctx.has_min_peak(c, layout)]
     if on_gpu:
-        lean = min(on_gpu, key=lambda c: (ctx.minpeak_bytes_int(c, layout), c.rank))
-        failures.note_memory(ctx.minpeak_bytes_int(lean, layout), lean, layout.world_size, ctx.pinned_micro_batch or 1)
+        lean = min(on_gpu, key=lambda c: (ctx.min_peak(c, layout), c.rank))
+        failures.note_memory(ctx.min_peak(lean, layout), lean, layout.world_size, ctx.pinned_micro_batch or 1)
 
 
 def _as_32bit(ctx: SearchContext, choice: Choice, eight_bit: Candidate | None, layout: Layout) -> Candidate | None:
@@ -203,7 +240,7 @@ def _objective(ctx: SearchContext, seconds: float, price_per_hour: float) -> flo
 
 def _fits_at_smallest(ctx: SearchContext, offer: Offer, layout: Layout, choice: Choice,
                       failures: OfferFailures) -> bool:
-    smallest_peak = ctx.minpeak_bytes_int(choice, layout)
+    smallest_peak = ctx.min_peak(choice, layout)
     if ctx.fits_gpu(smallest_peak, offer.usable_bytes):
         return True
     failures.note_memory(smallest_peak, choice, layout.world_size, ctx.pinned_micro_batch or 1)
@@ -217,7 +254,7 @@ def _evaluate(ctx: SearchContext, offer: Offer, layout: Layout, choice: Choice,
     n, g = layout.world_size, layout.gpus_per_node
     per_gpu = ctx.global_batch // n
     # Cheapest test first: a known smallest peak (or nothing to prune against yet) -> memory first.
-    memory_first = best_objective == float("inf") or ctx.has_minpeak_bytes_int(choice, layout)
+    memory_first = best_objective == float("inf") or ctx.has_min_peak(choice, layout)
     if memory_first and not _fits_at_smallest(ctx, offer, layout, choice, failures):
         return None, True
     tt = ctx.time(choice, layout)

@@ -7,7 +7,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from memfit.api.job import MemoryOptimizedTrainingJobSpec
 from memfit.api.pool import GPUNodePool
-from memfit.planner import plan
+from memfit.planner import plan, resolve_offers, resolve_shape, search_context
+from memfit.planner.search import best_on_offer, objective_key
+from memfit.planner.space import strategy_choices
 from planner_factories import brute_force_cost, make_job, make_pool
 
 PRODUCTS = ["t4", "l4", "a10g", "l40s", "a100-40", "h100-80"]
@@ -63,3 +65,23 @@ def test_ties_break_on_pool_name() -> None:
     spec = make_job().build()
     twins = [make_pool("b-pool", "l4"), make_pool("a-pool", "l4")]
     assert plan(spec, pools=twins).plan.node_pool == "a-pool"  # type: ignore[union-attr]
+
+
+@settings(max_examples=6, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(specs_and_pools(), st.integers(0, 2))
+def test_ranking_with_cutoffs_equals_solving_every_pool(
+    case: tuple[MemoryOptimizedTrainingJobSpec, list[GPUNodePool]], alternatives: int
+) -> None:
+    spec, few = case
+    pools = few + [make_pool(f"cat-{p}", p, per_node=2, max_nodes=2) for p in PRODUCTS]
+    result = plan(spec, pools=pools, max_alternatives=alternatives)
+    shape = resolve_shape(spec, None)
+    assert not isinstance(shape, str)
+    ctx = search_context(spec, shape)
+    choices, _ = strategy_choices(spec.strategy)
+    offers, _ = resolve_offers(pools)
+    bests = [b for o in offers if (b := best_on_offer(ctx, o, choices).best) is not None]
+    ranked = sorted(bests, key=lambda c: (*objective_key(c, spec.objective.minimize), c.pool))
+    got = [c for c in (result.chosen, *result.alternatives) if c is not None]
+    assert [(c.pool, c.total_cost) for c in got] == [(c.pool, c.total_cost) for c in ranked[: 1 + alternatives]]
+    assert {r.pool for r in result.rejections} == {o.pool for o in offers} - {c.pool for c in bests}
