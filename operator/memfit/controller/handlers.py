@@ -26,6 +26,7 @@ from memfit.kube.names import LABEL_JOB, LABEL_MANAGED_BY, MANAGED_BY
 log = logging.getLogger("memfit.operator")
 
 TERMINAL = ("Succeeded", "Failed")
+REPLANS = ("OutOfMemory", "NoCapacity")  # attempt outcomes the next pass re-plans
 
 
 class Runtime:
@@ -43,6 +44,8 @@ class Runtime:
         self._running: set[tuple[str, str]] = set()
         self._dirty: set[tuple[str, str]] = set()
         self._finished_at: dict[tuple[str, str], float] = {}
+        self._written: dict[tuple[str, str], str] = {}  # resourceVersion our last status patch made
+        self._terminal: set[tuple[str, str]] = set()
 
     def begin(self, key: tuple[str, str]) -> bool:
         """Claim the job; False when a reconcile of it is running (it will run once more for us)."""
@@ -75,6 +78,28 @@ class Runtime:
     def forget(self, key: tuple[str, str]) -> None:
         with self._guard:
             self._finished_at.pop(key, None)
+            self._written.pop(key, None)
+            self._terminal.discard(key)
+
+    def note(self, key: tuple[str, str], *, phase: str, written: str) -> None:
+        """Remember the job's phase and the resourceVersion of our status patch (if any)."""
+        with self._guard:
+            if written:
+                self._written[key] = written
+            if phase in TERMINAL:
+                self._terminal.add(key)
+            else:
+                self._terminal.discard(key)
+
+    def own_write(self, key: tuple[str, str], resource_version: str) -> bool:
+        """The MOTJ event shows exactly what our last status patch wrote: nothing new to reconcile."""
+        with self._guard:
+            return bool(resource_version) and self._written.get(key) == resource_version
+
+    def terminal(self, key: tuple[str, str]) -> bool:
+        """Known Succeeded/Failed: a child's event cannot change anything any more."""
+        with self._guard:
+            return key in self._terminal
 
 
 RUNTIME = Runtime()
@@ -91,31 +116,36 @@ def reconcile_by_name(namespace: str, name: str, body: dict[str, Any] | None = N
     if not RUNTIME.begin(key):
         return
     try:
-        _reconcile_once(api, namespace, name, body)
-        while RUNTIME.again(key):  # releases the job when no event came in meanwhile
-            _reconcile_once(api, namespace, name, None)
+        followups = int(_reconcile_once(api, namespace, name, body))
+        while 0 < followups <= 3 or RUNTIME.again(key):  # again() releases the job if no event came
+            followups = followups + 1 if _reconcile_once(api, namespace, name, None) else 0
     except BaseException:
         RUNTIME.release(key)
         raise
 
 
-def _reconcile_once(api: KubeApi, namespace: str, name: str, body: dict[str, Any] | None) -> None:
+def _reconcile_once(api: KubeApi, namespace: str, name: str, body: dict[str, Any] | None) -> bool:
+    """One reconcile pass; True when it stored a finished attempt whose re-plan should run now (the
+    event of our own status patch is skipped, so nothing else would trigger it before the resync)."""
     try:
         body = body or api.get_motj(namespace, name)
         if body is None:
             metrics.JOBS.forget(namespace, name)
             RUNTIME.forget((namespace, name))
-            return
+            return False
         started = time.perf_counter()
         decision = reconcile_job(api, body, settings=RUNTIME.settings, world_source=RUNTIME.world.source(api))
         status = decision.status if decision else (body.get("status") or {})
+        written = decision.resource_version if decision else ""
+        RUNTIME.note((namespace, name), phase=str(status.get("phase", "")), written=written)
         metrics.JOBS.observe(metrics.JobSnapshot.from_status(namespace, name, status))
         if decision:
             _count(namespace, decision.events)
             log.debug("reconciled %s/%s in %.3fs", namespace, name, time.perf_counter() - started)
+        return decision is not None and _replan_pending(status)
     except ApiException as error:
         if error.status == 409:  # a concurrent write; the next event or resync retries
-            return
+            return False
         metrics.RECONCILE_ERRORS.labels("MemoryOptimizedTrainingJob").inc()
         log.warning("reconcile %s/%s: API error %s %s", namespace, name, error.status, error.reason)
     except ForeignObjectError as error:
@@ -124,6 +154,12 @@ def _reconcile_once(api: KubeApi, namespace: str, name: str, body: dict[str, Any
     except Exception:
         metrics.RECONCILE_ERRORS.labels("MemoryOptimizedTrainingJob").inc()
         log.exception("reconcile %s/%s failed", namespace, name)
+    return False
+
+
+def _replan_pending(status: dict[str, Any]) -> bool:
+    attempts = status.get("attempts") or []
+    return status.get("phase") not in TERMINAL and bool(attempts) and attempts[-1].get("outcome") in REPLANS
 
 
 def _count(namespace: str, events: list[tuple[str, str, str]]) -> None:
@@ -158,22 +194,26 @@ def on_operator_cleanup(**_: Any) -> None:
 
 
 @kopf.on.event(API_GROUP, API_VERSION, MOTJ_PLURAL)
-def on_motj_event(event: dict[str, Any], namespace: str, name: str, **_: Any) -> None:
+def on_motj_event(event: dict[str, Any], meta: Any, namespace: str, name: str, **_: Any) -> None:
     if event.get("type") == "DELETED":
         metrics.JOBS.forget(namespace, name)
         RUNTIME.forget((namespace, name))
         return
+    if RUNTIME.own_write((namespace, name), str(meta.get("resourceVersion", ""))):
+        return  # the echo of our own status patch: that reconcile already saw this state
     reconcile_by_name(namespace, name)
 
 
 @kopf.on.event("batch", "v1", "jobs", labels={LABEL_MANAGED_BY: MANAGED_BY, LABEL_JOB: kopf.PRESENT})
 def on_child_job_event(labels: dict[str, str], namespace: str, **_: Any) -> None:
-    reconcile_by_name(namespace, labels[LABEL_JOB])
+    if not RUNTIME.terminal((namespace, labels[LABEL_JOB])):
+        reconcile_by_name(namespace, labels[LABEL_JOB])
 
 
 @kopf.on.event("", "v1", "pods", labels={LABEL_MANAGED_BY: MANAGED_BY, LABEL_JOB: kopf.PRESENT})
 def on_child_pod_event(labels: dict[str, str], namespace: str, **_: Any) -> None:
-    reconcile_by_name(namespace, labels[LABEL_JOB])
+    if not RUNTIME.terminal((namespace, labels[LABEL_JOB])):
+        reconcile_by_name(namespace, labels[LABEL_JOB])
 
 
 @kopf.on.event(API_GROUP, API_VERSION, "gpunodepools")

@@ -70,6 +70,7 @@ class Decision:
 
     status: Manifest
     events: list[tuple[str, str, str]] = field(default_factory=list)  # (type, reason, message)
+    resource_version: str = ""  # of the MOTJ after the status patch (its watch event is our own write)
 
     def event(self, reason: str, message: str, *, warning: bool = False) -> None:
         self.events.append(("Warning" if warning else "Normal", reason, message))
@@ -124,7 +125,8 @@ def reconcile_job(
     status["observedGeneration"] = generation
     if status == old_status:
         return None
-    api.patch_motj_status(meta["namespace"], meta["name"], status, meta["resourceVersion"])
+    patched = api.patch_motj_status(meta["namespace"], meta["name"], status, meta["resourceVersion"])
+    decision.resource_version = str((patched.get("metadata") or {}).get("resourceVersion", ""))
     for type_, reason, message in decision.events:
         _post_event(api, body, type_=type_, reason=reason, message=message, now=now)
     return decision
