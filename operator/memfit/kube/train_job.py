@@ -145,8 +145,13 @@ def build_training_job(
         "args": ["--plan", f"{PLAN_MOUNT}/plan.json"],
         "env": _env(owner=owner, plan=plan)
         + [{"name": k, "value": v} for k, v in sorted((extra_env or {}).items())],
+        # Each local rank serves its metrics on METRICS_PORT + local rank.
         "ports": [
             {"name": "metrics", "containerPort": METRICS_PORT},
+            *(
+                {"name": f"metrics-r{rank}", "containerPort": METRICS_PORT + rank}
+                for rank in range(1, plan.gpus_per_node)
+            ),
             {"name": "rendezvous", "containerPort": MASTER_PORT},
         ],
         "resources": resources,

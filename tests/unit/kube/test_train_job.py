@@ -138,3 +138,15 @@ def test_headless_service_selects_trainer_pods() -> None:
     svc = build_service(owner=OWNER)
     assert svc["spec"]["clusterIP"] == "None" and svc["spec"]["publishNotReadyAddresses"] is True
     assert svc["spec"]["selector"] == {"memfit.dev/job": "llama", "memfit.dev/component": "trainer"}
+
+
+def test_one_metrics_port_per_local_rank() -> None:
+    job = build_training_job(owner=OWNER, spec=make_spec(), plan=make_plan(), placement=PLACEMENT, pod=POD)
+    ports = {p["name"]: p["containerPort"] for p in job["spec"]["template"]["spec"]["containers"][0]["ports"]}
+    assert ports == {
+        "metrics": 9400,
+        "metrics-r1": 9401,
+        "metrics-r2": 9402,
+        "metrics-r3": 9403,
+        "rendezvous": 29500,
+    }
