@@ -177,10 +177,10 @@ def on_operator_startup(settings: kopf.OperatorSettings, **_: Any) -> None:
         prefix="memfit.dev", key="last-handled-configuration"
     )
     settings.posting.level = logging.WARNING
-    settings.execution.max_workers = 8
+    settings.execution.max_workers = RUNTIME.settings.workers
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
-    RUNTIME.world = WorldCache(RUNTIME.settings.world_ttl_seconds)
+    RUNTIME.world = WorldCache(RUNTIME.settings.world_ttl_seconds, RUNTIME.settings.node_ttl_seconds)
     # kopf logs "Handler ... succeeded" for every event (10 per job); memfit logs its own decisions.
     if logging.getLogger().getEffectiveLevel() > logging.DEBUG:
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)
@@ -220,7 +220,7 @@ def on_child_pod_event(labels: dict[str, str], namespace: str, **_: Any) -> None
 def on_pool_event(**_: Any) -> None:
     if RUNTIME.api is not None:
         try:
-            reconcile_pools(RUNTIME.api)
+            reconcile_pools(RUNTIME.api, nodes=RUNTIME.world.nodes(RUNTIME.api))
         except Exception:
             metrics.RECONCILE_ERRORS.labels("GPUNodePool").inc()
             log.exception("pool status update failed")
@@ -236,7 +236,7 @@ def resync_forever(interval_seconds: float) -> None:
         if api is None:
             continue
         try:
-            reconcile_pools(api)
+            reconcile_pools(api, nodes=RUNTIME.world.nodes(api))
             for ns in RUNTIME.settings.namespaces or (None,):
                 for item in api.list_motjs(ns):
                     meta = item["metadata"]

@@ -17,6 +17,7 @@ log = logging.getLogger(__name__)
 Manifest = dict[str, Any]
 MOTJ_PLURAL = "memoryoptimizedtrainingjobs"
 POOL_PLURAL = "gpunodepools"
+CONNECTIONS = 32  # kept-alive connections: every reconcile thread and the resync loop reuse one
 
 
 class ForeignObjectError(RuntimeError):
@@ -33,7 +34,10 @@ class KubeApi:
 
     @classmethod
     def from_client(cls, api_client: client.ApiClient | None = None) -> KubeApi:
-        api_client = api_client or client.ApiClient()
+        if api_client is None:
+            config = client.Configuration.get_default_copy()
+            config.connection_pool_maxsize = max(config.connection_pool_maxsize or 0, CONNECTIONS)
+            api_client = client.ApiClient(config)
         return cls(
             client.CoreV1Api(api_client), client.BatchV1Api(api_client), client.CustomObjectsApi(api_client)
         )

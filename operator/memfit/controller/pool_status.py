@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from memfit.controller.kubeapi import KubeApi
 from memfit.controller.pools import gpus_requested_by_node, observe_pool_capacity
 
 
-def reconcile_pools(api: KubeApi) -> int:
-    """Update every pool's status from Nodes and Pods; returns how many were patched."""
+def reconcile_pools(api: KubeApi, *, nodes: list[dict[str, Any]] | None = None) -> int:
+    """Update every pool's status from Nodes (read now unless given) and Pods; returns how many were
+    patched."""
     pools = api.list_pools()
     if not pools:
         return 0
-    nodes = api.list_nodes()
+    nodes = api.list_nodes() if nodes is None else nodes
     used = gpus_requested_by_node(api.list_active_pods())
     patched = 0
     for pool in pools:

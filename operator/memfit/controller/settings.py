@@ -18,6 +18,8 @@ class OperatorSettings:
     pod_group_enabled: bool = False
     trainer_service_account: str = ""
     world_ttl_seconds: float = 1.0  # pools + capacity snapshot shared by the reconciles of this long
+    node_ttl_seconds: float = 10.0  # the Node list behind it (nodes change far less often than pods)
+    workers: int = 16  # reconciles in parallel (threads; each mostly waits for the API server)
 
     @classmethod
     def from_env(cls, **overrides: object) -> OperatorSettings:

@@ -8,6 +8,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -16,6 +17,7 @@ from memfit.controller.kubeapi import KubeApi
 from memfit.controller.pools import PoolCapacity, gpus_requested_by_node, observe_pool_capacity
 
 log = logging.getLogger(__name__)
+Manifest = dict[str, Any]
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,16 +28,19 @@ class World:
     capacity: dict[str, PoolCapacity]
 
 
-def observe_world(api: KubeApi) -> World:
-    """Read GPUNodePools and compute their capacity from Nodes and the Pods bound to them."""
+def observe_world(
+    api: KubeApi, *, nodes: list[Manifest] | None = None, pods: list[Manifest] | None = None
+) -> World:
+    """Read GPUNodePools and compute their capacity from Nodes and the Pods bound to them (both read
+    now unless given)."""
     pools: list[GPUNodePool] = []
     for raw in api.list_pools():
         try:
             pools.append(GPUNodePool.model_validate(raw | {"status": None}))
         except ValidationError as error:
             log.warning("ignoring invalid GPUNodePool %s: %s", raw.get("metadata", {}).get("name"), error)
-    nodes = api.list_nodes()
-    used = gpus_requested_by_node(api.list_active_pods())
+    nodes = api.list_nodes() if nodes is None else nodes
+    used = gpus_requested_by_node(api.list_active_pods() if pods is None else pods)
     capacity = {
         p.metadata.name: observe_pool_capacity(
             selector=p.spec.node_selector, gpus_per_node=p.spec.gpu.per_node, nodes=nodes, used_by_node=used
@@ -46,28 +51,48 @@ def observe_world(api: KubeApi) -> World:
 
 
 class WorldCache:
-    """One observation of the world, reused for `ttl_seconds` by every reconcile that plans.
+    """One observation of the world, reused for `ttl_seconds` by every reconcile that plans, and the
+    Node list, reused for `node_ttl_seconds` (by plans and pool status).
 
-    Listing every Node and Pod for each plan made 1,000 simultaneous jobs quadratic. Capacity is
-    advisory anyway (pods not yet bound hold no GPU in it; an over-booked pool ends in the capacity
-    timeout and a re-plan), so a snapshot a second old decides as well as a fresh one.
+    Listing every Node and Pod for each plan made 1,000 simultaneous jobs quadratic, and parsing 200
+    Nodes once a second still cost a tenth of a core. Capacity is advisory anyway (pods not yet bound
+    hold no GPU in it; an over-booked pool ends in the capacity timeout and a re-plan), so a snapshot
+    a second old decides as well as a fresh one, and nodes come and go far more slowly than pods.
     """
 
-    def __init__(self, ttl_seconds: float = 1.0, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        ttl_seconds: float = 1.0,
+        node_ttl_seconds: float = 10.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.ttl_seconds = ttl_seconds
+        self.node_ttl_seconds = node_ttl_seconds
         self._clock = clock
         self._lock = threading.Lock()
         self._world: World | None = None
         self._taken = 0.0
+        self._nodes: list[Manifest] | None = None
+        self._nodes_taken = 0.0
         self.observations = 0
 
     def get(self, api: KubeApi) -> World:
         with self._lock:  # one observer at a time; the others wait and share its result
             if self._world is None or self._clock() - self._taken >= self.ttl_seconds:
-                self._world = observe_world(api)
+                self._world = observe_world(api, nodes=self._node_list(api))
                 self._taken = self._clock()
                 self.observations += 1
             return self._world
 
+    def nodes(self, api: KubeApi) -> list[Manifest]:
+        with self._lock:
+            return self._node_list(api)
+
     def source(self, api: KubeApi) -> Callable[[], World]:
         return lambda: self.get(api)
+
+    def _node_list(self, api: KubeApi) -> list[Manifest]:
+        if self._nodes is None or self._clock() - self._nodes_taken >= self.node_ttl_seconds:
+            self._nodes = api.list_nodes()
+            self._nodes_taken = self._clock()
+        return self._nodes
