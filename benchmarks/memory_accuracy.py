@@ -238,7 +238,18 @@ def _environment() -> dict[str, Any]:
         except Exception:
             versions[module] = None
     versions["cpus"] = os.cpu_count()
+    versions["memfit_commit"] = _git("rev-parse", "--short", "HEAD")
+    # The predictor is measured as it is in the working tree: say whether that differs from the commit.
+    versions["memfit_memory_modified"] = bool(_git("status", "--porcelain", "--", "operator/memfit/memory"))
     return versions
+
+
+def _git(*args: str) -> str | None:
+    try:
+        proc = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return proc.stdout.strip() if proc.returncode == 0 else None
 
 
 def print_table(report: dict[str, Any]) -> None:
@@ -275,7 +286,7 @@ def print_table(report: dict[str, Any]) -> None:
             continue
         print(
             f"{name:<16} {v['cases']:6d} {v['memfit_mape']:12.2f} {v['peer_mape']:10.2f} "
-            f"{v['memfit_minus_peer_pp']:+8.2f} {v['speedup']:8.0f}x"
+            f"{v['memfit_minus_peer_pp']:+8.2f} {v['speedup']:8.3g}x"
         )
 
 

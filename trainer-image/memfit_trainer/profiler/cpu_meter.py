@@ -8,13 +8,22 @@ model is built counts parameters, gradients, optimizer state, activations and te
 
 It shares nothing with memfit's predictor or with tensor-tracking tracers (MemTracker): it sees
 allocations inside kernels (convolution workspaces, bitsandbytes buffers, checkpoint RNG state).
-Allocations on other threads are not counted, so callers run with one intra-op thread
-(shared/reference/cpu-runtime.md, "An allocator-level memory truth on CPU").
+
+The counter only moves for allocations and frees on threads where the profiler is active
+(shared/reference/cpu-runtime.md, "An allocator-level memory truth on CPU"). A tensor allocated on the
+main thread and freed on a gloo or DeepSpeed worker thread would then never be subtracted: seen as
+run-to-run differences of up to 10 MiB on DeepSpeed and FSDP cases at world size 2. During a session
+the meter therefore also sets c10's `FLAGS_caffe2_report_cpu_memory_usage` (exported by libc10),
+which makes the counter account every thread, and raises `FLAGS_caffe2_log_level` to ERROR so that
+frees of blocks allocated before the session do not log warnings; both are restored afterwards.
+Events are still recorded on profiled threads only, so the session also runs one intra-op thread.
 """
 
 from __future__ import annotations
 
 import bisect
+import ctypes
+import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -27,6 +36,39 @@ from torch.profiler import ProfilerActivity, profile, record_function
 from memfit_trainer.profiler.meters import RegionMemory
 
 MARK_PREFIX = "memfit::"
+C10_LOG_ERROR = 2  # c10 severity levels: INFO 0, WARNING 1, ERROR 2, FATAL 3
+
+
+class _C10Flags:
+    """c10's process-wide allocation reporting flag and log level, set for the session, then restored."""
+
+    def __init__(self) -> None:
+        self._report: ctypes.c_bool | None = None
+        self._level: ctypes.c_int | None = None
+        try:
+            lib = ctypes.CDLL(os.path.join(os.path.dirname(torch.__file__), "lib", "libc10.so"))
+            self._report = ctypes.c_bool.in_dll(lib, "FLAGS_caffe2_report_cpu_memory_usage")
+            self._level = ctypes.c_int.in_dll(lib, "FLAGS_caffe2_log_level")
+        except (OSError, ValueError):  # another platform or build: main-thread accounting only
+            self._report = self._level = None
+        self._saved: tuple[bool, int] | None = None
+
+    @property
+    def available(self) -> bool:
+        return self._report is not None
+
+    def enable(self) -> None:
+        if self._report is None or self._level is None:
+            return
+        self._saved = (bool(self._report.value), int(self._level.value))
+        self._level.value = max(self._level.value, C10_LOG_ERROR)
+        self._report.value = True
+
+    def restore(self) -> None:
+        if self._report is None or self._level is None or self._saved is None:
+            return
+        self._report.value, self._level.value = self._saved
+        self._saved = None
 
 
 @dataclass(slots=True)
@@ -42,11 +84,19 @@ class CpuAllocatorMeter:
     _spans: dict[str, _Span] = field(default_factory=dict)
     _results: dict[str, RegionMemory] | None = None
     _threads: int = 0
+    _flags: _C10Flags | None = None
+
+    @property
+    def all_threads(self) -> bool:
+        """Whether the counter accounts allocations and frees of every thread (c10 flag available)."""
+        return self._flags is not None and self._flags.available
 
     def __enter__(self) -> CpuAllocatorMeter:
-        # Worker-thread allocations are invisible to the counter (see the module docstring).
+        # Events are recorded on profiled threads only (see the module docstring).
         self._threads = torch.get_num_threads()
         torch.set_num_threads(1)
+        self._flags = _C10Flags()
+        self._flags.enable()
         self._prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
         self._prof.__enter__()
         return self
@@ -54,6 +104,8 @@ class CpuAllocatorMeter:
     def __exit__(self, *exc: object) -> None:
         assert self._prof is not None
         self._prof.__exit__(None, None, None)
+        if self._flags is not None:
+            self._flags.restore()
         torch.set_num_threads(self._threads)
         self._results = _regions(self._prof, self._spans)
         self._prof = None
