@@ -100,6 +100,16 @@ def init_distributed(env: DistEnv, device: torch.device) -> None:
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         if not os.environ.get("MASTER_PORT"):
             os.environ["MASTER_PORT"] = str(free_port())
+        # One process needs no rendezvous: an in-memory store binds no port, so parallel runs cannot
+        # collide on the port picked above (which stays in the env for libraries that read it).
+        dist.init_process_group(
+            backend=backend_for(device),
+            store=dist.HashStore(),
+            rank=0,
+            world_size=1,
+            device_id=device if device.type == "cuda" else None,
+        )
+        return
     dist.init_process_group(
         backend=backend_for(device),
         rank=env.rank,
