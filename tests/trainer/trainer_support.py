@@ -193,7 +193,7 @@ class CliRun:
 
 
 def run_cli(
-    plan: PlanBuilder, tmp: Path, *, env: dict[str, str] | None = None, timeout_s: float = 240
+    plan: PlanBuilder, tmp: Path, *, env: dict[str, str] | None = None, timeout_s: float = 600
 ) -> CliRun:
     """`python -m memfit_trainer.cli train --plan … --report-dir …` (it starts torchrun itself for world > 1)."""
     plan_path = plan.write(tmp / "plan.json")
