@@ -40,9 +40,6 @@ RATE_INTERVAL = "30s"
 # Panels that cannot have data for one healthy CPU job, and why.
 NO_DATA_HERE = {
     "GPU framebuffer used (DCGM) / A": "no dcgm-exporter without a GPU",
-    "Re-plans by reason (per hour) / A": "no re-plan happened, and memfit_replans_total has no zero series",
-    "Profiling failures (per hour) / A": "no profiling failure, and the counter has no zero series",
-    "Reconcile errors / A": "no reconcile error, and the counter has no zero series",
 }
 
 
