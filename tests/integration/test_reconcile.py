@@ -4,6 +4,7 @@ idempotence, invalid specs, NoFit with per-pool reasons, the plan ConfigMap as t
 from __future__ import annotations
 
 import copy
+import time
 from typing import Any
 
 import pytest
@@ -186,3 +187,61 @@ def test_kueue_queue_creates_the_job_suspended(kube: Kube, namespace: str, api: 
     running = next(c for c in decision.status["conditions"] if c["type"] == "Running")
     assert running["reason"] == "WaitingForAdmission" and "team-a" in running["message"]
     assert not kube.pods(namespace, "memfit.dev/job=queued")  # nothing runs before admission
+
+
+def test_unschedulable_profiling_pod_is_placed_again(kube: Kube, namespace: str, api: KubeApi) -> None:
+    """The profiling pool filled up after placement: the profiling Job is deleted and placed again."""
+    doc = quickstart("resched", recovery={"maxReplans": 1, "capacityTimeoutSeconds": 10})
+    create_job(kube, namespace, doc)
+    reconcile_job(api, get_job(kube, namespace, "resched"), settings=SETTINGS)  # type: ignore[arg-type]
+    job = kube.batch.read_namespaced_job("resched-profile", namespace)
+    # Simulate the capacity change: make the pod unschedulable by pinning it to a pool that does not exist.
+    kube.batch.delete_namespaced_job(
+        "resched-profile",
+        namespace,
+        propagation_policy="Foreground",
+        body=client.V1DeleteOptions(grace_period_seconds=0, propagation_policy="Foreground"),
+    )
+    kube.wait(
+        "old profiling Job gone",
+        lambda: not [j for j in kube.batch.list_namespaced_job(namespace).items],
+        timeout=60,
+    )
+    manifest = kube.api_client.sanitize_for_serialization(job)
+    for key in ("uid", "resourceVersion", "creationTimestamp", "managedFields", "generation"):
+        manifest["metadata"].pop(key, None)
+    manifest.pop("status", None)
+    manifest["spec"]["template"]["spec"]["nodeSelector"] = {"memfit.dev/pool": "no-such-pool"}
+    for key in ("selector",):
+        manifest["spec"].pop(key, None)
+    labels = manifest["spec"]["template"]["metadata"]["labels"]
+    for key in (
+        "batch.kubernetes.io/controller-uid",
+        "controller-uid",
+        "batch.kubernetes.io/job-name",
+        "job-name",
+    ):
+        labels.pop(key, None)
+    kube.batch.create_namespaced_job(namespace, manifest)
+
+    def unschedulable() -> bool:
+        pods = kube.pods(namespace, "memfit.dev/job=resched")
+        return any(
+            c.get("reason") == "Unschedulable" for p in pods for c in p["status"].get("conditions") or []
+        )
+
+    kube.wait("profiling pod unschedulable", unschedulable, timeout=60)
+    time.sleep(11)
+    decision = reconcile_job(api, get_job(kube, namespace, "resched"), settings=SETTINGS)  # type: ignore[arg-type]
+    assert decision is not None
+    assert any(reason == "ProfilingRescheduled" for _, reason, _ in decision.events)
+
+    def replaced() -> bool:
+        reconcile_job(api, get_job(kube, namespace, "resched"), settings=SETTINGS)  # type: ignore[arg-type]
+        try:
+            current = kube.batch.read_namespaced_job("resched-profile", namespace)
+        except client.exceptions.ApiException:
+            return False
+        return current.spec.template.spec.node_selector != {"memfit.dev/pool": "no-such-pool"}
+
+    kube.wait("profiling Job placed again", replaced, timeout=90, interval=1)

@@ -41,6 +41,7 @@ from memfit.kube.names import (
     ANNOTATION_INJECT_OOM_STEP,
     COMPONENT_PROFILER,
     COMPONENT_TRAINER,
+    LABEL_POOL,
     MAX_JOB_NAME,
     profile_cache_name,
     profile_job_name,
@@ -287,9 +288,22 @@ def _profile_step(
     )
     pods = api.list_pods(owner.namespace, pod_selector(owner.name, COMPONENT_PROFILER))
     summary = summarize_job(job, pods, profile_job_name(owner.name))
+    if (job.get("metadata") or {}).get("deletionTimestamp"):
+        return None  # a rescheduled profiling Job is still going away; the next reconcile recreates it
+    pool = str(((job.get("metadata") or {}).get("labels") or {}).get(LABEL_POOL, placement.pool))
+    stuck = [p.unschedulable_since for p in summary.pods if p.unschedulable_since is not None]
+    limit = min(spec.recovery.capacity_timeout_seconds, spec.profiling.timeout_seconds // 2)
+    if not summary.finished and stuck and (now - min(stuck)).total_seconds() >= limit:
+        # The profiling pod found no GPU (capacity changed since placement): start over on the pool
+        # that has one now, before the Job's deadline turns a capacity wait into a profiling failure.
+        api.delete_job(owner.namespace, summary.name)
+        msg = f"profiling pod unschedulable on pool {pool} for {limit}s or more; placing it again"
+        _set(decision, c.PROFILED, False, c.PROFILING_RESCHEDULED, msg, generation, now)
+        decision.event(c.PROFILING_RESCHEDULED, msg, warning=True)
+        return None
     if created or not summary.finished:
         if status["phase"] != Phase.PROFILING.value:
-            msg = f"profiling on pool {placement.pool} (Job {summary.name})"
+            msg = f"profiling on pool {pool} (Job {summary.name})"
             _phase(decision, Phase.PROFILING, msg)
             _set(decision, c.PROFILED, False, c.PROFILING, msg, generation, now)
             decision.event(c.PROFILING, msg)
