@@ -1,7 +1,10 @@
-"""kopf wiring: every MOTJ and child event calls the one reconcile; a resync loop covers timeouts.
+"""kopf wiring: MOTJ and child events queue the job; worker threads run the one reconcile; a resync
+loop covers timeouts and missed events.
 
 Only `@kopf.on.event` handlers are used: kopf then stores no progress or diff-base annotations and
 adds no finalizers, so deleting a job never waits for the operator (owner GC removes children).
+The event handlers only put the job's key on a de-duplicating work queue (workqueue.py): an event
+storm costs one reconcile per job, and no event body waits in memory for a free thread.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from memfit.controller.kubeapi import MOTJ_PLURAL, ForeignObjectError, KubeApi
 from memfit.controller.pool_status import reconcile_pools
 from memfit.controller.reconcile import reconcile_job
 from memfit.controller.settings import OperatorSettings
+from memfit.controller.workqueue import Key, WorkQueue
 from memfit.controller.world import WorldCache
 from memfit.kube.names import LABEL_JOB, LABEL_MANAGED_BY, MANAGED_BY
 
@@ -30,58 +34,21 @@ REPLANS = ("OutOfMemory", "NoCapacity")  # attempt outcomes the next pass re-pla
 
 
 class Runtime:
-    """Process-wide state of the operator: settings, API clients, the shared world snapshot, and which
-    jobs are being reconciled (one reconcile per job at a time; events during it coalesce into one
-    more pass)."""
+    """Process-wide state of the operator: settings, API clients, the shared world snapshot, the work
+    queue, and what the last reconcile of each job left (its phase, the resourceVersion it wrote)."""
 
     def __init__(self) -> None:
         self.settings = OperatorSettings()
         self.api: KubeApi | None = None
         self.world = WorldCache()
+        self.queue = WorkQueue()
         self.healthy = threading.Event()
         self.stop = threading.Event()
         self._guard = threading.Lock()
-        self._running: set[tuple[str, str]] = set()
-        self._dirty: set[tuple[str, str]] = set()
-        self._finished_at: dict[tuple[str, str], float] = {}
-        self._written: dict[tuple[str, str], str] = {}  # resourceVersion our last status patch made
-        self._terminal: set[tuple[str, str]] = set()
+        self._written: dict[Key, str] = {}  # resourceVersion our last status patch made
+        self._terminal: set[Key] = set()
 
-    def begin(self, key: tuple[str, str]) -> bool:
-        """Claim the job; False when a reconcile of it is running (it will run once more for us)."""
-        with self._guard:
-            if key in self._running:
-                self._dirty.add(key)
-                return False
-            self._running.add(key)
-            return True
-
-    def again(self, key: tuple[str, str]) -> bool:
-        """After a pass: True when events arrived during it (run once more), else release the job."""
-        with self._guard:
-            if key in self._dirty:
-                self._dirty.discard(key)
-                return True
-            self._running.discard(key)
-            self._finished_at[key] = time.monotonic()
-            return False
-
-    def release(self, key: tuple[str, str]) -> None:
-        with self._guard:
-            self._running.discard(key)
-            self._dirty.discard(key)
-
-    def reconciled_within(self, key: tuple[str, str], seconds: float) -> bool:
-        with self._guard:
-            return key in self._running or time.monotonic() - self._finished_at.get(key, -1e9) < seconds
-
-    def forget(self, key: tuple[str, str]) -> None:
-        with self._guard:
-            self._finished_at.pop(key, None)
-            self._written.pop(key, None)
-            self._terminal.discard(key)
-
-    def note(self, key: tuple[str, str], *, phase: str, written: str) -> None:
+    def note(self, key: Key, *, phase: str, written: str) -> None:
         """Remember the job's phase and the resourceVersion of our status patch (if any)."""
         with self._guard:
             if written:
@@ -91,44 +58,61 @@ class Runtime:
             else:
                 self._terminal.discard(key)
 
-    def own_write(self, key: tuple[str, str], resource_version: str) -> bool:
+    def own_write(self, key: Key, resource_version: str) -> bool:
         """The MOTJ event shows exactly what our last status patch wrote: nothing new to reconcile."""
         with self._guard:
             return bool(resource_version) and self._written.get(key) == resource_version
 
-    def terminal(self, key: tuple[str, str]) -> bool:
+    def terminal(self, key: Key) -> bool:
         """Known Succeeded/Failed: a child's event cannot change anything any more."""
         with self._guard:
             return key in self._terminal
+
+    def forget(self, key: Key) -> None:
+        with self._guard:
+            self._written.pop(key, None)
+            self._terminal.discard(key)
+        self.queue.forget(key)
 
 
 RUNTIME = Runtime()
 
 
-def reconcile_by_name(namespace: str, name: str, body: dict[str, Any] | None = None) -> None:
-    """Reconcile the job (from `body` if given, else freshly read); errors are logged and counted, never
-    crash the operator. Calls for a job that is being reconciled return at once and make that
-    reconcile run one more pass, so an event storm costs one pass per job, not one per event."""
-    api = RUNTIME.api
-    if api is None:
-        return
-    key = (namespace, name)
-    if not RUNTIME.begin(key):
-        return
-    try:
-        followups = int(_reconcile_once(api, namespace, name, body))
-        while 0 < followups <= 3 or RUNTIME.again(key):  # again() releases the job if no event came
-            followups = followups + 1 if _reconcile_once(api, namespace, name, None) else 0
-    except BaseException:
-        RUNTIME.release(key)
-        raise
+def reconcile_by_name(namespace: str, name: str) -> None:
+    """Reconcile one job now, in this thread (the workers do this for queued jobs)."""
+    if RUNTIME.api is not None:
+        _reconcile_once(RUNTIME.api, namespace, name)
 
 
-def _reconcile_once(api: KubeApi, namespace: str, name: str, body: dict[str, Any] | None) -> bool:
-    """One reconcile pass; True when it stored a finished attempt whose re-plan should run now (the
-    event of our own status patch is skipped, so nothing else would trigger it before the resync)."""
+def work_forever() -> None:
+    """A worker: take a job from the queue, reconcile it, and queue it again when a re-plan is due."""
+    while not RUNTIME.stop.is_set():
+        key = RUNTIME.queue.get(timeout=1.0)
+        if key is None or RUNTIME.api is None:
+            continue
+        try:
+            followup = _reconcile_once(RUNTIME.api, *key)
+        finally:
+            RUNTIME.queue.done(key)
+        if followup:
+            RUNTIME.queue.add(key)
+
+
+def start_workers(count: int) -> list[threading.Thread]:
+    threads = [
+        threading.Thread(target=work_forever, name=f"memfit-worker-{i}", daemon=True) for i in range(count)
+    ]
+    for thread in threads:
+        thread.start()
+    return threads
+
+
+def _reconcile_once(api: KubeApi, namespace: str, name: str) -> bool:
+    """One reconcile pass; errors are logged and counted, never crash the operator. True when it
+    stored a finished attempt whose re-plan should run now (the event of our own status patch is
+    skipped, so nothing else would trigger it before the resync)."""
     try:
-        body = body or api.get_motj(namespace, name)
+        body = api.get_motj(namespace, name)
         if body is None:
             metrics.JOBS.forget(namespace, name)
             RUNTIME.forget((namespace, name))
@@ -177,43 +161,49 @@ def on_operator_startup(settings: kopf.OperatorSettings, **_: Any) -> None:
         prefix="memfit.dev", key="last-handled-configuration"
     )
     settings.posting.level = logging.WARNING
-    settings.execution.max_workers = RUNTIME.settings.workers
+    settings.execution.max_workers = 2  # only the pool handler is synchronous; jobs go to our workers
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
     RUNTIME.world = WorldCache(RUNTIME.settings.world_ttl_seconds, RUNTIME.settings.node_ttl_seconds)
     # kopf logs "Handler ... succeeded" for every event (10 per job); memfit logs its own decisions.
     if logging.getLogger().getEffectiveLevel() > logging.DEBUG:
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)
+    start_workers(RUNTIME.settings.workers)
     RUNTIME.healthy.set()
 
 
 @kopf.on.cleanup()
 def on_operator_cleanup(**_: Any) -> None:
     RUNTIME.stop.set()
+    RUNTIME.queue.close()
     RUNTIME.healthy.clear()
 
 
 @kopf.on.event(API_GROUP, API_VERSION, MOTJ_PLURAL)
-def on_motj_event(event: dict[str, Any], meta: Any, namespace: str, name: str, **_: Any) -> None:
+async def on_motj_event(event: dict[str, Any], meta: Any, namespace: str, name: str, **_: Any) -> None:
+    key = (namespace, name)
     if event.get("type") == "DELETED":
         metrics.JOBS.forget(namespace, name)
-        RUNTIME.forget((namespace, name))
+        RUNTIME.forget(key)
         return
-    if RUNTIME.own_write((namespace, name), str(meta.get("resourceVersion", ""))):
+    if RUNTIME.own_write(key, str(meta.get("resourceVersion", ""))):
         return  # the echo of our own status patch: that reconcile already saw this state
-    reconcile_by_name(namespace, name)
+    RUNTIME.queue.add(key)
 
 
 @kopf.on.event("batch", "v1", "jobs", labels={LABEL_MANAGED_BY: MANAGED_BY, LABEL_JOB: kopf.PRESENT})
-def on_child_job_event(labels: dict[str, str], namespace: str, **_: Any) -> None:
-    if not RUNTIME.terminal((namespace, labels[LABEL_JOB])):
-        reconcile_by_name(namespace, labels[LABEL_JOB])
+async def on_child_job_event(labels: dict[str, str], namespace: str, **_: Any) -> None:
+    _child_event(namespace, labels[LABEL_JOB])
 
 
 @kopf.on.event("", "v1", "pods", labels={LABEL_MANAGED_BY: MANAGED_BY, LABEL_JOB: kopf.PRESENT})
-def on_child_pod_event(labels: dict[str, str], namespace: str, **_: Any) -> None:
-    if not RUNTIME.terminal((namespace, labels[LABEL_JOB])):
-        reconcile_by_name(namespace, labels[LABEL_JOB])
+async def on_child_pod_event(labels: dict[str, str], namespace: str, **_: Any) -> None:
+    _child_event(namespace, labels[LABEL_JOB])
+
+
+def _child_event(namespace: str, job: str) -> None:
+    if not RUNTIME.terminal((namespace, job)):  # a finished job never changes again
+        RUNTIME.queue.add((namespace, job))
 
 
 @kopf.on.event(API_GROUP, API_VERSION, "gpunodepools")
@@ -227,10 +217,8 @@ def on_pool_event(**_: Any) -> None:
 
 
 def resync_forever(interval_seconds: float) -> None:
-    """Re-reconcile unfinished jobs and the pools: capacity timeouts, missed events, crashes.
-
-    A job that an event reconciled within the interval is skipped, and the listed body is used
-    instead of a second read (a stale one only costs a 409 and the next pass)."""
+    """Queue every unfinished job that nothing reconciled within the interval, and update the pools:
+    capacity timeouts, missed events, crashes."""
     while not RUNTIME.stop.wait(interval_seconds):
         api = RUNTIME.api
         if api is None:
@@ -243,9 +231,8 @@ def resync_forever(interval_seconds: float) -> None:
                     key = (meta["namespace"], meta["name"])
                     if (item.get("status") or {}).get("phase") in TERMINAL:
                         continue
-                    if RUNTIME.reconciled_within(key, interval_seconds):
-                        continue
-                    reconcile_by_name(*key, body=item)
+                    if not RUNTIME.queue.busy_within(key, interval_seconds):
+                        RUNTIME.queue.add(key)
         except Exception:
             metrics.RECONCILE_ERRORS.labels("Resync").inc()
             log.exception("resync failed")

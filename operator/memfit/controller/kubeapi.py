@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,17 +63,27 @@ class KubeApi:
             )
         )
 
-    def list_motjs(self, namespace: str | None = None) -> list[Manifest]:
-        """Every MOTJ of the namespace (or of the cluster)."""
-        if namespace is None:
-            listing = self.custom.list_cluster_custom_object(
-                API_GROUP, API_VERSION, MOTJ_PLURAL, _preload_content=False
-            )
-        else:
-            listing = self.custom.list_namespaced_custom_object(
-                API_GROUP, API_VERSION, namespace, MOTJ_PLURAL, _preload_content=False
-            )
-        return list(_json(listing).get("items") or [])
+    def list_motjs(self, namespace: str | None = None, page: int = 250) -> Iterator[Manifest]:
+        """Every MOTJ of the namespace (or of the cluster), read `page` at a time so that a resync of
+        thousands of jobs never holds them all in memory."""
+        token = ""
+        while True:
+            options: dict[str, Any] = {"limit": page, "_preload_content": False}
+            if token:
+                options["_continue"] = token
+            if namespace is None:
+                listing = self.custom.list_cluster_custom_object(
+                    API_GROUP, API_VERSION, MOTJ_PLURAL, **options
+                )
+            else:
+                listing = self.custom.list_namespaced_custom_object(
+                    API_GROUP, API_VERSION, namespace, MOTJ_PLURAL, **options
+                )
+            result = _json(listing)
+            yield from result.get("items") or []
+            token = (result.get("metadata") or {}).get("continue") or ""
+            if not token:
+                return
 
     def list_pods(self, namespace: str, selector: str) -> list[Manifest]:
         pods = _json(
