@@ -47,8 +47,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--compute",
         default="auto",
         choices=("auto", "full", "elide", "elide-compute"),
-        help="elide: skip the arithmetic, keep every allocation; elide-compute: skip only matmul/attention/"
-        "convolution arithmetic; full: real steps. auto: elide on a CPU, full on a GPU (docs/profiler.md).",
+        help="elide: skip the arithmetic, keep every allocation; elide-compute: skip only the matmul and "
+        "attention arithmetic; full: real steps. auto: elide on a CPU, full on a GPU (docs/profiler.md).",
     )
     parser.add_argument(
         "--engine",

@@ -29,8 +29,8 @@ class ProfileOptions:
     configs: tuple[ProfileConfig, ...] = DEFAULT_CONFIGS
     optimizer: OptimizerKind = OptimizerKind.ADAMW
     device: str = "auto"  # auto | cpu | cuda | cuda:N
-    # full: real arithmetic; elide: skip all large arithmetic; elide-compute: skip only matmul/attention/
-    # convolution (elide.py). auto: elide on a CPU, full on a GPU.
+    # full: real arithmetic; elide: skip all large arithmetic; elide-compute: skip only matmul and
+    # attention (elide.py). auto: elide on a CPU, full on a GPU.
     compute: str = "auto"
     steps_per_config: int | None = None  # default: 1 with elided compute, 3 otherwise
     split_optimizer: bool | None = None  # default: with elided compute (measure.py)
