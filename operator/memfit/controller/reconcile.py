@@ -43,6 +43,7 @@ from memfit.kube.names import (
     COMPONENT_TRAINER,
     LABEL_POOL,
     MAX_JOB_NAME,
+    plan_config_map_name,
     profile_cache_name,
     profile_job_name,
     train_job_name,
@@ -259,8 +260,7 @@ def _profile_step(
     if cached and profiled:
         return cached.profile
     if cached and spec.profiling.reuse:
-        own_profile_job = api.get_job(owner.namespace, profile_job_name(owner.name))
-        measured = own_profile_job is not None  # measured by this job before a restart
+        measured = status.get("phase") == Phase.PROFILING.value  # this job profiled it (before a restart)
         _mark_profiled(decision, digest, cached.profile, measured=measured, generation=generation, now=now)
         return cached.profile
 
@@ -412,13 +412,26 @@ def _launch_step(
     attempts: list[Manifest] = status["attempts"]
     index = len(attempts)
     excluded = {str(a.get("nodePool")) for a in attempts if a.get("outcome") == OUTCOME_NO_CAPACITY}
-    existing_cm = api.get_config_map(owner.namespace, f"{owner.name}-plan-{index}")
-    plan: Plan | None = None
-    outcome: PlanOutcome | None = None
-    if existing_cm is not None:  # decided before a crash: the ConfigMap is the record of the decision
-        plan = Plan.model_validate_json(existing_cm["data"]["plan.json"])
-    else:
-        outcome = plan_job(
+    # Plan first and create the plan ConfigMap (one write, no read, in the common case); a ConfigMap
+    # that already exists is the record of a decision taken before a crash, and that decision holds.
+    fresh = plan_job(
+        spec=spec,
+        profile=profile,
+        pools=world.pools,
+        capacity=world.capacity,
+        excluded_pools=frozenset(excluded),
+        observations=observations,
+        attempt=index,
+        job_name=owner.name,
+    )
+    outcome: PlanOutcome | None = fresh
+    plan = fresh.plan
+    if plan is None:
+        recorded = api.get_config_map(owner.namespace, plan_config_map_name(owner.name, index))
+        if recorded is not None:
+            plan, outcome = Plan.model_validate_json(recorded["data"]["plan.json"]), None
+    if plan is None and outcome is not None:
+        someday = plan_job(
             spec=spec,
             profile=profile,
             pools=world.pools,
@@ -427,37 +440,28 @@ def _launch_step(
             observations=observations,
             attempt=index,
             job_name=owner.name,
+            ignore_capacity=True,
         )
-        if outcome.plan is None:
-            someday = plan_job(
-                spec=spec,
-                profile=profile,
-                pools=world.pools,
-                capacity=world.capacity,
-                excluded_pools=frozenset(excluded),
-                observations=observations,
-                attempt=index,
-                job_name=owner.name,
-                ignore_capacity=True,
+        if someday.plan is not None:
+            # It fits once GPUs free up: wait like a queue (the resync loop retries), do not fail.
+            msg = (
+                f"waiting for capacity: {someday.plan.describe()} on {someday.plan.node_pool} fits "
+                f"but its GPUs are in use; {outcome.message()}"
             )
-            if someday.plan is not None:
-                # It fits once GPUs free up: wait like a queue (the resync loop retries), do not fail.
-                msg = (
-                    f"waiting for capacity: {someday.plan.describe()} on {someday.plan.node_pool} fits "
-                    f"but its GPUs are in use; {outcome.message()}"
-                )
-                if (
-                    not _condition_is(status, c.PLANNED, "False")
-                    or status.get("phase") != Phase.PLANNING.value
-                ):
-                    decision.event(c.WAITING_FOR_CAPACITY, msg)
-                _set(decision, c.PLANNED, False, c.WAITING_FOR_CAPACITY, msg, generation, now)
-                _phase(decision, Phase.PLANNING, msg)
-                return
-            _fail(decision, reason=c.NO_FIT, message=outcome.message(), generation=generation, now=now)
-            _set(decision, c.PLANNED, False, c.NO_FIT, outcome.message(), generation, now)
+            if not _condition_is(status, c.PLANNED, "False") or status.get("phase") != Phase.PLANNING.value:
+                decision.event(c.WAITING_FOR_CAPACITY, msg)
+            _set(decision, c.PLANNED, False, c.WAITING_FOR_CAPACITY, msg, generation, now)
+            _phase(decision, Phase.PLANNING, msg)
             return
-        plan = outcome.plan
+        _fail(decision, reason=c.NO_FIT, message=outcome.message(), generation=generation, now=now)
+        _set(decision, c.PLANNED, False, c.NO_FIT, outcome.message(), generation, now)
+        return
+    assert plan is not None
+    cm = build_plan_config_map(owner=owner, plan=plan)
+    stored, created = api.ensure(cm)
+    if not created and stored.get("data", {}).get("plan.json") != cm["data"]["plan.json"]:
+        plan, outcome = Plan.model_validate_json(stored["data"]["plan.json"]), None
+        cm = build_plan_config_map(owner=owner, plan=plan)
     pools = {p.metadata.name: p for p in world.pools}
     pool = pools.get(plan.node_pool)
     if pool is None:
@@ -470,8 +474,6 @@ def _launch_step(
         )
         return
     placement = _placement(pool)
-    cm = build_plan_config_map(owner=owner, plan=plan)
-    api.ensure(cm)
     api.ensure(build_service(owner=owner))
     gang = spec.scheduling.pod_group and settings.pod_group_enabled
     if gang:
