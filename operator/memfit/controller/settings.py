@@ -32,6 +32,7 @@ class OperatorSettings:
             trainer_image=os.environ.get("MEMFIT_TRAINER_IMAGE", DEFAULT_TRAINER_IMAGE),
             image_pull_policy=os.environ.get("MEMFIT_IMAGE_PULL_POLICY", "IfNotPresent"),
             extra_pod_labels=labels,
+            workers=int(os.environ.get("MEMFIT_WORKERS", "16")),
         )
         values = {name: getattr(base, name) for name in cls.__slots__}  # type: ignore[attr-defined]
         values.update(overrides)
