@@ -1,5 +1,5 @@
-"""kopf wiring: MOTJ and child events queue the job; worker threads run the one reconcile; a resync
-loop covers timeouts and missed events.
+"""kopf wiring: MOTJ and child Job events queue the job; worker threads run the one reconcile; a
+resync loop covers timeouts and missed events.
 
 Only `@kopf.on.event` handlers are used: kopf then stores no progress or diff-base annotations and
 adds no finalizers, so deleting a job never waits for the operator (owner GC removes children).
@@ -31,6 +31,7 @@ log = logging.getLogger("memfit.operator")
 
 TERMINAL = ("Succeeded", "Failed")
 REPLANS = ("OutOfMemory", "NoCapacity")  # attempt outcomes the next pass re-plans
+CHILD_SELECTOR = f"{LABEL_MANAGED_BY}={MANAGED_BY},{LABEL_JOB}"  # only memfit's Jobs, not the cluster's
 
 
 class Runtime:
@@ -164,6 +165,7 @@ def on_operator_startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.execution.max_workers = 2  # only the pool handler is synchronous; jobs go to our workers
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
+    settings.watching.label_selectors["batch", "jobs"] = CHILD_SELECTOR
     RUNTIME.world = WorldCache(RUNTIME.settings.world_ttl_seconds, RUNTIME.settings.node_ttl_seconds)
     # kopf logs "Handler ... succeeded" for every event (10 per job); memfit logs its own decisions.
     if logging.getLogger().getEffectiveLevel() > logging.DEBUG:
@@ -191,17 +193,13 @@ async def on_motj_event(event: dict[str, Any], meta: Any, namespace: str, name: 
     RUNTIME.queue.add(key)
 
 
+# Child Jobs, not their Pods: the Job controller reflects every pod change that matters (created,
+# ready, succeeded, failed, OOM via podFailurePolicy) in the Job's status, so pod events only
+# repeated them (about half of all events). A pod that stays Unschedulable changes nothing; the
+# resync loop times it out. The watch is filtered server-side (CHILD_SELECTOR), not in kopf.
 @kopf.on.event("batch", "v1", "jobs", labels={LABEL_MANAGED_BY: MANAGED_BY, LABEL_JOB: kopf.PRESENT})
 async def on_child_job_event(labels: dict[str, str], namespace: str, **_: Any) -> None:
-    _child_event(namespace, labels[LABEL_JOB])
-
-
-@kopf.on.event("", "v1", "pods", labels={LABEL_MANAGED_BY: MANAGED_BY, LABEL_JOB: kopf.PRESENT})
-async def on_child_pod_event(labels: dict[str, str], namespace: str, **_: Any) -> None:
-    _child_event(namespace, labels[LABEL_JOB])
-
-
-def _child_event(namespace: str, job: str) -> None:
+    job = labels[LABEL_JOB]
     if not RUNTIME.terminal((namespace, job)):  # a finished job never changes again
         RUNTIME.queue.add((namespace, job))
 
