@@ -35,6 +35,7 @@ from memfit.controller.observe import (
 from memfit.controller.planning import PlanOutcome, config_key, plan_job, plan_status
 from memfit.controller.settings import OperatorSettings
 from memfit.controller.world import World, observe_world
+from memfit.kube.child_fields import child_field_problems
 from memfit.kube.common import Owner, Placement, PodSettings
 from memfit.kube.names import (
     ANNOTATION_INJECT_OOM_ATTEMPTS,
@@ -762,7 +763,7 @@ def _parse_spec(body: Manifest) -> tuple[MemoryOptimizedTrainingJobSpec | None, 
         spec = MemoryOptimizedTrainingJobSpec.model_validate(body.get("spec") or {})
     except ValidationError as error:
         return None, problems + [str(v).removeprefix("spec: ") for v in violations_from(error, "spec")]
-    return spec, problems
+    return spec, problems + child_field_problems(spec)
 
 
 def _condition_is(status: Manifest, type_: str, value: str) -> bool:
