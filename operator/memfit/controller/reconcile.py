@@ -29,6 +29,7 @@ from memfit.controller.observe import (
     REASON_CUDA_OOM,
     REASON_INVALID_PLAN,
     JobSummary,
+    parse_time,
     pod_selector,
     summarize_job,
 )
@@ -661,6 +662,21 @@ def _monitor_step(
         )
         return
 
+    if _never_had_pods(job, summary):
+        created = parse_time((job.get("metadata") or {}).get("creationTimestamp"))
+        waited = (now - created).total_seconds() if created else 0.0
+        if waited >= spec.recovery.capacity_timeout_seconds:
+            # Nothing will change by itself: without this the job would stay Launching forever.
+            detail = (
+                f"the Job controller created no pod of training Job {name} in {int(waited)}s "
+                f"(capacityTimeoutSeconds {spec.recovery.capacity_timeout_seconds}): a missing "
+                f"PriorityClass, a ResourceQuota or an admission policy refuses them; see "
+                f"`kubectl describe job {name}`"
+            )
+            _finish_attempt(attempt, OUTCOME_FAILED, now, reason=detail)
+            _fail(decision, reason=c.PODS_NOT_CREATED, message=detail, generation=generation, now=now)
+            return
+
     running = [p for p in summary.pods if p.running]
     if len(running) >= plan.nodes and attempt.get("outcome") != OUTCOME_RUNNING:
         attempt["outcome"] = OUTCOME_RUNNING
@@ -668,6 +684,12 @@ def _monitor_step(
         _set(decision, c.RUNNING, True, c.PODS_RUNNING, msg, generation, now)
         _phase(decision, Phase.RUNNING, msg)
         decision.event(c.PODS_RUNNING, msg)
+
+
+def _never_had_pods(job: Manifest, summary: JobSummary) -> bool:
+    """No pod now and none ever counted (a pod deleted with its node counts as failed)."""
+    counts = job.get("status") or {}
+    return not summary.pods and not any(counts.get(k) for k in ("active", "failed", "succeeded", "ready"))
 
 
 def _relaunch(
