@@ -356,6 +356,12 @@ def _profile_from(summary: JobSummary) -> tuple[Profile | None, str]:
         try:
             profile = Profile.model_validate_json(pod.raw_message)
         except ValidationError as error:
+            if pod.phase == "Failed" or (pod.exit_code or 0) != 0:  # a crash, not a profiler's answer
+                failed = f"; Job {summary.failure_reason}" if summary.failure_reason else ""
+                return None, (
+                    f"profiling pod {pod.name} failed (exit code {pod.exit_code}): "
+                    f"{pod.raw_message[:512]}{failed}"
+                )
             return None, f"pod {pod.name}: termination message is not a Profile: {error.errors()[0]['msg']}"
         if profile.error:
             return None, f"profiler: {profile.error}"
