@@ -16,6 +16,7 @@ from typing import Any
 
 import kopf
 from kubernetes.client.exceptions import ApiException
+from urllib3.exceptions import HTTPError as TransportError
 
 from memfit import metrics
 from memfit.api.common import API_GROUP, API_VERSION
@@ -136,6 +137,9 @@ def _reconcile_once(api: KubeApi, namespace: str, name: str) -> bool:
     except ForeignObjectError as error:
         metrics.RECONCILE_ERRORS.labels("MemoryOptimizedTrainingJob").inc()
         log.error("reconcile %s/%s: %s", namespace, name, error)
+    except TransportError as error:  # API server unreachable (restart, network): the resync retries
+        metrics.RECONCILE_ERRORS.labels("MemoryOptimizedTrainingJob").inc()
+        log.warning("reconcile %s/%s: API server unreachable (%s)", namespace, name, type(error).__name__)
     except Exception:
         metrics.RECONCILE_ERRORS.labels("MemoryOptimizedTrainingJob").inc()
         log.exception("reconcile %s/%s failed", namespace, name)
@@ -209,6 +213,9 @@ def on_pool_event(**_: Any) -> None:
     if RUNTIME.api is not None:
         try:
             reconcile_pools(RUNTIME.api, nodes=RUNTIME.world.nodes(RUNTIME.api))
+        except TransportError as error:
+            metrics.RECONCILE_ERRORS.labels("GPUNodePool").inc()
+            log.warning("pool status: API server unreachable (%s)", type(error).__name__)
         except Exception:
             metrics.RECONCILE_ERRORS.labels("GPUNodePool").inc()
             log.exception("pool status update failed")
@@ -231,6 +238,11 @@ def resync_forever(interval_seconds: float) -> None:
                         continue
                     if not RUNTIME.queue.busy_within(key, interval_seconds):
                         RUNTIME.queue.add(key)
+        except TransportError as error:
+            metrics.RECONCILE_ERRORS.labels("Resync").inc()
+            log.warning(
+                "resync: API server unreachable (%s); next try in %ss", type(error).__name__, interval_seconds
+            )
         except Exception:
             metrics.RECONCILE_ERRORS.labels("Resync").inc()
             log.exception("resync failed")
