@@ -192,6 +192,31 @@ class TestCluster:
         self.pids = {}
         self.state_file.unlink(missing_ok=True)
 
+    def restart_apiserver(self, downtime: float = 0.0, timeout: float = 120.0) -> float:
+        """Stop kube-apiserver (SIGTERM, SIGKILL after 10 s), wait `downtime` seconds, start it again on the
+        same port with the same certificates (etcd, and so every object, is kept); returns the seconds
+        the API was down. Clients (controllers, kwok, the pod runner, an operator) reconnect by themselves."""
+        if not self.pids and self.state_file.exists():
+            self._load_state()
+        pid = self.pids.get("kube-apiserver")
+        if pid is None or not self._ours(pid):
+            raise ClusterError(f"no kube-apiserver of {self.workdir} is running")
+        t0 = time.monotonic()
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + 10.0
+        while self._alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if self._alive(pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(ChildProcessError, OSError):  # reap if it is our child
+            os.waitpid(pid, 0)
+        del self.pids["kube-apiserver"]
+        time.sleep(downtime)
+        self._start_apiserver(timeout, port=self.ports["apiserver"])
+        return time.monotonic() - t0
+
     def running(self) -> bool:
         if not self.pids and self.state_file.exists():
             self._load_state()
@@ -230,8 +255,8 @@ class TestCluster:
         ])
         self._wait(lambda: _http_ok(f"{c}/health"), timeout, "etcd /health", "etcd")
 
-    def _start_apiserver(self, timeout: float) -> None:
-        port = free_port()
+    def _start_apiserver(self, timeout: float, port: int | None = None) -> None:
+        port = port or free_port()
         self.ports["apiserver"] = port
         pki = self.pki
         self._spawn("kube-apiserver", [
