@@ -5,6 +5,8 @@ Lifecycles (pods simulated by the chaos KWOK stages, so each takes seconds):
 - `profiled`: `profiling.reuse: false` -> profiling Job (simulated profiler) -> plan -> train -> Succeeded.
 - `oom-once`: the first attempt runs out of memory -> re-plan -> Succeeded (outcomes OOM, Succeeded).
 - `oom-exhausted`: every attempt runs out of memory, maxReplans 1 -> Failed ReplansExhausted.
+- `long`: the trainer runs until the harness ends it, 2-12 s after it started -> Succeeded (kills
+  land in the monitoring of a running job, not only in launches).
 - `deleted`: deleted at a random moment -> garbage collection removes every child.
 """
 
@@ -17,16 +19,18 @@ from pathlib import Path
 from typing import Any
 
 from chaos import GROUP, MOTJ, VERSION, ChaosCluster, OperatorProcess, quickstart, seed_profile
+from faults import finish_pods
 from invariants import TERMINAL, JobRecorder, Report, check_world, leftovers
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-KINDS = ("plain", "plain", "profiled", "oom-once", "oom-exhausted", "deleted")
+KINDS = ("plain", "long", "profiled", "oom-once", "oom-exhausted", "deleted", "long", "plain")
 EXPECTED: dict[str, tuple[str, list[str]]] = {
     "plain": ("Succeeded", ["Succeeded"]),
     "profiled": ("Succeeded", ["Succeeded"]),
     "oom-once": ("Succeeded", ["OutOfMemory", "Succeeded"]),
     "oom-exhausted": ("Failed", ["OutOfMemory", "OutOfMemory"]),
+    "long": ("Succeeded", ["Succeeded"]),
 }
 OOM = {"memfit.dev/inject-oom-at-step": "3"}
 ROOMY_POOLS = {"t4-spot": 8, "l4-ondemand": 4, "a100-80-ondemand": 2}  # capacity never the question
@@ -34,7 +38,7 @@ ROOMY_POOLS = {"t4-spot": 8, "l4-ondemand": 4, "a100-80-ondemand": 2}  # capacit
 
 def lifecycle_doc(kind: str, index: int) -> dict[str, Any]:
     """The MOTJ of one lifecycle; OOM lifecycles get their own problem so their learning stays private."""
-    name = f"{kind}-{index:03d}"
+    name = f"{kind}-{index:03d}"  # `long-*` jobs' trainers run until finish_pods (chaos stages)
     recovery = {"maxReplans": 3, "capacityTimeoutSeconds": 600}
     if kind == "profiled":
         return quickstart(name, profiling={"reuse": False, "timeoutSeconds": 600}, recovery=recovery)
@@ -132,6 +136,7 @@ def run_campaign(cc: ChaosCluster, namespace: str, settings: Campaign, log_dir: 
     delete_at: dict[str, float] = {}
     created: dict[str, float] = {}
     finished: dict[str, float] = {}
+    finish_at: dict[str, float] = {}  # long jobs: when the harness ends their trainer
     in_flight_kills = healthy_kills = deleted = 0
     t0 = time.monotonic()
     op.start()
@@ -168,6 +173,7 @@ def run_campaign(cc: ChaosCluster, namespace: str, settings: Campaign, log_dir: 
             op.start()
         if time.monotonic() - last_note > 0.5:
             _note_finished(custom, namespace, created, finished)
+            _finish_long(cc, custom, namespace, finish_at, rng)
             last_note = time.monotonic()
         time.sleep(0.05)
     for name in list(delete_at):
@@ -178,6 +184,7 @@ def run_campaign(cc: ChaosCluster, namespace: str, settings: Campaign, log_dir: 
     deadline = last_kill + settings.settle_seconds
     while time.monotonic() < deadline:
         _note_finished(custom, namespace, created, finished)
+        _finish_long(cc, custom, namespace, finish_at, rng)
         if all(p in TERMINAL for p in _phases(custom, namespace).values()):
             break
         time.sleep(0.5)
@@ -218,6 +225,18 @@ def _note_finished(
     for name, phase in _phases(custom, namespace).items():
         if phase in TERMINAL and name in created and name not in finished:
             finished[name] = time.monotonic()
+
+
+def _finish_long(
+    cc: ChaosCluster, custom: Any, namespace: str, finish_at: dict[str, float], rng: random.Random
+) -> None:
+    """End the trainer of each running `long-*` job 2-12 s after it was first seen Running."""
+    for name, phase in _phases(custom, namespace).items():
+        if not name.startswith("long-") or phase != "Running":
+            continue
+        at = finish_at.setdefault(name, time.monotonic() + rng.uniform(2.0, 12.0))
+        if time.monotonic() >= at:
+            finish_pods(cc.kube, namespace, name)
 
 
 def _delete(custom: Any, namespace: str, name: str) -> None:

@@ -2,17 +2,33 @@
 secrets must never appear.
 
 `pod_violations` checks one Job or Pod manifest; `valid_specs` generates specs a user may submit (all
-accepted by the API), for a property test over the builders; `find_secrets` scans text for canaries.
+accepted by the API); `builder_violations` plans and builds them; `restricted_run` runs jobs in a
+`restricted` Pod Security namespace with canary secrets planted; `find_secrets` scans for them.
 """
 
 from __future__ import annotations
 
+import base64
 import copy
 import json
+import os
+import uuid
+from pathlib import Path
 from typing import Any
 
+import yaml
+from chaos import GROUP, MOTJ, VERSION, ChaosCluster, operator_for, quickstart, seed_profile
 from hostile_specs import QUICKSTART
 from hypothesis import strategies as st
+from kubernetes import client
+from memfit.api.job import MemoryOptimizedTrainingJobSpec
+from memfit.api.pool import GPUNodePool
+from memfit.api.profile import Profile
+from memfit.controller.planning import plan_job
+from memfit.kube.common import Owner, Placement, PodSettings
+from memfit.kube.profile_job import build_profile_job
+from memfit.kube.train_job import build_training_job
+from memfit.memory.problems import shape_from_problem
 
 ALLOWED_VOLUMES = {"configMap", "emptyDir", "persistentVolumeClaim"}
 HOST_FIELDS = ("hostNetwork", "hostPID", "hostIPC", "hostUsers")
@@ -109,3 +125,123 @@ def find_secrets(text: str, secrets: list[str]) -> list[str]:
 
 def dump(objects: list[Any]) -> str:
     return json.dumps(objects, default=str)
+
+
+REPO = Path(__file__).resolve().parents[2]
+CANARIES = ["hf_canaryTOKEN0000000000000000000000", "AKIACANARY0000000000", "canary-secret-value-8d1f"]
+
+
+def catalog_pools() -> list[GPUNodePool]:
+    docs = yaml.safe_load_all((REPO / "examples" / "gpunodepools.yaml").read_text())
+    return [GPUNodePool.model_validate(d) for d in docs if d]
+
+
+def builder_violations(raw: dict[str, Any], pools: list[GPUNodePool]) -> list[str]:
+    """Plan `raw` on the example pools and check the profiling and training Jobs memfit would create."""
+    owner = Owner(name="job", namespace="team-a", uid="uid-1")
+    pod = PodSettings(image="memfit-trainer:1")
+    spec = MemoryOptimizedTrainingJobSpec.model_validate(raw)
+    profile = Profile(problem_hash="h", shape=shape_from_problem(spec.problem))
+    outcome = plan_job(
+        spec=spec,
+        profile=profile,
+        pools=pools,
+        capacity={},
+        excluded_pools=frozenset(),
+        observations=(),
+        attempt=0,
+        job_name=owner.name,
+    )
+    if outcome.plan is None:
+        return [f"no plan: {outcome.message()}"]
+    pool = next(p for p in pools if p.metadata.name == outcome.plan.node_pool)
+    placement = Placement(pool.metadata.name, dict(pool.spec.node_selector), tuple(pool.spec.tolerations))
+    train = build_training_job(owner=owner, spec=spec, plan=outcome.plan, placement=placement, pod=pod)
+    profiling = build_profile_job(
+        owner=owner, problem_hash="h", placement=placement, pod=pod, timeout_seconds=600
+    )
+    return pod_violations(train, namespace=owner.namespace) + pod_violations(
+        profiling, namespace=owner.namespace
+    )
+
+
+def restricted_run(cc: ChaosCluster, log: Path) -> dict[str, Any]:
+    """Two jobs (cached profile; profiled) in a `restricted` namespace, with canaries in the operator's
+    environment and in a Secret of the namespace. Returns what was checked and what was found."""
+    kube = cc.kube
+    namespace = f"restricted-{uuid.uuid4().hex[:5]}"
+    labels = {
+        "pod-security.kubernetes.io/enforce": "restricted",
+        "pod-security.kubernetes.io/enforce-version": "latest",
+    }
+    kube.core.create_namespace({"metadata": {"name": namespace, "labels": labels}})
+    kube.wait(
+        "default ServiceAccount",
+        lambda: kube.raw(kube.core.read_namespaced_service_account, "default", namespace),
+        60,
+    )
+    kube.core.create_namespaced_secret(
+        namespace, {"metadata": {"name": "canary"}, "stringData": {"token": CANARIES[2]}}
+    )
+    saved = {k: os.environ.get(k) for k in ("HF_TOKEN", "AWS_ACCESS_KEY_ID")}
+    os.environ.update(HF_TOKEN=CANARIES[0], AWS_ACCESS_KEY_ID=CANARIES[1])
+    try:
+        op = operator_for(cc, namespace, log, extra=("--verbose",))
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+    custom = client.CustomObjectsApi(kube.api_client)
+    names = ("cached", "profiled")
+    try:
+        seed_profile(cc.api, namespace, quickstart("seed"))
+        custom.create_namespaced_custom_object(GROUP, VERSION, namespace, MOTJ, quickstart("cached"))
+        profiled = quickstart("profiled", profiling={"reuse": False, "timeoutSeconds": 300})
+        custom.create_namespaced_custom_object(GROUP, VERSION, namespace, MOTJ, profiled)
+
+        def phases() -> list[str]:
+            return [
+                str(
+                    (
+                        custom.get_namespaced_custom_object(GROUP, VERSION, namespace, MOTJ, n).get("status")
+                        or {}
+                    ).get("phase")
+                )
+                for n in names
+            ]
+
+        kube.wait("both jobs finished", lambda: all(p in ("Succeeded", "Failed") for p in phases()), 120)
+    finally:
+        op.check_crash()
+        crashes, tracebacks = len(op.crashes), op.tracebacks()
+        op.stop()
+    pods = kube.pods(namespace, "app.kubernetes.io/managed-by=memfit")
+    jobs = (kube.raw(kube.batch.list_namespaced_job, namespace) or {}).get("items", [])
+    violations = [v for obj in [*pods, *jobs] for v in pod_violations(obj, namespace=namespace)]
+    user = yaml.safe_load(cc.kubeconfig.read_text())["users"][0]["user"]
+    key_lines = base64.b64decode(user["client-key-data"]).decode().splitlines()[1:3]
+    secrets = [*CANARIES, user["client-key-data"][:40], *key_lines]
+    written = dump(
+        [
+            (kube.raw(custom.list_namespaced_custom_object, GROUP, VERSION, namespace, MOTJ) or {}).get(
+                "items"
+            ),
+            (kube.raw(kube.core.list_namespaced_config_map, namespace) or {}).get("items"),
+            (kube.raw(kube.core.list_namespaced_event, namespace) or {}).get("items"),
+            jobs,
+            pods,
+        ]
+    )
+    return {
+        "namespace_enforces": "restricted",
+        "phases": phases(),
+        "pods_admitted": len(pods),
+        "jobs": len(jobs),
+        "pod_violations": violations,
+        "secrets_in_objects": find_secrets(written, secrets),
+        "secrets_in_operator_log": find_secrets(log.read_text(), secrets),
+        "operator_crashes": crashes,
+        "operator_tracebacks": tracebacks,
+    }
