@@ -20,6 +20,7 @@ from urllib3.exceptions import HTTPError as TransportError
 
 from memfit import metrics
 from memfit.api.common import API_GROUP, API_VERSION
+from memfit.controller.events import EventPoster
 from memfit.controller.kubeapi import MOTJ_PLURAL, ForeignObjectError, KubeApi
 from memfit.controller.pool_status import reconcile_pools
 from memfit.controller.reconcile import reconcile_job
@@ -44,6 +45,7 @@ class Runtime:
         self.api: KubeApi | None = None
         self.world = WorldCache()
         self.queue = WorkQueue()
+        self.events = EventPoster()
         self.healthy = threading.Event()
         self.stop = threading.Event()
         self._guard = threading.Lock()
@@ -120,7 +122,13 @@ def _reconcile_once(api: KubeApi, namespace: str, name: str) -> bool:
             RUNTIME.forget((namespace, name))
             return False
         started = time.perf_counter()
-        decision = reconcile_job(api, body, settings=RUNTIME.settings, world_source=RUNTIME.world.source(api))
+        decision = reconcile_job(
+            api,
+            body,
+            settings=RUNTIME.settings,
+            world_source=RUNTIME.world.source(api),
+            post_event=RUNTIME.events.post,
+        )
         status = decision.status if decision else (body.get("status") or {})
         written = decision.resource_version if decision else ""
         RUNTIME.note((namespace, name), phase=str(status.get("phase", "")), written=written)
@@ -174,6 +182,8 @@ def on_operator_startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     # kopf logs "Handler ... succeeded" for every event (10 per job); memfit logs its own decisions.
     if logging.getLogger().getEffectiveLevel() > logging.DEBUG:
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)
+    if RUNTIME.api is not None:
+        RUNTIME.events.start(RUNTIME.api)
     start_workers(RUNTIME.settings.workers)
     RUNTIME.healthy.set()
 
@@ -182,6 +192,7 @@ def on_operator_startup(settings: kopf.OperatorSettings, **_: Any) -> None:
 def on_operator_cleanup(**_: Any) -> None:
     RUNTIME.stop.set()
     RUNTIME.queue.close()
+    RUNTIME.events.stop()
     RUNTIME.healthy.clear()
 
 

@@ -87,12 +87,14 @@ def reconcile_job(
     settings: OperatorSettings,
     world: World | None = None,
     world_source: Callable[[], World] | None = None,
+    post_event: Callable[[Manifest], None] | None = None,
     now: datetime | None = None,
 ) -> Decision | None:
     """Reconcile one MOTJ; returns the decision it persisted, or None when nothing changed.
 
     The pools and their capacity come from `world`, else from `world_source` (the operator's shared
-    snapshot), else from the API server; only the steps that plan or place pods ask for them."""
+    snapshot), else from the API server; only the steps that plan or place pods ask for them.
+    Events go to `post_event` (the operator's background poster), else straight to the API server."""
     now = now or datetime.now(UTC)
     meta = body["metadata"]
     old_status: Manifest = copy.deepcopy(body.get("status") or {})
@@ -132,7 +134,7 @@ def reconcile_job(
     patched = api.patch_motj_status(meta["namespace"], meta["name"], status, meta["resourceVersion"])
     decision.resource_version = str((patched.get("metadata") or {}).get("resourceVersion", ""))
     for type_, reason, message in decision.events:
-        _post_event(api, body, type_=type_, reason=reason, message=message, now=now)
+        _post_event(api, body, type_=type_, reason=reason, message=message, now=now, post=post_event)
     return decision
 
 
@@ -854,7 +856,14 @@ def _gib(value: int | None) -> str:
 
 
 def _post_event(
-    api: KubeApi, body: Manifest, *, type_: str, reason: str, message: str, now: datetime
+    api: KubeApi,
+    body: Manifest,
+    *,
+    type_: str,
+    reason: str,
+    message: str,
+    now: datetime,
+    post: Callable[[Manifest], None] | None = None,
 ) -> None:
     meta = body["metadata"]
     event = {
@@ -877,6 +886,6 @@ def _post_event(
         "count": 1,
     }
     try:
-        api.create_event(event)
+        (post or api.create_event)(event)
     except Exception as error:  # events are best effort; never fail a reconcile over one
         log.warning("could not post event %s for %s/%s: %s", reason, meta["namespace"], meta["name"], error)
