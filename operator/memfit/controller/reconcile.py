@@ -298,6 +298,17 @@ def _profile_step(
     stuck = [p.unschedulable_since for p in summary.pods if p.unschedulable_since is not None]
     limit = min(spec.recovery.capacity_timeout_seconds, spec.profiling.timeout_seconds // 2)
     if not summary.finished and stuck and (now - min(stuck)).total_seconds() >= limit:
+        since = _false_since(status, c.PROFILED) or now
+        if (now - since).total_seconds() >= spec.profiling.timeout_seconds:
+            # Placed again and again without ever getting a GPU: each new Job restarts its own
+            # deadline, so the bound on the whole profiling phase is kept here.
+            msg = (
+                f"profiling pod found no GPU for {int((now - since).total_seconds())}s "
+                f"(profiling.timeoutSeconds {spec.profiling.timeout_seconds}), last on pool {pool}: "
+                f"{summary.pods[-1].unschedulable_message[:300] if summary.pods else ''}"
+            )
+            _fail(decision, reason=c.PROFILING_FAILED, message=msg, generation=generation, now=now)
+            return None
         # The profiling pod found no GPU (capacity changed since placement): start over on the pool
         # that has one now, before the Job's deadline turns a capacity wait into a profiling failure.
         api.delete_job(owner.namespace, summary.name)
@@ -794,6 +805,14 @@ def _parse_spec(body: Manifest) -> tuple[MemoryOptimizedTrainingJobSpec | None, 
     except ValidationError as error:
         return None, problems + [str(v).removeprefix("spec: ") for v in violations_from(error, "spec")]
     return spec, problems + child_field_problems(spec)
+
+
+def _false_since(status: Manifest, type_: str) -> datetime | None:
+    """When the condition last became False (None unless it is False now)."""
+    for cond in status.get("conditions", []):
+        if cond.get("type") == type_ and cond.get("status") == "False":
+            return parse_time(cond.get("lastTransitionTime"))
+    return None
 
 
 def _condition_is(status: Manifest, type_: str, value: str) -> bool:
