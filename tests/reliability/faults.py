@@ -425,9 +425,52 @@ def pods_refused(cc: ChaosCluster, namespace: str) -> FaultResult:
     )
 
 
+def profiler_unschedulable(cc: ChaosCluster, namespace: str) -> FaultResult:
+    """The profiling pool never has a free GPU: placed again after capacityTimeoutSeconds, and Failed
+    ProfilingFailed once profiling.timeoutSeconds has passed in all."""
+    t0 = time.monotonic()
+    empty = {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "GPUNodePool",
+        "metadata": {"name": "no-gpus"},
+        "spec": {
+            "gpu": {"product": "Tesla-T4", "memoryMiB": 15360, "perNode": 1},
+            "nodeSelector": {"memfit.dev/pool": "no-gpus"},  # matches no node
+            "pricePerNodeHour": 0.1,
+            "maxNodes": 1,
+        },
+    }
+    apply_gpunodepools(cc.kube, [empty])
+    try:
+        profiling = {"nodePool": "no-gpus", "timeoutSeconds": 30, "reuse": False}
+        doc = _own_problem(quickstart("unplaceable", profiling=profiling, recovery=FAST_RECOVERY), 3004)
+        name = _create(cc.kube, namespace, doc)
+        job = wait_phase(cc.kube, namespace, name, TERMINAL, 150)
+    finally:
+        _custom(cc.kube).delete_cluster_custom_object(GROUP, VERSION, "gpunodepools", "no-gpus")
+    failed = condition(job, "Failed")
+    events = cc.kube.core.list_namespaced_event(namespace, field_selector=f"involvedObject.name={name}").items
+    checks = {
+        "Failed ProfilingFailed": job["status"]["phase"] == "Failed"
+        and failed.get("reason") == "ProfilingFailed",
+        "message says no GPU": "no GPU" in failed.get("message", ""),
+        "placed again at least once": "ProfilingRescheduled" in {e.reason for e in events},
+        "within the timeout and a capacity timeout": time.monotonic() - t0 < 30 + 10 + 30,
+    }
+    return _result(
+        "profiling pod unschedulable",
+        "profiling.nodePool with no node, timeoutSeconds 30, capacityTimeoutSeconds 10",
+        "placed again after 10 s, Failed ProfilingFailed after 30 s in all (not rescheduled forever)",
+        job,
+        checks,
+        t0,
+    )
+
+
 KWOK_FAULTS: dict[str, Callable[..., FaultResult]] = {
     "profiler-crash": profiler_crash,
     "profiler-timeout": profiler_timeout,
+    "profiler-unschedulable": profiler_unschedulable,
     "oom-at-step": oom_at_step,
     "pool-nodes-removed": pool_nodes_removed,
     "plan-configmap-deleted": plan_configmap_deleted,
