@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from chaos import GROUP, MOTJ, VERSION, ChaosCluster, OperatorProcess, quickstart, seed_profile
-from faults import finish_pods
+from fault_kit import finish_pods
 from invariants import TERMINAL, JobRecorder, Report, check_world, leftovers
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException

@@ -13,7 +13,7 @@ from typing import Any
 from chaos import GROUP, MOTJ, VERSION, ChaosCluster, OperatorProcess, quickstart, seed_profile
 from chaos_stages import LONG_RUN
 from crash import make_roomy
-from faults import finish_pods
+from fault_kit import finish_pods
 from invariants import TERMINAL, JobRecorder, Report, check_world
 from kubernetes import client
 
