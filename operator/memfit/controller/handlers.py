@@ -221,6 +221,7 @@ async def on_child_job_event(labels: dict[str, str], namespace: str, **_: Any) -
 
 @kopf.on.event(API_GROUP, API_VERSION, "gpunodepools")
 def on_pool_event(**_: Any) -> None:
+    RUNTIME.world.invalidate()  # a pool was added, changed or removed: the next plan sees it
     if RUNTIME.api is not None:
         try:
             reconcile_pools(RUNTIME.api, nodes=RUNTIME.world.nodes(RUNTIME.api))

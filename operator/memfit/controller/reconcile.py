@@ -147,7 +147,7 @@ def _advance(
     spec: MemoryOptimizedTrainingJobSpec,
     generation: int | None,
     settings: OperatorSettings,
-    world_of: Callable[[], World],
+    world_of: Callable[..., World],
     now: datetime,
 ) -> None:
     status = decision.status
@@ -224,11 +224,14 @@ def _advance(
         )
 
 
-def _on_demand(api: KubeApi, world: World | None, source: Callable[[], World] | None) -> Callable[[], World]:
-    """The world, obtained at most once per reconcile and only when a step asks for it."""
+def _on_demand(api: KubeApi, world: World | None, source: Callable[[], World] | None) -> Callable[..., World]:
+    """The world, obtained at most once per reconcile and only when a step asks for it; `fresh=True`
+    reads it from the API server (before failing a job over a pool the shared snapshot lacks)."""
     box: list[World] = [world] if world is not None else []
 
-    def get() -> World:
+    def get(fresh: bool = False) -> World:
+        if fresh and source is not None and world is None:
+            box[:] = [observe_world(api)]
         if not box:
             box.append(source() if source is not None else observe_world(api))
         return box[0]
@@ -249,7 +252,7 @@ def _profile_step(
     spec: MemoryOptimizedTrainingJobSpec,
     digest: str,
     cached: CachedProfile | None,
-    world_of: Callable[[], World],
+    world_of: Callable[..., World],
     pod: PodSettings,
     generation: int | None,
     now: datetime,
@@ -270,6 +273,9 @@ def _profile_step(
 
     world = world_of()
     placement = _profiling_placement(spec, world)
+    if placement is None:  # the snapshot may predate a pool created a moment ago
+        world = world_of(fresh=True)
+        placement = _profiling_placement(spec, world)
     if placement is None:
         _fail(
             decision,
@@ -551,7 +557,7 @@ def _monitor_step(
     spec: MemoryOptimizedTrainingJobSpec,
     attempt: Manifest,
     digest: str,
-    world_of: Callable[[], World],
+    world_of: Callable[..., World],
     pod: PodSettings,
     settings: OperatorSettings,
     generation: int | None,
@@ -681,7 +687,7 @@ def _monitor_step(
         )
         return
 
-    if _never_had_pods(job, summary):
+    if attempt.get("outcome") == OUTCOME_LAUNCHING and _never_had_pods(job, summary):
         created = parse_time((job.get("metadata") or {}).get("creationTimestamp"))
         waited = (now - created).total_seconds() if created else 0.0
         if waited >= spec.recovery.capacity_timeout_seconds:
@@ -706,9 +712,13 @@ def _monitor_step(
 
 
 def _never_had_pods(job: Manifest, summary: JobSummary) -> bool:
-    """No pod now and none ever counted (a pod deleted with its node counts as failed)."""
+    """No pod now and none ever counted: not active, failed, succeeded, ready, terminating or
+    uncounted (a pod deleted with its node counts as failed; one replaced after a pre-emption is
+    only briefly absent, and its attempt was seen Running)."""
     counts = job.get("status") or {}
-    return not summary.pods and not any(counts.get(k) for k in ("active", "failed", "succeeded", "ready"))
+    keys = ("active", "failed", "succeeded", "ready", "terminating")
+    uncounted = any((counts.get("uncountedTerminatedPods") or {}).values())
+    return not summary.pods and not uncounted and not any(counts.get(k) for k in keys)
 
 
 def _relaunch(

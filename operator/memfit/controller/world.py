@@ -84,6 +84,11 @@ class WorldCache:
                 self.observations += 1
             return self._world
 
+    def invalidate(self) -> None:
+        """Forget the snapshot (not the Node list): the next reconcile that plans observes again."""
+        with self._lock:
+            self._world = None
+
     def nodes(self, api: KubeApi) -> list[Manifest]:
         with self._lock:
             return self._node_list(api)
