@@ -268,7 +268,7 @@ def table(result: dict[str, Any]) -> str:
         row(
             f"create -> launched {q}",
             lambda r, q=q: _s(r["create_to_launched_seconds"][q]),
-            "<= 10 s" if q == "p99" else "",
+            "<= 10 s (paced)" if q == "p99" else "",
         )
     row("all jobs finished after", lambda r: _s(r["all_terminal_seconds"]))
     row("operator peak RSS", lambda r: f"{r['operator_peak_rss_mb']} MB", "<= 300 MB")
@@ -311,24 +311,28 @@ def main(argv: list[str] | None = None) -> int:
     args.scenarios = ["paced", "burst"] if args.scenario == "both" else [args.scenario]
     out = args.json or REPO / "benchmarks" / "results" / ("scale-quick.json" if args.quick else "scale.json")
     result = run(args)
+    for name, scenario in result["scenarios"].items():
+        scenario["targets_met"] = targets_met(name, scenario)
     print(table(result))
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {out}")
-    return 0 if all(meets_targets(r) for r in result["scenarios"].values()) else 1
+    return 0 if all(all(r["targets_met"].values()) for r in result["scenarios"].values()) else 1
 
 
-def meets_targets(r: dict[str, Any]) -> bool:
+def targets_met(name: str, r: dict[str, Any]) -> dict[str, bool]:
+    """Each target of issue 8 §5 for one scenario. The p99 target is read on the paced arrival only:
+    in a burst every job arrives at t=0, so its p99 is the time to launch nearly all of them (the
+    throughput figure, bounded by `all_launched_seconds`), not a per-job latency."""
     launched = r["all_launched_seconds"]
     p99 = r["create_to_launched_seconds"]["p99"]
-    return (
-        launched is not None
-        and launched <= TARGETS["all_launched_seconds"]
-        and p99 is not None
-        and p99 <= TARGETS["p99_create_to_launched_seconds"]
-        and r["operator_peak_rss_mb"] <= TARGETS["operator_peak_rss_mb"]
-    )
-
+    met = {
+        "all_launched_seconds": launched is not None and launched <= TARGETS["all_launched_seconds"],
+        "operator_peak_rss_mb": r["operator_peak_rss_mb"] <= TARGETS["operator_peak_rss_mb"],
+    }
+    if name == "paced":
+        met["p99_create_to_launched_seconds"] = p99 is not None and p99 <= TARGETS["p99_create_to_launched_seconds"]
+    return met
 
 if __name__ == "__main__":
     sys.exit(main())
