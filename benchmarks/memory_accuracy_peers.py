@@ -42,8 +42,9 @@ class Prediction:
 
 
 def _strategy(case: Case) -> Any:
-    from memfit.memory import Strategy
+    from memfit.memory import Device, Strategy
 
+    # The truth is a CPU run: the predictor is asked about the device the case ran on.
     return Strategy(
         engine=Engine(case.engine),
         zero_stage=case.zero_stage,
@@ -56,6 +57,7 @@ def _strategy(case: Case) -> Any:
         gpus_per_node=case.world_size,
         micro_batch_size=case.micro_batch_size,
         accumulation_steps=1,
+        device=Device.CPU,
     )
 
 

@@ -50,8 +50,12 @@ def run_case(plan_wire: dict[str, Any], env: Any, device: Any) -> dict[str, Any]
         for step in range(1, STEPS + 1):
             key = BatchKey(seed=0, step=step, sample_start=env.rank * mbs, samples=mbs)
             with meter.region(f"step{step}"):
-                runner.micro_step(problem.make_batch(key), last=True)
-                runner.optimizer_step()
+                batch = problem.make_batch(key)
+                with meter.region(f"backward{step}"):
+                    runner.micro_step(batch, last=True)
+                with meter.region(f"optimizer{step}"):
+                    runner.optimizer_step()
+            del batch
         if hasattr(runner, "close"):
             runner.close()
         runner = None
@@ -59,6 +63,7 @@ def run_case(plan_wire: dict[str, Any], env: Any, device: Any) -> dict[str, Any]
         gc.collect()
     regions = meter.results()
     steps = [regions[f"step{s}"] for s in range(1, STEPS + 1)]
+    phases = [(regions[f"backward{s}"], regions[f"optimizer{s}"]) for s in range(1, STEPS + 1)]
     return {
         "rank": env.rank,
         "world_size": env.world_size,
@@ -75,6 +80,10 @@ def run_case(plan_wire: dict[str, Any], env: Any, device: Any) -> dict[str, Any]
             for r in steps
         ],
         "peak_bytes": max(r.peak_allocated_bytes for r in steps[1:]),
+        # forward+backward and optimizer-step peaks of steps 2..3 (which phase the peak is in)
+        "backward_peak_bytes": max(b.peak_allocated_bytes for b, _ in phases[1:]),
+        "optimizer_peak_bytes": max(o.peak_allocated_bytes for _, o in phases[1:]),
+        "optimizer_start_bytes": max(o.start_allocated_bytes for _, o in phases[1:]),
         "peak_reserved_bytes": _max_known([r.peak_reserved_bytes for r in steps[1:]]),
         "peak_device_bytes": _max_known([r.peak_device_bytes for r in steps[1:]]),
         "seconds": round(time.perf_counter() - started, 3),

@@ -49,6 +49,8 @@ class Measurement(ApiModel):
     optimizer8bit: bool = False
     peak_allocated_bytes: int = Field(ge=0)
     peak_reserved_bytes: int | None = Field(default=None, ge=0)
+    peak_backward_bytes: int | None = Field(default=None, ge=0, description="Peak of forward + backward.")
+    peak_step_bytes: int | None = Field(default=None, ge=0, description="Peak of the optimizer step.")
     step_seconds: float = Field(ge=0)
 
 

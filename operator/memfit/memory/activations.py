@@ -22,10 +22,15 @@ each saved tensor is counted with its real dtype and size per token:
   logits with `.float()`); its backward briefly holds two more fp32 logit-sized gradients
   (8 B x vocab per token, reported as temporaries).
 
+- a classifier on the first token (ViT) materialises the gradient of the whole final hidden state
+  in backward (`select_backward` allocates zeros of b x s x h), alive at the start of backward.
+
 Checkpointing: `full` keeps each block's input (Korthikanti's 2sbh) plus one block's working set
-while it is recomputed; `selective` recomputes the attention sub-block (memfit_trainer checkpoints the
-block's attention module), keeping its input, the norms and the MLP. The recomputed working set and
-the loss's logit buffers are alive at different moments of backward, so the larger one counts.
+while it is recomputed, and while that block runs backward the gradients flowing through it (the MLP's
+inner gradient and the residual-stream gradient, (f + h) per token in the compute dtype) are alive
+with it; `selective` recomputes the attention sub-block (memfit_trainer checkpoints the block's
+attention module), keeping its input, the norms and the MLP. The recomputed working set and the loss's
+logit buffers are alive at different moments of backward: both are candidates (`ActivationTerms`).
 """
 
 from __future__ import annotations
@@ -48,10 +53,19 @@ RMSNORM_FP32_COPY_BYTES = 4
 
 @dataclass(frozen=True, slots=True)
 class ActivationTerms:
-    """Per-sample bytes: activations saved for backward, and backward temporaries."""
+    """Per-sample bytes at the two candidate activation peaks of backward.
+
+    At the loss: every saved activation, the head's saved log-probabilities and the loss's gradient
+    buffers (`activation_bytes_per_sample`, `temporary_bytes_per_sample`); no gradient exists yet.
+    In the first block's backward: the saved activations, the recomputed block's working set under
+    checkpointing and the gradients flowing through the block (`block_*`); by then the engine has
+    produced the head's gradients and gathered the block (temporaries.py `in_backward_bytes`).
+    """
 
     activation_bytes_per_sample: float
     temporary_bytes_per_sample: float
+    block_activation_bytes_per_sample: float = 0.0
+    block_temporary_bytes_per_sample: float = 0.0
 
 
 def dtype_bytes(strategy: Strategy) -> tuple[int, int]:
@@ -114,9 +128,13 @@ def activation_terms(shape: Shape, strategy: Strategy) -> ActivationTerms:
     # Outside the blocks: embedding dropout, final norm and head input.
     stored += (DROPOUT_MASK_BYTES * h if shape.dropout else 0) + norm + compute * h
     head_kept = LOGPROB_BYTES * shape.vocab
-    head_backward = LOGIT_GRAD_BYTES * shape.vocab
-    # Backward runs the loss and head first (log-probs and logit gradients alive), frees them, then
-    # recomputes one checkpointed unit at a time: the two never coexist.
-    if head_kept + head_backward >= recompute:
-        return ActivationTerms((stored + head_kept) * tokens, float(head_backward * tokens))
-    return ActivationTerms((stored + recompute) * tokens, 0.0)
+    # LM head: two fp32 logit-sized gradients; first-token classifier: the hidden state's gradient.
+    head_backward = LOGIT_GRAD_BYTES * shape.vocab if shape.vocab else residual * h
+    # A block's backward: the MLP's inner gradient and the residual-stream gradient.
+    block_gradients = compute * (shape.ffn + h)
+    return ActivationTerms(
+        activation_bytes_per_sample=(stored + head_kept) * tokens,
+        temporary_bytes_per_sample=float(head_backward * tokens),
+        block_activation_bytes_per_sample=(stored + recompute) * tokens,
+        block_temporary_bytes_per_sample=float(block_gradients * tokens),
+    )

@@ -1,21 +1,22 @@
 """Calibration of the analytic model from a Profile's measured points.
 
-The profiler runs the model on one device (single process, no sharding) at a few configurations,
-each with at least two micro-batch sizes. For one (precision, checkpointing) group the measured peak
-allocated bytes are, in the model, `intercept + slope x micro_batch` (activations dominate the peak):
+The profiler runs the model on one device (single process, DDP-wrapped, no sharding) at a few
+configurations, each with at least two micro-batch sizes, and reports each configuration's peak and,
+separately, the peak of forward+backward (`peak_backward_bytes`) and of the optimizer step
+(`peak_step_bytes`). Per (precision, checkpointing) group:
 
-- slope = activation + backward-temporary bytes per sample, fitted by least squares over the group's
-  points (two micro-batches are enough). `activation_scale = measured slope / analytic slope` then
-  multiplies the per-sample terms of every strategy with that precision and checkpointing, at any
-  engine, world size and micro-batch (activations do not shard under data parallelism).
-- intercept - analytic (parameters + optimizer + temporaries + first gradients) = `fixed_residual`:
-  bytes the analytic model does not know about (autocast caches, library buffers). It is added to
-  the fixed temporaries (never taking them below zero).
-- A group with a single micro-batch cannot separate the two: its whole error goes to the fixed
-  residual (the activation formulas are the better-checked part). Points of one group are fitted
-  separately for 32-bit and 8-bit optimizer state, then averaged.
-- A point whose analytic peak is the optimizer step measures the step's unmodelled bytes instead:
-  `step_residual` per precision, added to the step temporaries.
+- backward peaks are `intercept + slope x micro_batch` in the model (the activation phase is linear in
+  b). The slope is fitted by least squares over the group's points (two micro-batches are enough);
+  `activation_scale = measured slope / analytic slope` multiplies the per-sample terms of every
+  strategy with that precision and checkpointing, at any engine, world size and micro-batch
+  (activations do not shard under data parallelism, and they are the same tensors on any device).
+- intercept - analytic fixed bytes of that phase = `fixed_residual`: bytes the analytic model does not
+  know about (autocast caches, library buffers). It is a fact about the engine and device that were
+  measured, so it is added only to strategies with the profiled engine (DDP) on the profiled device.
+- the step peak - analytic step total = `step_residual` (per 32/8-bit optimizer), under the same rule.
+- A profile without phase peaks (older profilers) gives each point to the phase the analytic model
+  puts its peak in. A group with a single micro-batch cannot separate slope from intercept: its
+  whole error goes to the fixed residual.
 - Where `peak_reserved_bytes` is present (CUDA profiles), the median reserved/allocated ratio
   replaces the default fragmentation factor.
 
@@ -38,8 +39,8 @@ from memfit.api.profile import Measurement, Profile
 from memfit.memory.activations import activation_terms
 from memfit.memory.shape import Shape
 from memfit.memory.states import model_states
-from memfit.memory.strategy import Strategy
-from memfit.memory.temporaries import fixed_temporaries
+from memfit.memory.strategy import Device, Strategy
+from memfit.memory.temporaries import phase_bytes
 
 # Bounds on the fitted factors: outside them the profile is more likely wrong than the model.
 MIN_ACTIVATION_SCALE, MAX_ACTIVATION_SCALE = 0.5, 2.0
@@ -58,18 +59,28 @@ class Calibration:
 
     activation_scales: Mapping[GroupKey, float] = field(default_factory=_empty)
     fixed_residuals: Mapping[GroupKey, float] = field(default_factory=_empty)
-    step_residuals: Mapping[Precision, float] = field(default_factory=lambda: MappingProxyType({}))
+    step_residuals: Mapping[bool, float] = field(default_factory=lambda: MappingProxyType({}))
     fragmentation: float | None = None
+    device: Device = Device.CUDA  # where the profile was measured
     notes: tuple[str, ...] = ()
 
-    def activation_scale(self, precision: Precision, checkpointing: Checkpointing) -> float:
-        """Factor on the per-sample terms of this precision and checkpointing."""
+    def _measured_like(self, strategy: Strategy) -> bool:
+        """Residuals describe the profiled engine (DDP) on the profiled device only."""
+        return strategy.engine == Engine.DDP and strategy.device == self.device
+
+    def activation_scale(self, strategy: Strategy) -> float:
+        """Factor on the per-sample terms of this strategy's precision and checkpointing.
+
+        Fitted on the profiled engine and device; carried to other engines or devices (and to
+        unmeasured groups) only when it raises the prediction.
+        """
+        precision, checkpointing = strategy.precision, strategy.checkpointing
         scales = self.activation_scales
         if not scales:
             return 1.0
         exact = scales.get((precision, checkpointing))
         if exact is not None:
-            return exact
+            return exact if self._measured_like(strategy) else max(1.0, exact)
         for matches in (
             [v for (_, c), v in scales.items() if c == checkpointing],
             [v for (p, _), v in scales.items() if p == precision],
@@ -78,15 +89,20 @@ class Calibration:
                 return max(1.0, statistics.fmean(matches))
         return max(1.0, statistics.fmean(scales.values()))
 
-    def step_residual(self, precision: Precision) -> float:
-        """Unmodelled bytes of the optimizer step (measured where the step was the peak)."""
-        exact = self.step_residuals.get(precision)
+    def step_residual(self, strategy: Strategy) -> float:
+        """Unmodelled bytes of the optimizer step for this strategy (0 unless measured like it)."""
+        if not self._measured_like(strategy):
+            return 0.0
+        exact = self.step_residuals.get(strategy.optimizer8bit)
         if exact is not None:
             return exact
         return max(0.0, statistics.fmean(self.step_residuals.values())) if self.step_residuals else 0.0
 
-    def fixed_residual(self, precision: Precision, checkpointing: Checkpointing) -> float:
-        """Unmodelled fixed bytes for this precision (0 when not measured)."""
+    def fixed_residual(self, strategy: Strategy) -> float:
+        """Unmodelled bytes alive with the activations (0 unless measured like it)."""
+        if not self._measured_like(strategy):
+            return 0.0
+        precision, checkpointing = strategy.precision, strategy.checkpointing
         exact = self.fixed_residuals.get((precision, checkpointing))
         if exact is not None:
             return exact
@@ -94,12 +110,17 @@ class Calibration:
         return max(0.0, statistics.fmean(same)) if same else 0.0
 
 
-def _profile_strategy(m: Measurement, optimizer: OptimizerKind) -> Strategy:
+def _profile_strategy(m: Measurement, optimizer: OptimizerKind, device: Device) -> Strategy:
     return Strategy(
         engine=Engine.DDP, zero_stage=0, precision=m.precision, checkpointing=m.checkpointing,
         offload=Offload.NONE, optimizer8bit=m.optimizer8bit, optimizer=optimizer,
-        micro_batch_size=m.micro_batch_size,
+        micro_batch_size=m.micro_batch_size, device=device,
     )
+
+
+def profile_device(profile: Profile) -> Device:
+    """The Profile's `device` label (cpu or cuda:<product>) as a predictor Device."""
+    return Device.CPU if profile.device.startswith("cpu") else Device.CUDA
 
 
 def _least_squares(points: list[tuple[float, float]]) -> tuple[float, float]:
@@ -114,9 +135,10 @@ def _least_squares(points: list[tuple[float, float]]) -> tuple[float, float]:
 
 def calibrate(profile: Profile, shape: Shape, *, optimizer: OptimizerKind = OptimizerKind.ADAMW) -> Calibration:
     """Fit activation scales, fixed and step residuals and fragmentation from `profile.measurements`."""
+    device = profile_device(profile)
     # (precision, checkpointing, 8-bit) -> [(micro-batch, measured - analytic fixed, analytic slope)]
     groups: dict[tuple[Precision, Checkpointing, bool], list[tuple[float, float, float]]] = {}
-    step_errors: dict[Precision, list[float]] = {}
+    step_errors: dict[bool, list[float]] = {}
     notes: list[str] = []
     ratios: list[float] = []
     for m in profile.measurements:
@@ -125,24 +147,40 @@ def calibrate(profile: Profile, shape: Shape, *, optimizer: OptimizerKind = Opti
             continue
         if m.peak_reserved_bytes and m.peak_allocated_bytes:
             ratios.append(m.peak_reserved_bytes / m.peak_allocated_bytes)
-        strategy = _profile_strategy(m, optimizer)
+        strategy = _profile_strategy(m, optimizer, device)
         states = model_states(shape, strategy)
-        temps = fixed_temporaries(shape, strategy)
+        phases = phase_bytes(shape, strategy)
         acts = activation_terms(shape, strategy)
-        slope = acts.activation_bytes_per_sample + acts.temporary_bytes_per_sample
-        first = min(temps.first_gradient_bytes, states.gradients_bytes)
-        static = states.parameters_bytes + states.optimizer_bytes
-        backward = static + temps.backward_bytes + max(m.micro_batch_size * slope + first, states.gradients_bytes)
-        step = static + states.gradients_bytes + temps.step_bytes
-        if step >= backward:
-            # The peak is the optimizer step: it measures the step's extra bytes, not activations.
-            step_errors.setdefault(m.precision, []).append(m.peak_allocated_bytes - step)
+        static = states.parameters_bytes + states.optimizer_bytes + phases.persistent_bytes
+        # The activation moment the model puts the peak in: the loss or the first block's backward.
+        fixed, slope = max(
+            (static + phases.with_activations_bytes,
+             acts.activation_bytes_per_sample + acts.temporary_bytes_per_sample),
+            (static + phases.with_activations_bytes + phases.in_backward_bytes,
+             acts.block_activation_bytes_per_sample + acts.block_temporary_bytes_per_sample),
+            key=lambda line: line[0] + m.micro_batch_size * line[1],
+        )
+        activation_peak = fixed + m.micro_batch_size * slope
+        step = static + phases.step_gradient_bytes + phases.step_temporary_bytes
+        backward_end = static + phases.backward_end_bytes
+        backward = m.peak_backward_bytes
+        step_measured = m.peak_step_bytes
+        if backward is None and step_measured is None:
+            # No phase peaks: the point belongs to the phase the model puts the peak in.
+            if step >= max(activation_peak, backward_end):
+                step_measured = m.peak_allocated_bytes
+            elif activation_peak >= backward_end:
+                backward = m.peak_allocated_bytes
+        if step_measured is not None:
+            step_errors.setdefault(m.optimizer8bit, []).append(step_measured - step)
+        # Only points whose backward peak is the activations' measure them: at small micro-batches the
+        # peak of backward is where it ends (all gradients), whatever the activations are.
+        if backward is None or activation_peak <= backward_end or backward <= backward_end:
             notes.append(f"{m.precision.value}/{m.checkpointing.value} micro-batch {m.micro_batch_size}: "
-                         "peak in the optimizer step, used for the step residual only")
+                         "backward peak not from the activations, not used for the activation fit")
             continue
-        fixed = static + temps.backward_bytes + first
         groups.setdefault((m.precision, m.checkpointing, m.optimizer8bit), []).append(
-            (float(m.micro_batch_size), m.peak_allocated_bytes - fixed, slope)
+            (float(m.micro_batch_size), backward - fixed, slope)
         )
     fitted_scales: dict[GroupKey, list[float]] = {}
     fitted_residuals: dict[GroupKey, list[float]] = {}
@@ -151,7 +189,13 @@ def calibrate(profile: Profile, shape: Shape, *, optimizer: OptimizerKind = Opti
         analytic_slope = statistics.fmean(s for _, _, s in points)
         if len({b for b, _, _ in points}) >= 2 and analytic_slope > 0:
             _, slope = _least_squares([(b, y) for b, y, _ in points])
-            scale = min(MAX_ACTIVATION_SCALE, max(MIN_ACTIVATION_SCALE, slope / analytic_slope))
+            scale = slope / analytic_slope
+            if not MIN_ACTIVATION_SCALE <= scale <= MAX_ACTIVATION_SCALE:
+                # Outside the bounds the points disagree with any linear activation term: keep the
+                # analytic slope and let the residual absorb the level.
+                notes.append(f"{precision.value}/{ckpt.value}: fitted activation scale {scale:.2f} outside "
+                             f"[{MIN_ACTIVATION_SCALE}, {MAX_ACTIVATION_SCALE}], not used")
+                scale = 1.0
             fitted_scales.setdefault(key, []).append(scale)
             fitted_residuals.setdefault(key, []).append(
                 statistics.fmean(y - b * scale * s for b, y, s in points)
@@ -170,5 +214,6 @@ def calibrate(profile: Profile, shape: Shape, *, optimizer: OptimizerKind = Opti
         fixed_residuals=MappingProxyType({k: statistics.fmean(v) for k, v in fitted_residuals.items()}),
         step_residuals=MappingProxyType({k: statistics.fmean(v) for k, v in step_errors.items()}),
         fragmentation=fragmentation,
+        device=device,
         notes=tuple(notes),
     )

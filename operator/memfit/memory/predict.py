@@ -1,13 +1,15 @@
 """The predictor: model shape + strategy (+ calibration) -> per-GPU peak with its breakdown.
 
-Peak allocated bytes are the largest of three phases (everything per GPU):
+Peak allocated bytes are parameters + optimizer state + persistent engine buffers plus the largest of
+three phases (everything per GPU; the phase terms are in temporaries.py):
 
-- backward, accumulation > 1: params + optimizer + gradients (kept across micro-steps)
-  + activations(b) + backward temporaries(b);
-- backward, accumulation = 1: params + optimizer + temporaries
-  + max(activations(b) + first gradients, all gradients): with zero_grad(set_to_none=True) gradients
-  are allocated while backward frees the activations, so both are never full at once;
-- optimizer step: params + optimizer + gradients + step temporaries (activations are freed).
+- activation peak, at the larger of two moments (activations.py): the loss (all activations, the
+  loss's buffers, no gradient yet) or the first block's backward (its recomputed working set and
+  gradients, plus what the engine holds by then: the head's gradients, gathered units); both with
+  what is alive with the activations (gathered parameters, autocast weight copies) and, when
+  accumulating, the gradients kept across micro-steps;
+- backward end: the gradients as backward leaves them, with gathered units and buckets;
+- optimizer step: the gradients the step holds and its scratch space (activations are freed).
 
 Device peak = fragmentation x allocated + fixed overhead (overhead.py). Everything but the
 activation terms is independent of the micro-batch b and the activation terms are linear in b, so
@@ -17,7 +19,7 @@ the largest micro-batch that fits a budget has a closed form (`MemoryTerms.max_m
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from memfit.api.plan import MemoryBreakdown
 from memfit.api.profile import ModelShape
@@ -27,7 +29,7 @@ from memfit.memory.overhead import framework_overhead
 from memfit.memory.shape import Shape
 from memfit.memory.states import model_states
 from memfit.memory.strategy import Strategy
-from memfit.memory.temporaries import fixed_temporaries
+from memfit.memory.temporaries import phase_bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,13 +68,18 @@ class MemoryTerms:
     """A strategy's per-GPU memory as a function of micro-batch b and accumulation."""
 
     parameters_bytes: float
-    gradients_bytes: float
     optimizer_bytes: float
-    first_gradient_bytes: float
-    backward_temporary_bytes: float
+    persistent_bytes: float
+    with_activations_bytes: float
+    in_backward_bytes: float
+    held_gradient_bytes: float
+    backward_end_bytes: float
+    step_gradient_bytes: float
     step_temporary_bytes: float
     activation_bytes_per_sample: float
     temporary_bytes_per_sample: float
+    block_activation_bytes_per_sample: float
+    block_temporary_bytes_per_sample: float
     overhead_bytes: float
     fragmentation: float
     host_bytes: float
@@ -80,20 +87,39 @@ class MemoryTerms:
     scale: float = 1.0  # correction from measured peaks (auto-downsizing); 1 = none
 
     @property
+    def gradients_bytes(self) -> float:
+        """Gradients held by the optimizer step."""
+        return self.step_gradient_bytes
+
+    @property
     def per_sample_bytes(self) -> float:
-        """Allocated bytes added by one more sample in the micro-batch."""
+        """Allocated bytes added by one more sample at the loss moment."""
         return self.activation_bytes_per_sample + self.temporary_bytes_per_sample
+
+    @property
+    def block_per_sample_bytes(self) -> float:
+        """Allocated bytes added by one more sample in the first block's backward."""
+        return self.block_activation_bytes_per_sample + self.block_temporary_bytes_per_sample
+
+    @property
+    def static_bytes(self) -> float:
+        """Alive in every phase: parameters, optimizer state, persistent engine buffers."""
+        return self.parameters_bytes + self.optimizer_bytes + self.persistent_bytes
+
+    def _lines(self, accumulation: int) -> tuple[tuple[float, float], tuple[float, float]]:
+        """(fixed, per-sample) of the two activation-peak moments: the loss and the block backward."""
+        held = self.held_gradient_bytes if accumulation > 1 else 0.0
+        base = self.with_activations_bytes + held
+        return ((base, self.per_sample_bytes),
+                (base + self.in_backward_bytes, self.block_per_sample_bytes))
+
+    def _fixed_phases(self) -> float:
+        return max(self.backward_end_bytes, self.step_gradient_bytes + self.step_temporary_bytes)
 
     def allocated_bytes(self, micro_batch: int, accumulation: int) -> float:
         """Peak allocated bytes (before fragmentation and overhead)."""
-        static = self.parameters_bytes + self.optimizer_bytes
-        samples = micro_batch * self.per_sample_bytes
-        if accumulation > 1:
-            backward = self.gradients_bytes + samples
-        else:
-            backward = max(samples + self.first_gradient_bytes, self.gradients_bytes)
-        step = self.gradients_bytes + self.step_temporary_bytes
-        return static + max(self.backward_temporary_bytes + backward, step)
+        activation_peak = max(fixed + micro_batch * per for fixed, per in self._lines(accumulation))
+        return self.static_bytes + max(activation_peak, self._fixed_phases())
 
     def peak_bytes(self, micro_batch: int, accumulation: int) -> float:
         """Predicted device peak (what NVML would show for the process)."""
@@ -104,52 +130,44 @@ class MemoryTerms:
         """Largest micro-batch whose peak fits `budget_bytes` (0 when none does).
 
         `accumulation_above_one` selects the phase rule: with accumulation the gradients coexist with
-        the activations. The answer is exact for the model because peak is linear in b.
+        the activations. The answer is exact for the model because both activation moments are
+        linear in b.
         """
         allocated_budget = (budget_bytes / self.scale - self.overhead_bytes) / self.fragmentation
-        static = self.parameters_bytes + self.optimizer_bytes
-        if static + self.gradients_bytes + self.step_temporary_bytes > allocated_budget:
+        room = allocated_budget - self.static_bytes
+        if self._fixed_phases() > room:
             return 0
-        room = allocated_budget - static - self.backward_temporary_bytes
-        if accumulation_above_one:
-            room -= self.gradients_bytes
-        else:
-            if self.gradients_bytes > room:
+        best = 1 << 30
+        for fixed, per in self._lines(2 if accumulation_above_one else 1):
+            if room - fixed < per:
                 return 0
-            room -= self.first_gradient_bytes
-        if room < self.per_sample_bytes:
-            return 0
-        if self.per_sample_bytes <= 0:
-            return 1 << 30
-        return math.floor(room / self.per_sample_bytes * (1 + 1e-12))
+            if per > 0:
+                best = min(best, math.floor((room - fixed) / per * (1 + 1e-12)))
+        return best
 
     def at(self, micro_batch: int, accumulation: int) -> MemoryEstimate:
         """The full breakdown at one micro-batch and accumulation."""
-        params, optim = self.parameters_bytes, self.optimizer_bytes
-        samples_act = micro_batch * self.activation_bytes_per_sample
-        samples_tmp = micro_batch * self.temporary_bytes_per_sample
-        step_total = self.gradients_bytes + self.step_temporary_bytes
-        if accumulation > 1:
-            backward_total = self.backward_temporary_bytes + self.gradients_bytes + samples_act + samples_tmp
-            parts = (self.gradients_bytes, samples_act, self.backward_temporary_bytes + samples_tmp)
-            phase = "backward"
-        elif samples_act + samples_tmp + self.first_gradient_bytes >= self.gradients_bytes:
-            backward_total = (self.backward_temporary_bytes + samples_act + samples_tmp
-                              + self.first_gradient_bytes)
-            parts = (self.first_gradient_bytes, samples_act, self.backward_temporary_bytes + samples_tmp)
-            phase = "backward"
-        else:
-            backward_total = self.backward_temporary_bytes + self.gradients_bytes
-            parts = (self.gradients_bytes, 0.0, self.backward_temporary_bytes)
-            phase = "backward-end"
-        if step_total > backward_total:
-            parts = (self.gradients_bytes, 0.0, self.step_temporary_bytes)
-            phase = "step"
-        grads, acts, temps = parts
-        allocated = params + optim + grads + acts + temps
+        b = micro_batch
+        held = self.held_gradient_bytes if accumulation > 1 else 0.0
+        loss = (self.activation_bytes_per_sample * b, self.temporary_bytes_per_sample * b)
+        block = (self.block_activation_bytes_per_sample * b, self.block_temporary_bytes_per_sample * b)
+        # (total, phase, gradients, activations, temporaries) of each moment; the largest is the peak.
+        candidates = [
+            (self.with_activations_bytes + held + sum(loss), "backward", held, loss[0],
+             self.with_activations_bytes + loss[1]),
+            (self.with_activations_bytes + held + self.in_backward_bytes + sum(block), "backward", held,
+             block[0], self.with_activations_bytes + self.in_backward_bytes + block[1]),
+            (self.backward_end_bytes, "backward-end", self.held_gradient_bytes, 0.0,
+             self.backward_end_bytes - self.held_gradient_bytes),
+            (self.step_gradient_bytes + self.step_temporary_bytes, "step", self.step_gradient_bytes, 0.0,
+             self.step_temporary_bytes),
+        ]
+        total, phase, grads, acts, temps = max(candidates, key=lambda c: c[0])
+        temps = max(0.0, temps) + self.persistent_bytes
+        allocated = self.static_bytes + total
         peak = self.peak_bytes(micro_batch, accumulation)
         s = self.scale
-        components = [round(x * s) for x in (params, grads, optim, acts, temps)]
+        components = [round(x * s) for x in (self.parameters_bytes, grads, self.optimizer_bytes, acts, temps)]
         peak_int = math.ceil(peak)
         return MemoryEstimate(
             parameters_bytes=components[0],
@@ -167,12 +185,7 @@ class MemoryTerms:
 
     def scaled(self, scale: float) -> MemoryTerms:
         """The same terms with a measured-peak correction factor."""
-        return MemoryTerms(
-            self.parameters_bytes, self.gradients_bytes, self.optimizer_bytes, self.first_gradient_bytes,
-            self.backward_temporary_bytes, self.step_temporary_bytes, self.activation_bytes_per_sample,
-            self.temporary_bytes_per_sample, self.overhead_bytes, self.fragmentation, self.host_bytes,
-            self.nvme_bytes, scale,
-        )
+        return replace(self, scale=scale)
 
 
 def memory_terms(shape: Shape, strategy: Strategy, *, calibration: Calibration | None = None,
@@ -183,31 +196,36 @@ def memory_terms(shape: Shape, strategy: Strategy, *, calibration: Calibration |
     the precision regime and checkpointing, so the planner computes them once per pair.
     """
     states = model_states(shape, strategy)
-    temps = fixed_temporaries(shape, strategy)
+    phases = phase_bytes(shape, strategy)
     acts = activations if activations is not None else activation_terms(shape, strategy)
     act_per_sample, tmp_per_sample = acts.activation_bytes_per_sample, acts.temporary_bytes_per_sample
-    backward_fixed = temps.backward_bytes
-    step_fixed = temps.step_bytes
+    block_act, block_tmp = acts.block_activation_bytes_per_sample, acts.block_temporary_bytes_per_sample
+    with_activations = phases.with_activations_bytes
+    step_temporary = phases.step_temporary_bytes
     fragmentation = None
     if calibration is not None:
-        scale = calibration.activation_scale(strategy.precision, strategy.checkpointing)
-        act_per_sample *= scale
-        tmp_per_sample *= scale
-        backward_fixed = max(0.0, backward_fixed + calibration.fixed_residual(strategy.precision,
-                                                                               strategy.checkpointing))
-        step_fixed = max(0.0, step_fixed + calibration.step_residual(strategy.precision))
+        scale = calibration.activation_scale(strategy)
+        act_per_sample, tmp_per_sample = act_per_sample * scale, tmp_per_sample * scale
+        block_act, block_tmp = block_act * scale, block_tmp * scale
+        with_activations = max(0.0, with_activations + calibration.fixed_residual(strategy))
+        step_temporary = max(0.0, step_temporary + calibration.step_residual(strategy))
         fragmentation = calibration.fragmentation
     overhead = (framework_overhead(strategy) if fragmentation is None
                 else framework_overhead(strategy, fragmentation=fragmentation))
     return MemoryTerms(
         parameters_bytes=states.parameters_bytes,
-        gradients_bytes=states.gradients_bytes,
         optimizer_bytes=states.optimizer_bytes,
-        first_gradient_bytes=min(temps.first_gradient_bytes, states.gradients_bytes),
-        backward_temporary_bytes=backward_fixed + temps.persistent_bytes,
-        step_temporary_bytes=step_fixed + temps.persistent_bytes,
+        persistent_bytes=phases.persistent_bytes,
+        with_activations_bytes=with_activations,
+        in_backward_bytes=phases.in_backward_bytes,
+        held_gradient_bytes=phases.held_gradient_bytes,
+        backward_end_bytes=phases.backward_end_bytes,
+        step_gradient_bytes=phases.step_gradient_bytes,
+        step_temporary_bytes=step_temporary,
         activation_bytes_per_sample=act_per_sample,
         temporary_bytes_per_sample=tmp_per_sample,
+        block_activation_bytes_per_sample=block_act,
+        block_temporary_bytes_per_sample=block_tmp,
         overhead_bytes=overhead.fixed_bytes,
         fragmentation=overhead.fragmentation,
         host_bytes=states.host_bytes,

@@ -6,14 +6,13 @@ Bytes per parameter by regime (shared/reference/memory-model.md §1):
 - DDP/FSDP mixed precision keep fp32 weights and gradients (torch.autocast; FSDP2
   MixedPrecisionPolicy with fp32 sharded parameters and reduce_dtype fp32), so model states stay
   16 B/param; the 16-bit copies are transient (see temporaries.py).
-- DeepSpeed mixed precision: 16-bit weights 2 + 16-bit gradients 2 + fp32 master 4 + Adam 8 = the
-  ZeRO paper's 2 + 2 + K (K = 12), plus the fp32 gradient partition (4) that DeepSpeed allocates for
-  the step: optimizer 16 B/param, as the DeepSpeed autotuner counts it
-  (deepspeed/autotuning/autotuner.py: optimizer 16 B for fp16) and as its ZeRO-2/3 estimators do
-  (stage_1_and_2.py `2Ψ + 18Ψ/N`; stage3.py `18Ψ/N`). The ZeRO optimizers clone the fp32 partition
-  and its gradient even when the model itself is fp32 (`single_partition_of_fp32_groups`,
-  `fp32_partitioned_groups_flat`), so fp32 ZeRO >= 1 also pays 4 + 4 B/param on top of the moments;
-  only fp32 without ZeRO (stage 0) steps the model's own parameters (8 B/param, the autotuner's fp32).
+- DeepSpeed mixed precision: 16-bit weights 2 + fp32 master 4 + Adam 8 persist (the ZeRO paper's
+  2 + K with K = 12); the ZeRO optimizers keep the fp32 master partition even when the model itself is
+  fp32 (`single_partition_of_fp32_groups`, `fp32_partitioned_groups_flat`), so fp32 ZeRO >= 1 pays
+  4 B/param on top of the moments, while fp32 without ZeRO (stage 0) steps the model's own parameters.
+  Gradients (16-bit as backward produces them, the fp32 partition DeepSpeed builds for the step) are
+  phase terms (temporaries.py); `gradients_bytes` here is what the step holds, the figure DeepSpeed's
+  estimators count in their `18Ψ/N` (stage3.py) and `2Ψ + 18Ψ/N` (stage_1_and_2.py): 4 + 12 + 2.
 - Sharding (ZeRO paper, Rajbhandari et al. 2020, §5): stage >= 1 divides the optimizer state by N,
   >= 2 the gradients, 3 the parameters.
 - bitsandbytes 8-bit Adam: uint8 state1/state2 + one fp32 absmax per 256-element block =
@@ -38,7 +37,8 @@ ADAM_STATE_BYTES = 8.0
 SGD_STATE_BYTES = 4.0
 # bitsandbytes blockwise 8-bit state: 1 byte per element + fp32 absmax per 256-element block.
 BNB_BYTES_PER_STATE = 1.0 + 4.0 / 256.0
-# DeepSpeed mixed precision: fp32 master weights (ZeRO paper K) and the fp32 gradient partition.
+# DeepSpeed mixed precision: fp32 master weights (ZeRO paper K); the fp32 gradient partition the step
+# builds (on the host when the optimizer is offloaded).
 FP32_MASTER_BYTES = 4.0
 FP32_GRAD_PARTITION_BYTES = 4.0
 # DeepSpeed estimators' `additional_buffer_factor` for host (pinned) memory.
@@ -115,16 +115,18 @@ def _deepspeed_states(shape: Shape, strategy: Strategy, optim: float) -> ModelSt
     p, t = float(shape.parameters), float(shape.trainable)
     weight_bytes = 2.0 if strategy.mixed_precision else 4.0
     if strategy.mixed_precision or stage >= 1:
-        optim += (FP32_MASTER_BYTES + FP32_GRAD_PARTITION_BYTES) * t
+        optim += FP32_MASTER_BYTES * t
     params = weight_bytes * p / (n if stage == 3 else 1)
-    grads = weight_bytes * t / (n if stage >= 2 else 1)
     optimizer = optim / (n if stage >= 1 else 1)
+    # What the optimizer step holds: the fp32 gradient partition (stage 0: every fp32 gradient).
+    grads = FP32_GRAD_PARTITION_BYTES * t / (n if stage >= 1 else 1)
     buffers = float(shape.buffer_bytes)
+    grad_partition = FP32_GRAD_PARTITION_BYTES * t / n
     if strategy.offload == Offload.CPU:
-        # ZeRO-Offload: optimizer state (and its fp32 gradient partition) in host RAM; gradients
+        # ZeRO-Offload: optimizer state and its fp32 gradient partition in host RAM; gradients
         # stream to the host through the reduce buckets (temporaries). At stage 3 the parameters
         # go too (offload_param), leaving only the gathered working set on the GPU.
-        host = optimizer
+        host = optimizer + grad_partition
         gpu_params = params
         if stage == 3:
             host += params
@@ -133,8 +135,7 @@ def _deepspeed_states(shape: Shape, strategy: Strategy, optim: float) -> ModelSt
     if strategy.offload == Offload.NVME:
         # ZeRO-Infinity: 16-bit parameters and fp32 master + moments on NVMe; the fp32 gradient
         # partition and pinned swap buffers stay in host RAM.
-        grad_partition = FP32_GRAD_PARTITION_BYTES * t / n
-        nvme = params + optimizer - grad_partition
+        nvme = params + optimizer
         host = grad_partition * HOST_BUFFER_FACTOR + NVME_SWAP_BUFFER_BYTES
         return ModelStates(buffers, 0.0, 0.0, host, nvme)
     return ModelStates(params + buffers, grads, optimizer)

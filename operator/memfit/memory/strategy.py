@@ -3,9 +3,17 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 
 from memfit.api.common import Checkpointing, Engine, Offload, Precision
 from memfit.api.job import OptimizerKind
+
+
+class Device(StrEnum):
+    """Where the training step runs: the allocator and the optimizer kernels differ (temporaries.py)."""
+
+    CUDA = "cuda"
+    CPU = "cpu"
 
 
 @dataclass(frozen=True, slots=True)
@@ -15,7 +23,8 @@ class Strategy:
     `zero_stage` is the DeepSpeed ZeRO stage; for FSDP 2 means SHARD_GRAD_OP (parameters stay
     gathered between forward and backward) and 3 FULL_SHARD; DDP is stage 0. Offload `cpu` moves the
     optimizer state (and at stage 3 also the parameters) to host RAM; `nvme` (DeepSpeed ZeRO-3,
-    ZeRO-Infinity) moves both to local NVMe.
+    ZeRO-Infinity) moves both to local NVMe. `device` is where the step runs: GPUs for every plan;
+    `cpu` predicts a CPU run (the profiling stand-in and the accuracy benchmark's truth).
     """
 
     engine: Engine = Engine.DDP
@@ -29,6 +38,7 @@ class Strategy:
     gpus_per_node: int = 1
     micro_batch_size: int = 1
     accumulation_steps: int = 1
+    device: Device = Device.CUDA
 
     @property
     def mixed_precision(self) -> bool:

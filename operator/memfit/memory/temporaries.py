@@ -1,16 +1,33 @@
-"""Transient buffers that do not scale with the micro-batch: 16-bit weight copies, gathered
-parameters, gradient buckets and optimizer-step scratch space.
+"""Bytes that do not scale with the micro-batch, by training phase: gradients as they exist in each
+phase, gathered parameters, engine buffers and optimizer-step scratch space.
 
-Sources: DeepSpeed gradient buckets as memfit_trainer configures them, the Hugging Face "auto" sizes
-`reduce_bucket_size = h²` and `stage3_prefetch_bucket_size = 0.9 h²` (transformers
-integrations/deepspeed.py), held twice with `overlap_comm` on CUDA (stage_1_and_2.py `ipg_buffer`);
-ZeRO-3 `stage3_max_live_parameters=1e9` and the estimator's `4 x L_max` largest-layer term
-(deepspeed/runtime/zero/stage3.py); DDP's reducer allocates flat gradient buckets the size of all
-gradients unless `gradient_as_bucket_view=True` (torch/nn/parallel/distributed.py); FSDP2 all-gathers one unit ahead
-(forward/backward prefetch) and keeps the root unit gathered (torch.distributed.fsdp `fully_shard`
-sets `reshard_after_forward=False` on the root); torch's foreach AdamW allocates one fp32 temporary of
-the parameter group for `exp_avg_sq.sqrt()` (torch/optim/adamw.py `_multi_tensor_adamw`), the
-bitsandbytes and DeepSpeed FusedAdam kernels update in place.
+Each engine's phases were read from allocator-level timelines of real steps (the live tensors at the
+peak, grouped by the op that allocated them: docs/memory-model.md "How the phases were checked") and
+from the sources cited per rule:
+
+- DDP: the reducer keeps flat fp32 buckets the size of all gradients (`gradient_as_bucket_view=False`,
+  torch/nn/parallel/distributed.py) for the whole step; torch.autocast caches a 16-bit copy of each
+  matmul weight while the graph that uses it is alive.
+- FSDP2 (`fully_shard`): fp32 sharded parameters and gradients; FULL_SHARD re-shards every unit after
+  its forward, so at the activation peak (the start of backward) no unit is gathered; SHARD_GRAD_OP
+  (`reshard_after_forward=False`) keeps every unit gathered in the compute dtype until its backward.
+  During backward one unit is gathered ahead of the one computing (prefetch) and each unit's
+  gradient exists unsharded (plus an fp32 copy for `reduce_dtype`) until its reduce-scatter.
+- DeepSpeed ZeRO (deepspeed/runtime/zero/stage_1_and_2.py, stage3.py; bf16_optimizer.py): no gradient
+  exists at the start of backward; the fp32 gradient partition is built for the step
+  (`single_partition_of_fp32_groups[i].grad`) and freed after it, and ZeRO-0 with bf16 also still holds
+  the 16-bit gradients then; ZeRO-3 keeps a persistent 16-bit gradient partition and, with
+  `stage3_max_reuse_distance`/`stage3_max_live_parameters` at their 1e9 defaults, keeps parameters
+  gathered between forward and backward (up to `max_live` elements). On CUDA, `overlap_comm` holds two
+  reduce buckets (`reduce_bucket_size = h²`, the Hugging Face "auto" value).
+- Optimizer step. CUDA: torch's foreach AdamW allocates one fp32 temporary of the (local) parameter
+  group for `exp_avg_sq.sqrt()` (torch/optim/adamw.py `_multi_tensor_adamw`); DeepSpeed's FusedAdam and
+  bitsandbytes' CUDA kernels update in place. CPU: torch picks foreach only for CUDA tensors
+  (`_default_to_fused_or_foreach`), so the per-tensor loop (`_single_tensor_adamw`) holds `sqrt` and the
+  division of one tensor at a time (2 x 4 B x the largest tensor; DeepSpeed's flat fp32 partition is
+  one tensor); bitsandbytes' CPU 8-bit step dequantises both states and its update (5 x 4 B). SGD with
+  momentum updates in place everywhere. gloo has no native reduce-scatter: FSDP2 on CPU keeps one
+  unsharded fp32 gradient copy of a unit into the step.
 """
 
 from __future__ import annotations
@@ -20,9 +37,10 @@ from dataclasses import dataclass
 from memfit.api.common import Checkpointing, Engine, Offload
 from memfit.api.job import OptimizerKind
 from memfit.memory.shape import Shape
-from memfit.memory.strategy import Strategy
+from memfit.memory.strategy import Device, Strategy
 
-# DeepSpeed gradient buffers with overlap_comm (two buckets in flight) on CUDA.
+# DeepSpeed gradient buffers with overlap_comm (two buckets in flight), CUDA only (memfit_trainer
+# turns overlap_comm off on CPU).
 DS_BUCKETS_IN_FLIGHT = 2
 # ZeRO-3 prefetch bucket relative to h² (Hugging Face "auto": 0.9 h²).
 DS_PREFETCH_BUCKET_FACTOR = 0.9
@@ -30,32 +48,48 @@ DS_PREFETCH_BUCKET_FACTOR = 0.9
 DS_MAX_LIVE_PARAMETERS = 1_000_000_000
 # FSDP2 all-gathers the next unit while the current one computes (implicit prefetch): two units live.
 FSDP_LIVE_UNITS = 2
+# CPU torch Adam(W) per-tensor loop: sqrt and division of one fp32 tensor alive together.
+CPU_ADAM_TEMPORARIES = 2
+# bitsandbytes' CPU 8-bit step: both states dequantised, the update and two scratch buffers (fp32).
+CPU_BNB_TEMPORARIES = 5
 
 
 @dataclass(frozen=True, slots=True)
-class FixedTemporaries:
-    """Micro-batch-independent transient bytes per GPU, by training phase."""
+class PhaseBytes:
+    """Micro-batch-independent bytes per GPU, by the phase in which they are alive."""
 
-    backward_bytes: float  # alive together with the activations (forward/backward)
-    step_bytes: float  # alive during the optimizer step, after activations are freed
-    first_gradient_bytes: float  # gradients already allocated when the activation peak occurs
-    persistent_bytes: float = 0.0  # engine buffers alive throughout (DDP gradient buckets)
+    persistent_bytes: float  # engine buffers alive in every phase (DDP buckets, ZeRO-3 grad partition)
+    with_activations_bytes: float  # alive at the activation peak (gathered weights, autocast copies)
+    in_backward_bytes: float  # alive once backward is past the loss: the head's gradients, gathered units
+    held_gradient_bytes: float  # gradients kept across micro-steps when accumulating
+    backward_end_bytes: float  # gradients and buffers alive when backward finishes
+    step_gradient_bytes: float  # gradients alive during the optimizer step
+    step_temporary_bytes: float  # optimizer-step scratch space
 
 
 def _head_parameters(shape: Shape) -> int:
     return shape.vocab * shape.hidden
 
 
-def _foreach_step(shape: Shape, strategy: Strategy, shards: int) -> float:
-    # torch foreach AdamW: one fp32 temporary of the (local) trainable parameters; SGD and
-    # bitsandbytes update in place.
-    if strategy.optimizer8bit or strategy.optimizer == OptimizerKind.SGD:
+def _largest_tensor(shape: Shape) -> float:
+    # The largest module's parameters stand for its largest tensor (its weight; the bias is h).
+    return float(shape.largest_layer or shape.block_parameters)
+
+
+def _step_scratch(shape: Shape, strategy: Strategy, *, elements: float, flat: bool) -> float:
+    """Optimizer-step temporaries over `elements` local parameters held as one flat tensor or many."""
+    if strategy.optimizer == OptimizerKind.SGD:
         return 0.0
-    return 4.0 * shape.trainable / shards
+    if strategy.device == Device.CUDA:
+        # foreach AdamW: one fp32 temporary of the group; bitsandbytes updates in place.
+        return 0.0 if strategy.optimizer8bit else 4.0 * elements
+    largest = elements if flat else min(elements, _largest_tensor(shape))
+    per = CPU_BNB_TEMPORARIES if strategy.optimizer8bit else CPU_ADAM_TEMPORARIES
+    return per * 4.0 * largest
 
 
-def fixed_temporaries(shape: Shape, strategy: Strategy) -> FixedTemporaries:
-    """Transient bytes of `strategy` that do not depend on the micro-batch."""
+def phase_bytes(shape: Shape, strategy: Strategy) -> PhaseBytes:
+    """The phase terms of `strategy` (see the module docstring for each rule)."""
     if strategy.engine == Engine.DDP:
         return _ddp(shape, strategy)
     if strategy.engine == Engine.FSDP:
@@ -63,45 +97,89 @@ def fixed_temporaries(shape: Shape, strategy: Strategy) -> FixedTemporaries:
     return _deepspeed(shape, strategy)
 
 
-def _ddp(shape: Shape, strategy: Strategy) -> FixedTemporaries:
-    backward = 0.0
+def _ddp(shape: Shape, strategy: Strategy) -> PhaseBytes:
+    t = float(shape.trainable)
+    with_activations = 0.0
     if strategy.mixed_precision:
         # torch.autocast caches a 16-bit copy of each matmul weight; backward keeps the copies of
         # every block whose activations are saved (one block at a time under full checkpointing).
         blocks = 1 if strategy.checkpointing == Checkpointing.FULL else shape.layers
-        backward = 2.0 * (blocks * shape.block_parameters + _head_parameters(shape))
-    # With accumulation 1 and zero_grad(set_to_none=True) gradients appear as backward frees
-    # activations; the head's fp32 gradient is the first, at the activation peak.
-    first = 4.0 * (_head_parameters(shape) or shape.block_parameters)
-    # The reducer's flat fp32 buckets hold a copy of every gradient (gradient_as_bucket_view=False).
-    buckets = 4.0 * shape.trainable
-    return FixedTemporaries(backward, _foreach_step(shape, strategy, 1), first, buckets)
+        with_activations = 2.0 * (blocks * shape.block_parameters + _head_parameters(shape))
+    grads = 4.0 * t
+    return PhaseBytes(
+        persistent_bytes=4.0 * t,  # reducer buckets
+        with_activations_bytes=with_activations,
+        in_backward_bytes=4.0 * _head_parameters(shape),
+        held_gradient_bytes=grads,
+        backward_end_bytes=grads,
+        step_gradient_bytes=grads,
+        step_temporary_bytes=_step_scratch(shape, strategy, elements=t, flat=False),
+    )
 
 
-def _fsdp(shape: Shape, strategy: Strategy) -> FixedTemporaries:
+def _fsdp(shape: Shape, strategy: Strategy) -> PhaseBytes:
     n = strategy.world_size
+    t = float(shape.trainable)
     param_bytes = 2.0 if strategy.mixed_precision else 4.0
     reduce_extra = 4.0 if strategy.mixed_precision else 0.0  # reduce_dtype fp32 copy for reduce-scatter
-    if strategy.zero_stage == 3:
-        gathered = (shape.root_parameters + FSDP_LIVE_UNITS * shape.block_parameters) * param_bytes
-    else:
-        gathered = shape.parameters * param_bytes  # SHARD_GRAD_OP: kept gathered until backward
-    unit = max(shape.block_parameters, shape.root_parameters)
+    unit = float(max(shape.block_parameters, shape.root_parameters))
     unsharded_grads = unit * (param_bytes + reduce_extra)
-    step = 0.0 if strategy.offload == Offload.CPU else _foreach_step(shape, strategy, n)
-    return FixedTemporaries(gathered + unsharded_grads, step, 0.0)
+    if strategy.zero_stage == 3:
+        with_activations = 0.0
+        gathered_late = FSDP_LIVE_UNITS * unit * param_bytes
+    else:
+        with_activations = gathered_late = shape.parameters * param_bytes
+    offloaded = strategy.offload == Offload.CPU
+    sharded_grads = 0.0 if offloaded else 4.0 * t / n
+    step_scratch = 0.0 if offloaded else _step_scratch(shape, strategy, elements=t / n, flat=False)
+    if strategy.device == Device.CPU and n > 1:
+        step_scratch += 4.0 * unit  # gloo reduce-scatter emulation keeps one unsharded fp32 gradient
+    # In a block's backward: the block (and the next, prefetched) gathered, its unsharded gradients.
+    in_backward = unsharded_grads + (gathered_late if strategy.zero_stage == 3 else 0.0)
+    return PhaseBytes(
+        persistent_bytes=0.0,
+        with_activations_bytes=with_activations,
+        in_backward_bytes=in_backward,
+        held_gradient_bytes=sharded_grads,
+        backward_end_bytes=sharded_grads + gathered_late + unsharded_grads,
+        step_gradient_bytes=sharded_grads,
+        step_temporary_bytes=step_scratch,
+    )
 
 
-def _deepspeed(shape: Shape, strategy: Strategy) -> FixedTemporaries:
+def _deepspeed(shape: Shape, strategy: Strategy) -> PhaseBytes:
+    n, stage = strategy.world_size, strategy.zero_stage
+    p, t = float(shape.parameters), float(shape.trainable)
     weight_bytes = 2.0 if strategy.mixed_precision else 4.0
     square = float(shape.hidden * shape.hidden)
-    buckets = DS_BUCKETS_IN_FLIGHT * min(square, shape.trainable) * weight_bytes
-    if strategy.zero_stage == 0:
-        first = weight_bytes * (_head_parameters(shape) or shape.block_parameters)
-        return FixedTemporaries(0.0, 0.0, first)
-    if strategy.zero_stage in (1, 2):
-        return FixedTemporaries(buckets, 0.0, 0.0)
-    live = min(DS_MAX_LIVE_PARAMETERS, max(2 * shape.block_parameters, shape.largest_layer))
-    prefetch = DS_PREFETCH_BUCKET_FACTOR * square * weight_bytes
-    gathered = max(live * weight_bytes + prefetch + buckets, 4.0 * shape.largest_layer)
-    return FixedTemporaries(gathered, 0.0, 0.0)
+    buckets = 0.0
+    if strategy.device == Device.CUDA and stage >= 1:
+        buckets = DS_BUCKETS_IN_FLIGHT * min(square, t) * weight_bytes
+    offloaded = strategy.offload != Offload.NONE
+    # 16-bit gradients as backward produces them (ZeRO-2/3 keep only the partition).
+    low_grads = weight_bytes * t / (n if stage >= 2 else 1)
+    fp32_master = strategy.mixed_precision or stage >= 1
+    if stage == 0:
+        # fp32: the model's own gradients; bf16/fp16: 16-bit gradients and their fp32 copies.
+        step_grads = 4.0 * t + (low_grads if strategy.mixed_precision else 0.0)
+    else:
+        step_grads = 0.0 if offloaded else 4.0 * t / n  # fp32 gradient partition (on the host if offloaded)
+    step_scratch = 0.0
+    if not offloaded:
+        step_scratch = _step_scratch(shape, strategy, elements=t / (n if stage >= 1 else 1),
+                                     flat=stage >= 1 and fp32_master)
+    persistent = 0.0
+    with_activations = 0.0
+    if stage == 3:
+        persistent = low_grads  # the 16-bit gradient partition buffer
+        live = min(DS_MAX_LIVE_PARAMETERS, p)
+        with_activations = live * weight_bytes + DS_PREFETCH_BUCKET_FACTOR * square * weight_bytes
+    return PhaseBytes(
+        persistent_bytes=persistent,
+        with_activations_bytes=with_activations + buckets,
+        in_backward_bytes=weight_bytes * _head_parameters(shape),  # the head's 16-bit gradients
+        held_gradient_bytes=0.0 if stage == 3 else low_grads,
+        backward_end_bytes=(0.0 if stage == 3 else low_grads) + buckets + with_activations,
+        step_gradient_bytes=step_grads,
+        step_temporary_bytes=step_scratch,
+    )

@@ -83,13 +83,18 @@ def test_grouped_query_attention_saves_k_and_v_at_their_width(micro_batch: int) 
     assert saved == 2 * (2048 - 512) * 2 * 2048 * 24
 
 
-def test_recompute_and_loss_buffers_never_coexist() -> None:
-    # Llama-3's 128k-vocabulary loss (12 B x V per token) outweighs one recomputed block: the
-    # block's working set is not added on top of it.
+def test_recompute_and_loss_buffers_are_separate_moments() -> None:
+    # Llama-3's 128k-vocabulary loss (12 B x V per token) and one recomputed block are alive at
+    # different moments of backward: two candidates, never summed.
     shape = hf_shape(LLAMA32_1B)
     full = activation_terms(shape, CKPT["full"])
     stored = 16 * 2 * 2048 + (4 * 2048 + 2 * 2048) + 2 * 2048  # block inputs, final RMSNorm, head input
     assert full.activation_bytes_per_sample == (stored + 4 * 128256) * 2048
-    # Without a vocabulary the recomputed block counts instead.
-    no_vocab = Shape.of(model_shape(vocab=0))
-    assert activation_terms(no_vocab, CKPT["full"]).temporary_bytes_per_sample == 0
+    assert full.temporary_bytes_per_sample == 8 * 128256 * 2048
+    assert full.block_activation_bytes_per_sample > stored * 2048  # the recomputed working set
+    assert full.block_activation_bytes_per_sample < full.activation_bytes_per_sample
+    # Without a vocabulary (a first-token classifier) the loss moment only adds the hidden state's
+    # gradient; the recomputed block is the larger moment.
+    no_vocab = activation_terms(Shape.of(model_shape(vocab=0)), CKPT["full"])
+    assert (no_vocab.block_activation_bytes_per_sample + no_vocab.block_temporary_bytes_per_sample
+            > no_vocab.activation_bytes_per_sample + no_vocab.temporary_bytes_per_sample)

@@ -88,10 +88,10 @@ def test_too_big_for_every_pool_explains_each_pool() -> None:
     gpu, host, nvme = reasons["l4-spot"].split(". ")
     # Without offload even the leanest configuration (fp32 weights, 8-bit state, no ZeRO master copy:
     # 10 B/param) needs far more than an L4 has.
-    assert gpu == ("without offload it needs 81.2 GiB per GPU (73.8 GiB predicted + 10% headroom) at micro-batch 1 "
+    assert gpu == ("without offload it needs 81.8 GiB per GPU (74.4 GiB predicted + 10% headroom) at micro-batch 1 "
                    "even with ZeRO-0, fp32, full checkpointing, 8-bit optimizer on 1 GPU; has 22.5 GiB")
     # With CPU offload it would fit the GPU, but a 16 GiB node cannot hold 16 B/param x 1.5 of 6.7B.
-    assert host == ("ZeRO-1, bf16, full checkpointing, CPU offload on 1 GPU would fit the GPU memory but needs "
+    assert host == ("FSDP grad-op shard, bf16, full checkpointing, CPU offload on 1 GPU would fit the GPU memory but needs "
                     "150.6 GiB host RAM per node; has 14.4 GiB usable")
     assert nvme == "NVMe offload needs local NVMe; the pool has none (host.nvmeGiB)"
     assert reasons["t4-spot"].startswith("without offload it needs ")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import functools
 from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from typing import Any
 
 import torch
@@ -123,21 +124,28 @@ def train_step(
     device: torch.device,
     scaler: torch.amp.GradScaler | None = None,
     model: nn.Module | None = None,
+    phase: Callable[[str], AbstractContextManager[object]] | None = None,
 ) -> float:
     """Forward, backward, optimizer step and zero_grad(set_to_none) of one micro-batch; the loss.
 
-    `model` is what the loss calls: the problem's model, or its DDP wrapper.
+    `model` is what the loss calls: the problem's model, or its DDP wrapper. `phase(name)`, when
+    given, wraps forward+backward ("backward") and the optimizer step ("step"), e.g. meter regions.
     """
+    mark = phase or (lambda _name: contextlib.nullcontext())
     batch = batch_for(problem, micro_batch_size=micro_batch_size, step=step, device=device)
-    with autocast(precision, device):
-        loss = problem.loss_fn(model if model is not None else problem.model, batch)
-    if scaler is not None:
-        scaler.scale(loss).backward()
-        scaler.step(optimizer)
-        scaler.update()
-    else:
-        loss.backward()
-        optimizer.step()
+    with mark("backward"):
+        with autocast(precision, device):
+            loss = problem.loss_fn(model if model is not None else problem.model, batch)
+        if scaler is not None:
+            scaler.scale(loss).backward()
+        else:
+            loss.backward()
+    with mark("step"):
+        if scaler is not None:
+            scaler.step(optimizer)
+            scaler.update()
+        else:
+            optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     value = float(loss.detach())
     del loss, batch

@@ -8,12 +8,15 @@ With `ddp` (the default) the model is wrapped in DistributedDataParallel on a on
 as the trainer runs a `ddp` plan: the reducer's gradient buckets are part of every measured peak, and
 two unmeasured forward/backward passes let DDP rebuild its buckets before the first measurement.
 
-With `split_optimizer` (the CPU default) the optimizer step, whose memory does not depend on precision,
+With `split_optimizer` (the default with elided compute) the optimizer step, whose memory does not depend on precision,
 checkpointing or micro-batch under autocast (fp32 weights, fp32 gradients), is measured once per
 group; each configuration then runs forward and backward only, and its peak is
 `max(forward/backward peak, bytes at the end of backward + the optimizer step's own transient peak)`:
 the phases of a step are sequential, so this is the step's peak, measured in two parts. On a 2-core
 CPU it saves about two thirds of every GPT-2-small step (AdamW over 163M parameters in one thread).
+Without it, each step marks its forward+backward and its optimizer step as sub-regions. Either way a
+result carries both phase peaks (`backward_peak_bytes`, `step_peak_bytes`): calibration fits the
+activations from the first and the optimizer's extra bytes from the second.
 """
 
 from __future__ import annotations
@@ -69,6 +72,8 @@ class ConfigResult:
     step_seconds: float = 0.0
     regions: tuple[RegionMemory, ...] = ()
     error: str | None = None
+    backward_peak_bytes: int | None = None  # forward + backward (optimizer measured separately)
+    step_peak_bytes: int | None = None  # the optimizer step on top of what backward left
 
 
 @dataclass(slots=True)
@@ -134,10 +139,17 @@ def _result(
     peak = max(s.peak_allocated_bytes for s in steps)
     opt = results.get(pending.optimizer_region) if pending.optimizer_region else None
     regions = tuple(steps)
+    backward_peak = step_peak = None
+    phases = [(results.get(f"{n}:backward"), results.get(f"{n}:step")) for n in pending.names]
+    if phases and all(b is not None and o is not None for b, o in phases):
+        backward_peak = max(b.peak_allocated_bytes for b, _ in phases if b is not None)
+        step_peak = max(o.peak_allocated_bytes for _, o in phases if o is not None)
     if opt is not None:
         # Sequential phases: the optimizer step runs on top of what backward left allocated.
         transient = opt.peak_allocated_bytes - opt.start_allocated_bytes
-        peak = max(peak, max(s.end_allocated_bytes for s in steps) + transient)
+        backward_peak = peak
+        step_peak = max(s.end_allocated_bytes for s in steps) + transient
+        peak = max(peak, step_peak)
         seconds = [s + opt.seconds + pending.optimizer_extra_seconds for s in seconds]
         regions = (*regions, opt)
     # The first step of a configuration pays one-time costs (kernel selection, autotuning).
@@ -149,6 +161,8 @@ def _result(
         peak_device_bytes=_max_or_none([s.peak_device_bytes for s in regions]),
         step_seconds=sum(timed) / len(timed),
         regions=regions,
+        backward_peak_bytes=backward_peak,
+        step_peak_bytes=step_peak,
     )
 
 
@@ -239,7 +253,7 @@ class _Session:
                         self.elide.take_flops()
                     counter = FlopCounterMode(display=False) if count and step == 0 else None
                     with self.meter.region(name), counter or contextlib.nullcontext():
-                        self._step(config, optimizer, step, with_optimizer=opt_region is None)
+                        self._step(config, optimizer, step, with_optimizer=opt_region is None, region=name)
                     if counter is not None:
                         self.run.flops_per_sample = counter.get_total_flops() / config.micro_batch_size
                     out.names.append(name)
@@ -260,10 +274,13 @@ class _Session:
         return out
 
     def _step(
-        self, config: ProfileConfig, optimizer: torch.optim.Optimizer, step: int, *, with_optimizer: bool
+        self, config: ProfileConfig, optimizer: torch.optim.Optimizer, step: int, *, with_optimizer: bool,
+        region: str | None = None,
     ) -> None:
         device = self.options.device
         if with_optimizer:
+            meter = self.meter
+            phase = None if region is None else (lambda name: meter.region(f"{region}:{name}"))
             scaler = torch.amp.GradScaler(device.type) if config.precision == Precision.FP16 else None
             train_step(
                 self.problem,
@@ -274,6 +291,7 @@ class _Session:
                 device=device,
                 scaler=scaler,
                 model=self.model,
+                phase=phase,
             )
             return
         batch = batch_for(self.problem, micro_batch_size=config.micro_batch_size, step=step, device=device)

@@ -151,6 +151,8 @@ def _measurement(result: ConfigResult) -> Measurement:
         optimizer8bit=c.optimizer8bit,
         peak_allocated_bytes=result.peak_allocated_bytes,
         peak_reserved_bytes=result.peak_reserved_bytes,
+        peak_backward_bytes=result.backward_peak_bytes,
+        peak_step_bytes=result.step_peak_bytes,
         step_seconds=round(result.step_seconds, 4),
     )
 
