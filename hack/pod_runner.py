@@ -254,10 +254,7 @@ class PodRunner:
                 raise ConfigError(f"container {c['name']!r} has no command: the local runner ignores images")
             argv = rw.args([expand(a, env) for a in argv], env)
             full = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
-            # MEMFIT_GPU_EMULATION tells the trainer that this CPU process stands in for a GPU node's pod:
-            # it then runs fp16 plans with bf16 autocast (same 2-byte footprint) instead of refusing them.
             full.update(HOSTNAME=hostname, GLOO_SOCKET_IFNAME="lo", MEMFIT_TERMINATION_MESSAGE_PATH=str(msg),
-                        MEMFIT_GPU_EMULATION="cpu",
                         MEMFIT_LOCAL_MOUNTS=json.dumps(rw.paths, sort_keys=True))
             full.update(env)
             full["PATH"] = f"{self.python_bin}{os.pathsep}{env.get('PATH', os.environ.get('PATH', ''))}"

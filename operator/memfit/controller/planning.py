@@ -6,6 +6,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from memfit import metrics
 from memfit.api.common import Checkpointing, Engine, Offload, Precision
 from memfit.api.job import MemoryOptimizedTrainingJobSpec
 from memfit.api.plan import Plan
@@ -119,13 +120,14 @@ def plan_job(
     With `ignore_capacity` every pool counts as empty (up to maxNodes): whether the job could fit at
     all, which tells waiting for capacity apart from NoFit."""
     usable = [p for p in pools if p.metadata.name not in excluded_pools]
-    result = plan(
-        spec,
-        pools=usable,
-        profile=profile,
-        measured_peaks=measured_peaks(observations, spec),
-        free_gpus=None if ignore_capacity else free_gpus(usable, capacity),
-    )
+    with metrics.PLAN_SECONDS.time():
+        result = plan(
+            spec,
+            pools=usable,
+            profile=profile,
+            measured_peaks=measured_peaks(observations, spec),
+            free_gpus=None if ignore_capacity else free_gpus(usable, capacity),
+        )
     if result.plan is None:
         if excluded_pools:
             result = _with_note(result, f"excluded after no capacity: {', '.join(sorted(excluded_pools))}")
