@@ -60,12 +60,16 @@ class ActivationTerms:
     In the first block's backward: the saved activations, the recomputed block's working set under
     checkpointing and the gradients flowing through the block (`block_*`); by then the engine has
     produced the head's gradients and gathered the block (temporaries.py `in_backward_bytes`).
+    In the last block's backward (`last_block_*`, same temporaries): only that block's saved
+    activations are left, but nearly every gradient exists (`late_backward_bytes`). Backward frees
+    activations and adds gradients linearly block by block, so these two ends bound every block.
     """
 
     activation_bytes_per_sample: float
     temporary_bytes_per_sample: float
     block_activation_bytes_per_sample: float = 0.0
     block_temporary_bytes_per_sample: float = 0.0
+    last_block_activation_bytes_per_sample: float = 0.0
 
 
 def dtype_bytes(strategy: Strategy) -> tuple[int, int]:
@@ -119,14 +123,15 @@ def activation_terms(shape: Shape, strategy: Strategy) -> ActivationTerms:
     attn = norm + _attention_core(shape, compute, qkv_copies)
     mlp = norm + _mlp(shape, compute, mlp_copies)
     if strategy.checkpointing == Checkpointing.FULL:
-        stored, recompute = float(layers * residual * h), attn + mlp
+        per_layer, recompute = float(residual * h), attn + mlp
     elif strategy.checkpointing == Checkpointing.SELECTIVE:
-        stored = layers * (norm + residual * h + mlp)
+        per_layer = norm + residual * h + mlp
         recompute = _attention_core(shape, compute, qkv_copies)
     else:
-        stored, recompute = layers * (attn + mlp), 0.0
+        per_layer, recompute = attn + mlp, 0.0
     # Outside the blocks: embedding dropout, final norm and head input.
-    stored += (DROPOUT_MASK_BYTES * h if shape.dropout else 0) + norm + compute * h
+    outside = (DROPOUT_MASK_BYTES * h if shape.dropout else 0) + norm + compute * h
+    stored = layers * per_layer + outside
     head_kept = LOGPROB_BYTES * shape.vocab
     # LM head: two fp32 logit-sized gradients; first-token classifier: the hidden state's gradient.
     head_backward = LOGIT_GRAD_BYTES * shape.vocab if shape.vocab else residual * h
@@ -137,4 +142,5 @@ def activation_terms(shape: Shape, strategy: Strategy) -> ActivationTerms:
         temporary_bytes_per_sample=float(head_backward * tokens),
         block_activation_bytes_per_sample=(stored + recompute) * tokens,
         block_temporary_bytes_per_sample=float(block_gradients * tokens),
+        last_block_activation_bytes_per_sample=(per_layer + outside + recompute) * tokens,
     )

@@ -45,6 +45,9 @@ from memfit.memory.temporaries import phase_bytes
 # Bounds on the fitted factors: outside them the profile is more likely wrong than the model.
 MIN_ACTIVATION_SCALE, MAX_ACTIVATION_SCALE = 0.5, 2.0
 MIN_FRAGMENTATION, MAX_FRAGMENTATION = 1.0, 2.0
+# A group whose measurements the analytic model already reproduces within this share is left alone:
+# fitting two nearly-equal points would only turn measurement noise into a slope.
+AGREEMENT = 0.02
 
 GroupKey = tuple[Precision, Checkpointing]
 
@@ -136,8 +139,9 @@ def _least_squares(points: list[tuple[float, float]]) -> tuple[float, float]:
 def calibrate(profile: Profile, shape: Shape, *, optimizer: OptimizerKind = OptimizerKind.ADAMW) -> Calibration:
     """Fit activation scales, fixed and step residuals and fragmentation from `profile.measurements`."""
     device = profile_device(profile)
-    # (precision, checkpointing, 8-bit) -> [(micro-batch, measured - analytic fixed, analytic slope)]
-    groups: dict[tuple[Precision, Checkpointing, bool], list[tuple[float, float, float]]] = {}
+    # (precision, checkpointing, 8-bit) -> [(micro-batch, measured - analytic fixed, analytic slope,
+    #                                        activation moment, measured)]
+    groups: dict[tuple[Precision, Checkpointing, bool], list[tuple[float, float, float, int, float]]] = {}
     step_errors: dict[bool, list[float]] = {}
     notes: list[str] = []
     ratios: list[float] = []
@@ -152,14 +156,15 @@ def calibrate(profile: Profile, shape: Shape, *, optimizer: OptimizerKind = Opti
         phases = phase_bytes(shape, strategy)
         acts = activation_terms(shape, strategy)
         static = states.parameters_bytes + states.optimizer_bytes + phases.persistent_bytes
-        # The activation moment the model puts the peak in: the loss or the first block's backward.
-        fixed, slope = max(
+        # The activation moment the model puts the peak in: the loss, the first or the last block's backward.
+        moment, (fixed, slope) = max(enumerate((
             (static + phases.with_activations_bytes,
              acts.activation_bytes_per_sample + acts.temporary_bytes_per_sample),
-            (static + phases.with_activations_bytes + phases.in_backward_bytes,
+            (static + phases.with_activations_bytes + phases.in_backward_gradient_bytes + phases.in_backward_bytes,
              acts.block_activation_bytes_per_sample + acts.block_temporary_bytes_per_sample),
-            key=lambda line: line[0] + m.micro_batch_size * line[1],
-        )
+            (static + phases.late_gradient_bytes + phases.late_backward_bytes,
+             acts.last_block_activation_bytes_per_sample + acts.block_temporary_bytes_per_sample),
+        )), key=lambda line: line[1][0] + m.micro_batch_size * line[1][1])
         activation_peak = fixed + m.micro_batch_size * slope
         step = static + phases.step_gradient_bytes + phases.step_temporary_bytes
         backward_end = static + phases.backward_end_bytes
@@ -172,7 +177,8 @@ def calibrate(profile: Profile, shape: Shape, *, optimizer: OptimizerKind = Opti
             elif activation_peak >= backward_end:
                 backward = m.peak_allocated_bytes
         if step_measured is not None:
-            step_errors.setdefault(m.optimizer8bit, []).append(step_measured - step)
+            error = step_measured - step
+            step_errors.setdefault(m.optimizer8bit, []).append(error if abs(error) > AGREEMENT * step_measured else 0.0)
         # Only points whose backward peak is the activations' measure them: at small micro-batches the
         # peak of backward is where it ends (all gradients), whatever the activations are.
         if backward is None or activation_peak <= backward_end or backward <= backward_end:
@@ -180,32 +186,39 @@ def calibrate(profile: Profile, shape: Shape, *, optimizer: OptimizerKind = Opti
                          "backward peak not from the activations, not used for the activation fit")
             continue
         groups.setdefault((m.precision, m.checkpointing, m.optimizer8bit), []).append(
-            (float(m.micro_batch_size), backward - fixed, slope)
+            (float(m.micro_batch_size), backward - fixed, slope, moment, float(backward))
         )
     fitted_scales: dict[GroupKey, list[float]] = {}
     fitted_residuals: dict[GroupKey, list[float]] = {}
     for (precision, ckpt, eight), points in sorted(groups.items()):
         key: GroupKey = (precision, ckpt)
-        analytic_slope = statistics.fmean(s for _, _, s in points)
-        if len({b for b, _, _ in points}) >= 2 and analytic_slope > 0:
-            _, slope = _least_squares([(b, y) for b, y, _ in points])
+        label = f"{precision.value}/{ckpt.value}{' 8-bit' if eight else ''}"
+        if all(abs(y - b * s) <= AGREEMENT * measured for b, y, s, _, measured in points):
+            fitted_scales.setdefault(key, []).append(1.0)
+            fitted_residuals.setdefault(key, []).append(0.0)
+            notes.append(f"{label}: the analytic model is within {AGREEMENT:.0%} of every measurement, no correction")
+            continue
+        analytic_slope = statistics.fmean(s for _, _, s, _, _ in points)
+        same_moment = len({moment for _, _, _, moment, _ in points}) == 1
+        if len({b for b, _, _, _, _ in points}) >= 2 and same_moment and analytic_slope > 0:
+            _, slope = _least_squares([(b, y) for b, y, _, _, _ in points])
             scale = slope / analytic_slope
             if not MIN_ACTIVATION_SCALE <= scale <= MAX_ACTIVATION_SCALE:
                 # Outside the bounds the points disagree with any linear activation term: keep the
                 # analytic slope and let the residual absorb the level.
-                notes.append(f"{precision.value}/{ckpt.value}: fitted activation scale {scale:.2f} outside "
+                notes.append(f"{label}: fitted activation scale {scale:.2f} outside "
                              f"[{MIN_ACTIVATION_SCALE}, {MAX_ACTIVATION_SCALE}], not used")
                 scale = 1.0
             fitted_scales.setdefault(key, []).append(scale)
             fitted_residuals.setdefault(key, []).append(
-                statistics.fmean(y - b * scale * s for b, y, s in points)
+                statistics.fmean(y - b * scale * s for b, y, s, _, _ in points)
             )
         else:
-            # One micro-batch cannot separate slope from intercept; activations are the better-known
-            # term (checked against saved tensors), so the error goes to the fixed residual.
-            fitted_residuals.setdefault(key, []).append(statistics.fmean(y - b * s for b, y, s in points))
-            notes.append(f"{precision.value}/{ckpt.value}{' 8-bit' if eight else ''}: one micro-batch size, "
-                         "error assigned to the fixed residual")
+            # One micro-batch (or points at different moments of backward) cannot separate slope from
+            # intercept; activations are the better-known term (checked against saved tensors), so
+            # the error goes to the fixed residual.
+            fitted_residuals.setdefault(key, []).append(statistics.fmean(y - b * s for b, y, s, _, _ in points))
+            notes.append(f"{label}: one micro-batch size per backward moment, error assigned to the fixed residual")
     fragmentation = None
     if ratios:
         fragmentation = min(MAX_FRAGMENTATION, max(MIN_FRAGMENTATION, statistics.median(ratios)))

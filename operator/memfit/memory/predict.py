@@ -71,7 +71,10 @@ class MemoryTerms:
     optimizer_bytes: float
     persistent_bytes: float
     with_activations_bytes: float
+    in_backward_gradient_bytes: float
     in_backward_bytes: float
+    late_gradient_bytes: float
+    late_backward_bytes: float
     held_gradient_bytes: float
     backward_end_bytes: float
     step_gradient_bytes: float
@@ -80,6 +83,7 @@ class MemoryTerms:
     temporary_bytes_per_sample: float
     block_activation_bytes_per_sample: float
     block_temporary_bytes_per_sample: float
+    last_block_activation_bytes_per_sample: float
     overhead_bytes: float
     fragmentation: float
     host_bytes: float
@@ -106,12 +110,21 @@ class MemoryTerms:
         """Alive in every phase: parameters, optimizer state, persistent engine buffers."""
         return self.parameters_bytes + self.optimizer_bytes + self.persistent_bytes
 
-    def _lines(self, accumulation: int) -> tuple[tuple[float, float], tuple[float, float]]:
-        """(fixed, per-sample) of the two activation-peak moments: the loss and the block backward."""
-        held = self.held_gradient_bytes if accumulation > 1 else 0.0
-        base = self.with_activations_bytes + held
-        return ((base, self.per_sample_bytes),
-                (base + self.in_backward_bytes, self.block_per_sample_bytes))
+    @property
+    def last_block_per_sample_bytes(self) -> float:
+        """Allocated bytes added by one more sample in the last block's backward."""
+        return self.last_block_activation_bytes_per_sample + self.block_temporary_bytes_per_sample
+
+    def _lines(self, accumulation: int) -> tuple[tuple[float, float], ...]:
+        """(fixed, per-sample) of the activation-peak moments: the loss, the first and the last block's
+        backward. With accumulation every gradient is kept across micro-steps (counted once)."""
+        acc = accumulation > 1
+        held = self.held_gradient_bytes if acc else 0.0
+        first_grads = self.held_gradient_bytes if acc else self.in_backward_gradient_bytes
+        late_grads = self.held_gradient_bytes if acc else self.late_gradient_bytes
+        return ((self.with_activations_bytes + held, self.per_sample_bytes),
+                (self.with_activations_bytes + first_grads + self.in_backward_bytes, self.block_per_sample_bytes),
+                (late_grads + self.late_backward_bytes, self.last_block_per_sample_bytes))
 
     def _fixed_phases(self) -> float:
         return max(self.backward_end_bytes, self.step_gradient_bytes + self.step_temporary_bytes)
@@ -148,15 +161,19 @@ class MemoryTerms:
     def at(self, micro_batch: int, accumulation: int) -> MemoryEstimate:
         """The full breakdown at one micro-batch and accumulation."""
         b = micro_batch
-        held = self.held_gradient_bytes if accumulation > 1 else 0.0
-        loss = (self.activation_bytes_per_sample * b, self.temporary_bytes_per_sample * b)
-        block = (self.block_activation_bytes_per_sample * b, self.block_temporary_bytes_per_sample * b)
+        lines = self._lines(accumulation)
+        acc = accumulation > 1
+        grads_at = (self.held_gradient_bytes if acc else 0.0,
+                    self.held_gradient_bytes if acc else self.in_backward_gradient_bytes,
+                    self.held_gradient_bytes if acc else self.late_gradient_bytes)
+        acts_per = (self.activation_bytes_per_sample, self.block_activation_bytes_per_sample,
+                    self.last_block_activation_bytes_per_sample)
         # (total, phase, gradients, activations, temporaries) of each moment; the largest is the peak.
         candidates = [
-            (self.with_activations_bytes + held + sum(loss), "backward", held, loss[0],
-             self.with_activations_bytes + loss[1]),
-            (self.with_activations_bytes + held + self.in_backward_bytes + sum(block), "backward", held,
-             block[0], self.with_activations_bytes + self.in_backward_bytes + block[1]),
+            (fixed + b * per, "backward", grads, b * act, fixed - grads + b * (per - act))
+            for (fixed, per), grads, act in zip(lines, grads_at, acts_per, strict=True)
+        ]
+        candidates += [
             (self.backward_end_bytes, "backward-end", self.held_gradient_bytes, 0.0,
              self.backward_end_bytes - self.held_gradient_bytes),
             (self.step_gradient_bytes + self.step_temporary_bytes, "step", self.step_gradient_bytes, 0.0,
@@ -200,13 +217,14 @@ def memory_terms(shape: Shape, strategy: Strategy, *, calibration: Calibration |
     acts = activations if activations is not None else activation_terms(shape, strategy)
     act_per_sample, tmp_per_sample = acts.activation_bytes_per_sample, acts.temporary_bytes_per_sample
     block_act, block_tmp = acts.block_activation_bytes_per_sample, acts.block_temporary_bytes_per_sample
+    last_act = acts.last_block_activation_bytes_per_sample
     with_activations = phases.with_activations_bytes
     step_temporary = phases.step_temporary_bytes
     fragmentation = None
     if calibration is not None:
         scale = calibration.activation_scale(strategy)
         act_per_sample, tmp_per_sample = act_per_sample * scale, tmp_per_sample * scale
-        block_act, block_tmp = block_act * scale, block_tmp * scale
+        block_act, block_tmp, last_act = block_act * scale, block_tmp * scale, last_act * scale
         with_activations = max(0.0, with_activations + calibration.fixed_residual(strategy))
         step_temporary = max(0.0, step_temporary + calibration.step_residual(strategy))
         fragmentation = calibration.fragmentation
@@ -217,7 +235,10 @@ def memory_terms(shape: Shape, strategy: Strategy, *, calibration: Calibration |
         optimizer_bytes=states.optimizer_bytes,
         persistent_bytes=phases.persistent_bytes,
         with_activations_bytes=with_activations,
+        in_backward_gradient_bytes=phases.in_backward_gradient_bytes,
         in_backward_bytes=phases.in_backward_bytes,
+        late_gradient_bytes=phases.late_gradient_bytes,
+        late_backward_bytes=phases.late_backward_bytes,
         held_gradient_bytes=phases.held_gradient_bytes,
         backward_end_bytes=phases.backward_end_bytes,
         step_gradient_bytes=phases.step_gradient_bytes,
@@ -226,6 +247,7 @@ def memory_terms(shape: Shape, strategy: Strategy, *, calibration: Calibration |
         temporary_bytes_per_sample=tmp_per_sample,
         block_activation_bytes_per_sample=block_act,
         block_temporary_bytes_per_sample=block_tmp,
+        last_block_activation_bytes_per_sample=last_act,
         overhead_bytes=overhead.fixed_bytes,
         fragmentation=overhead.fragmentation,
         host_bytes=states.host_bytes,

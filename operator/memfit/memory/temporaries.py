@@ -16,7 +16,8 @@ from the sources cited per rule:
 - DeepSpeed ZeRO (deepspeed/runtime/zero/stage_1_and_2.py, stage3.py; bf16_optimizer.py): no gradient
   exists at the start of backward; the fp32 gradient partition is built for the step
   (`single_partition_of_fp32_groups[i].grad`) and freed after it, and ZeRO-0 with bf16 also still holds
-  the 16-bit gradients then; ZeRO-3 keeps a persistent 16-bit gradient partition and, with
+  the 16-bit gradients then; ZeRO-2 (`contiguous_gradients`) allocates its 16-bit gradient partition
+  buffer at the first reduction of backward; ZeRO-3 keeps a persistent 16-bit gradient partition and, with
   `stage3_max_reuse_distance`/`stage3_max_live_parameters` at their 1e9 defaults, keeps parameters
   gathered between forward and backward (up to `max_live` elements). On CUDA, `overlap_comm` holds two
   reduce buckets (`reduce_bucket_size = h²`, the Hugging Face "auto" value).
@@ -60,7 +61,14 @@ class PhaseBytes:
 
     persistent_bytes: float  # engine buffers alive in every phase (DDP buckets, ZeRO-3 grad partition)
     with_activations_bytes: float  # alive at the activation peak (gathered weights, autocast copies)
-    in_backward_bytes: float  # alive once backward is past the loss: the head's gradients, gathered units
+    # Once backward is past the loss (first block's backward): gradients made so far (the head's, or a
+    # gradient buffer), and other bytes (gathered units, unsharded gradients of the unit).
+    in_backward_gradient_bytes: float
+    in_backward_bytes: float
+    # In the last block's backward: nearly every gradient, and other bytes (its unit, its autocast
+    # copies). Both replace `with_activations_bytes`, which by then is gone.
+    late_gradient_bytes: float
+    late_backward_bytes: float
     held_gradient_bytes: float  # gradients kept across micro-steps when accumulating
     backward_end_bytes: float  # gradients and buffers alive when backward finishes
     step_gradient_bytes: float  # gradients alive during the optimizer step
@@ -69,6 +77,13 @@ class PhaseBytes:
 
 def _head_parameters(shape: Shape) -> int:
     return shape.vocab * shape.hidden
+
+
+def _late_share(shape: Shape) -> float:
+    """Share of the trainable parameters whose gradients exist when the last block runs backward:
+    the other blocks' and the head's (the embeddings' come after)."""
+    done = (shape.layers - 1) * shape.block_parameters + _head_parameters(shape)
+    return min(1.0, done / shape.trainable) if shape.trainable else 0.0
 
 
 def _largest_tensor(shape: Shape) -> float:
@@ -109,7 +124,11 @@ def _ddp(shape: Shape, strategy: Strategy) -> PhaseBytes:
     return PhaseBytes(
         persistent_bytes=4.0 * t,  # reducer buckets
         with_activations_bytes=with_activations,
-        in_backward_bytes=4.0 * _head_parameters(shape),
+        in_backward_gradient_bytes=4.0 * _head_parameters(shape),
+        in_backward_bytes=0.0,
+        late_gradient_bytes=grads * _late_share(shape),
+        # The other blocks' autocast copies went with their graphs; the last block's are still there.
+        late_backward_bytes=2.0 * shape.block_parameters if strategy.mixed_precision else 0.0,
         held_gradient_bytes=grads,
         backward_end_bytes=grads,
         step_gradient_bytes=grads,
@@ -139,7 +158,10 @@ def _fsdp(shape: Shape, strategy: Strategy) -> PhaseBytes:
     return PhaseBytes(
         persistent_bytes=0.0,
         with_activations_bytes=with_activations,
+        in_backward_gradient_bytes=0.0,
         in_backward_bytes=in_backward,
+        late_gradient_bytes=sharded_grads * _late_share(shape),
+        late_backward_bytes=FSDP_LIVE_UNITS * unit * param_bytes + unsharded_grads,
         held_gradient_bytes=sharded_grads,
         backward_end_bytes=sharded_grads + gathered_late + unsharded_grads,
         step_gradient_bytes=sharded_grads,
@@ -174,10 +196,21 @@ def _deepspeed(shape: Shape, strategy: Strategy) -> PhaseBytes:
         persistent = low_grads  # the 16-bit gradient partition buffer
         live = min(DS_MAX_LIVE_PARAMETERS, p)
         with_activations = live * weight_bytes + DS_PREFETCH_BUCKET_FACTOR * square * weight_bytes
+    head_grads = weight_bytes * _head_parameters(shape)
+    if stage == 2:
+        # contiguous_gradients: the gradient partition buffer is allocated at the first reduction.
+        in_backward, late_grads, late = head_grads + low_grads, low_grads, buckets
+    elif stage == 3:
+        in_backward, late_grads, late = head_grads, 0.0, buckets + weight_bytes * shape.block_parameters
+    else:
+        in_backward, late_grads, late = head_grads, low_grads * _late_share(shape), buckets
     return PhaseBytes(
         persistent_bytes=persistent,
         with_activations_bytes=with_activations + buckets,
-        in_backward_bytes=weight_bytes * _head_parameters(shape),  # the head's 16-bit gradients
+        in_backward_gradient_bytes=in_backward,
+        in_backward_bytes=0.0,
+        late_gradient_bytes=late_grads,
+        late_backward_bytes=late,
         held_gradient_bytes=0.0 if stage == 3 else low_grads,
         backward_end_bytes=(0.0 if stage == 3 else low_grads) + buckets + with_activations,
         step_gradient_bytes=step_grads,

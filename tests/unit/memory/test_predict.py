@@ -80,3 +80,20 @@ def test_one_prediction_takes_well_under_a_millisecond() -> None:
     for _ in range(n):
         predict_memory(LLAMA_1B, strategy)
     assert (time.perf_counter() - start) / n < 1e-3
+
+
+def test_late_backward_moment_holds_most_gradients() -> None:
+    # A first-token classifier (no vocabulary) with full checkpointing: the activations are small and
+    # the peak is the last block's backward, with the other blocks' gradients already made.
+    from memfit.memory import Shape
+    from memory_factories import model_shape
+
+    shape = Shape.of(model_shape(vocab=0))
+    strategy = replace(S().ddp().fp32().ckpt("full").build(), micro_batch_size=1)
+    estimate = predict_memory(shape, strategy)
+    terms = memory_terms(shape, strategy)
+    assert estimate.phase in ("backward", "step")
+    assert terms.late_gradient_bytes > 0.5 * terms.held_gradient_bytes  # most gradients exist by then
+    loss, first, last = terms._lines(1)
+    assert last[0] > first[0] >= loss[0]  # the fixed bytes grow through backward
+    assert last[1] < first[1]  # while the saved activations shrink
