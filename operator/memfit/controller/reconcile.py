@@ -688,9 +688,12 @@ def _monitor_step(
         return
 
     if attempt.get("outcome") == OUTCOME_LAUNCHING and _never_had_pods(job, summary):
-        created = parse_time((job.get("metadata") or {}).get("creationTimestamp"))
-        waited = (now - created).total_seconds() if created else 0.0
-        if waited >= spec.recovery.capacity_timeout_seconds:
+        # Counted from the Job controller's first sync (status.startTime): before it, the control
+        # plane has not looked at the Job yet (e.g. kube-controller-manager re-listing after an API
+        # server restart) and nothing has refused the pods.
+        started = parse_time((job.get("status") or {}).get("startTime"))
+        waited = (now - started).total_seconds() if started else 0.0
+        if started is not None and waited >= spec.recovery.capacity_timeout_seconds:
             # Nothing will change by itself: without this the job would stay Launching forever.
             detail = (
                 f"the Job controller created no pod of training Job {name} in {int(waited)}s "
