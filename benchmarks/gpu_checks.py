@@ -103,6 +103,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     import memory_accuracy as bench
+    import memory_accuracy_peers as peers
     from memory_accuracy_cases import gpu_cases
     from memory_accuracy_peers import PEERS
 
@@ -110,6 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="memfit-gpu-checks-") as tmp:
         workdir = Path(tmp)
+        peers.TRUTH_DEVICE = "cuda"  # memfit predicts the CUDA rules for CUDA truth
         profiles = bench.profile_problems({c.family for c in cases}, workdir, extra=("--device", "cuda"))
         truth = bench.measure_truth(cases, workdir, device="cuda")
     if not args.memtracker:
