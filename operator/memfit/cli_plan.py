@@ -27,6 +27,7 @@ from memfit.api.validation import Violation, load_file, violations_from
 from memfit.catalog import CATALOG, find_gpu
 from memfit.memory import (
     Calibration,
+    Device,
     MemoryEstimate,
     Shape,
     ShapeError,
@@ -388,6 +389,7 @@ def _estimate_strategy(args: argparse.Namespace, job: MemoryOptimizedTrainingJob
         gpus_per_node=args.gpus_per_node or min(world, 8),
         micro_batch_size=micro,
         accumulation_steps=accumulation,
+        device=Device(args.device),
     )
 
 
@@ -469,6 +471,8 @@ def add_plan_commands(subparsers: Any) -> None:
     e.add_argument("--accumulation", type=int)
     e.add_argument("--profile", help="Profile JSON to calibrate with")
     e.add_argument("--gpu", help="catalog GPU key: also print usable memory and step time")
+    e.add_argument("--device", choices=[d.value for d in Device], default=Device.CUDA.value,
+                   help="where the step runs (cpu: the CPU optimizer kernels, as the CPU profiler measures)")
     e.add_argument("--json", action="store_true", help="print the MemoryBreakdown as JSON")
     e.set_defaults(func=cmd_estimate)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from memfit.memory.strategy import Strategy
+from memfit.memory.strategy import Device, Strategy
 
 MIB = 1024 * 1024
 # CUDA context per process: 0.3-0.7 GB, 287 MB lazy vs 667 MB eager module loading
@@ -34,7 +34,11 @@ class Overhead:
 
 
 def framework_overhead(strategy: Strategy, *, fragmentation: float = DEFAULT_FRAGMENTATION) -> Overhead:
-    """CUDA context + cuBLAS workspace, plus one NCCL communicator when the job is distributed."""
+    """CUDA context + cuBLAS workspace, plus one NCCL communicator when the job is distributed.
+
+    A CPU step has none of them and no caching allocator: its peak is the allocated bytes."""
+    if strategy.device == Device.CPU:
+        return Overhead(0.0, 1.0)
     fixed = float(CUDA_CONTEXT_BYTES + CUBLAS_WORKSPACE_BYTES)
     if strategy.world_size > 1:
         fixed += NCCL_COMMUNICATOR_BYTES

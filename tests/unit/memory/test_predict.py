@@ -97,3 +97,12 @@ def test_late_backward_moment_holds_most_gradients() -> None:
     loss, first, last = terms._lines(1)
     assert last[0] > first[0] >= loss[0]  # the fixed bytes grow through backward
     assert last[1] < first[1]  # while the saved activations shrink
+
+
+def test_a_cpu_step_has_no_cuda_overhead() -> None:
+    from memfit.memory import Device
+
+    on_cpu = replace(S().ddp().bf16().mbs(2).build(), device=Device.CPU)
+    estimate = predict_memory(LLAMA_1B, on_cpu)
+    assert estimate.peak_bytes == estimate.allocated_bytes  # no context, cuBLAS, NCCL or fragmentation
+    assert predict_memory(LLAMA_1B, replace(on_cpu, device=Device.CUDA)).peak_bytes > estimate.peak_bytes
