@@ -86,6 +86,10 @@ def test_quickstart_profiles_plans_trains_and_succeeds(
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
         text = r.read().decode()
     assert f'memfit_job_predicted_peak_bytes{{job="quickstart",namespace="{namespace}"' in text
+    # The profiling run and the planner are timed (histograms with at least one observation).
+    for histogram in ("memfit_profile_duration_seconds", "memfit_plan_duration_seconds"):
+        count = next(line for line in text.splitlines() if line.startswith(f"{histogram}_count"))
+        assert float(count.split()[-1]) >= 1, count
 
 
 def test_second_job_of_same_problem_reuses_cached_profile(

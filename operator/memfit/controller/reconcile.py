@@ -17,6 +17,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from memfit import metrics
 from memfit.api.hashing import problem_hash
 from memfit.api.job import MemoryOptimizedTrainingJobSpec, Phase
 from memfit.api.plan import Plan
@@ -340,6 +341,7 @@ def _profile_step(
     _, created_cache = api.ensure(manifest)
     if not created_cache:
         api.replace_config_map_data(owner.namespace, manifest["metadata"]["name"], manifest["data"])
+    metrics.PROFILE_SECONDS.observe(profile.seconds)  # the profiler's own wall time, once per result read
     _mark_profiled(decision, digest, fresh.profile, measured=True, generation=generation, now=now)
     return fresh.profile
 
