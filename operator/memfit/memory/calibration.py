@@ -36,11 +36,9 @@ from types import MappingProxyType
 from memfit.api.common import Checkpointing, Engine, Offload, Precision
 from memfit.api.job import OptimizerKind
 from memfit.api.profile import Measurement, Profile
-from memfit.memory.activations import activation_terms
+from memfit.memory.predict import memory_terms
 from memfit.memory.shape import Shape
-from memfit.memory.states import model_states
 from memfit.memory.strategy import Device, Strategy
-from memfit.memory.temporaries import phase_bytes
 
 # Bounds on the fitted factors: outside them the profile is more likely wrong than the model.
 MIN_ACTIVATION_SCALE, MAX_ACTIVATION_SCALE = 0.5, 2.0
@@ -152,22 +150,15 @@ def calibrate(profile: Profile, shape: Shape, *, optimizer: OptimizerKind = Opti
         if m.peak_reserved_bytes and m.peak_allocated_bytes:
             ratios.append(m.peak_reserved_bytes / m.peak_allocated_bytes)
         strategy = _profile_strategy(m, optimizer, device)
-        states = model_states(shape, strategy)
-        phases = phase_bytes(shape, strategy)
-        acts = activation_terms(shape, strategy)
-        static = states.parameters_bytes + states.optimizer_bytes + phases.persistent_bytes
+        terms = memory_terms(shape, strategy)
+        static = terms.static_bytes
         # The activation moment the model puts the peak in: the loss, the first or the last block's backward.
-        moment, (fixed, slope) = max(enumerate((
-            (static + phases.with_activations_bytes,
-             acts.activation_bytes_per_sample + acts.temporary_bytes_per_sample),
-            (static + phases.with_activations_bytes + phases.in_backward_gradient_bytes + phases.in_backward_bytes,
-             acts.block_activation_bytes_per_sample + acts.block_temporary_bytes_per_sample),
-            (static + phases.late_gradient_bytes + phases.late_backward_bytes,
-             acts.last_block_activation_bytes_per_sample + acts.block_temporary_bytes_per_sample),
-        )), key=lambda line: line[1][0] + m.micro_batch_size * line[1][1])
+        moment, peak_moment = max(enumerate(terms.activation_moments(1)),
+                                  key=lambda indexed: indexed[1].total(m.micro_batch_size))
+        fixed, slope = static + peak_moment.fixed_bytes, peak_moment.per_sample_bytes
         activation_peak = fixed + m.micro_batch_size * slope
-        step = static + phases.step_gradient_bytes + phases.step_temporary_bytes
-        backward_end = static + phases.backward_end_bytes
+        step = static + terms.step_gradient_bytes + terms.step_temporary_bytes
+        backward_end = static + terms.backward_end_bytes
         backward = m.peak_backward_bytes
         step_measured = m.peak_step_bytes
         if backward is None and step_measured is None:

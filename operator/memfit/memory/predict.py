@@ -19,17 +19,20 @@ the largest micro-batch that fits a budget has a closed form (`MemoryTerms.max_m
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 from memfit.api.plan import MemoryBreakdown
 from memfit.api.profile import ModelShape
 from memfit.memory.activations import ActivationTerms, activation_terms
-from memfit.memory.calibration import Calibration
 from memfit.memory.overhead import framework_overhead
 from memfit.memory.shape import Shape
 from memfit.memory.states import model_states
 from memfit.memory.strategy import Strategy
 from memfit.memory.temporaries import phase_bytes
+
+if TYPE_CHECKING:  # calibration.py builds on memory_terms; predict only calls a Calibration's methods
+    from memfit.memory.calibration import Calibration
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +67,28 @@ class MemoryEstimate:
 
 
 @dataclass(frozen=True, slots=True)
+class ActivationMoment:
+    """One candidate activation peak: fixed bytes (gradients + the rest) and per-sample bytes."""
+
+    other_bytes: float  # gathered units, autocast copies, buffers alive at this moment
+    gradient_bytes: float
+    activation_bytes_per_sample: float
+    temporary_bytes_per_sample: float
+
+    @property
+    def fixed_bytes(self) -> float:
+        return self.other_bytes + self.gradient_bytes
+
+    @property
+    def per_sample_bytes(self) -> float:
+        return self.activation_bytes_per_sample + self.temporary_bytes_per_sample
+
+    def total(self, micro_batch: int) -> float:
+        """Bytes on top of the static ones at this moment."""
+        return self.fixed_bytes + micro_batch * self.per_sample_bytes
+
+
+@dataclass(frozen=True, slots=True)
 class MemoryTerms:
     """A strategy's per-GPU memory as a function of micro-batch b and accumulation."""
 
@@ -89,6 +114,14 @@ class MemoryTerms:
     host_bytes: float
     nvme_bytes: float
     scale: float = 1.0  # correction from measured peaks (auto-downsizing); 1 = none
+    # (fixed, per-sample) of each activation moment, without and with accumulation: derived once,
+    # read on the planner's hot path.
+    _lines: tuple[tuple[tuple[float, float], ...], ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        lines = tuple(tuple((m.fixed_bytes, m.per_sample_bytes) for m in self.activation_moments(acc))
+                      for acc in (1, 2))
+        object.__setattr__(self, "_lines", lines)
 
     @property
     def gradients_bytes(self) -> float:
@@ -101,37 +134,31 @@ class MemoryTerms:
         return self.activation_bytes_per_sample + self.temporary_bytes_per_sample
 
     @property
-    def block_per_sample_bytes(self) -> float:
-        """Allocated bytes added by one more sample in the first block's backward."""
-        return self.block_activation_bytes_per_sample + self.block_temporary_bytes_per_sample
-
-    @property
     def static_bytes(self) -> float:
         """Alive in every phase: parameters, optimizer state, persistent engine buffers."""
         return self.parameters_bytes + self.optimizer_bytes + self.persistent_bytes
 
-    @property
-    def last_block_per_sample_bytes(self) -> float:
-        """Allocated bytes added by one more sample in the last block's backward."""
-        return self.last_block_activation_bytes_per_sample + self.block_temporary_bytes_per_sample
-
-    def _lines(self, accumulation: int) -> tuple[tuple[float, float], ...]:
-        """(fixed, per-sample) of the activation-peak moments: the loss, the first and the last block's
-        backward. With accumulation every gradient is kept across micro-steps (counted once)."""
+    def activation_moments(self, accumulation: int) -> tuple[ActivationMoment, ...]:
+        """The activation-peak moments: the loss, the first and the last block's backward. With
+        accumulation every gradient is kept across micro-steps (counted once)."""
         acc = accumulation > 1
-        held = self.held_gradient_bytes if acc else 0.0
-        first_grads = self.held_gradient_bytes if acc else self.in_backward_gradient_bytes
-        late_grads = self.held_gradient_bytes if acc else self.late_gradient_bytes
-        return ((self.with_activations_bytes + held, self.per_sample_bytes),
-                (self.with_activations_bytes + first_grads + self.in_backward_bytes, self.block_per_sample_bytes),
-                (late_grads + self.late_backward_bytes, self.last_block_per_sample_bytes))
+        held = self.held_gradient_bytes
+        return (
+            ActivationMoment(self.with_activations_bytes, held if acc else 0.0, self.activation_bytes_per_sample,
+                             self.temporary_bytes_per_sample),
+            ActivationMoment(self.with_activations_bytes + self.in_backward_bytes,
+                             held if acc else self.in_backward_gradient_bytes,
+                             self.block_activation_bytes_per_sample, self.block_temporary_bytes_per_sample),
+            ActivationMoment(self.late_backward_bytes, held if acc else self.late_gradient_bytes,
+                             self.last_block_activation_bytes_per_sample, self.block_temporary_bytes_per_sample),
+        )
 
     def _fixed_phases(self) -> float:
         return max(self.backward_end_bytes, self.step_gradient_bytes + self.step_temporary_bytes)
 
     def allocated_bytes(self, micro_batch: int, accumulation: int) -> float:
         """Peak allocated bytes (before fragmentation and overhead)."""
-        activation_peak = max(fixed + micro_batch * per for fixed, per in self._lines(accumulation))
+        activation_peak = max(fixed + micro_batch * per for fixed, per in self._lines[accumulation > 1])
         return self.static_bytes + max(activation_peak, self._fixed_phases())
 
     def peak_bytes(self, micro_batch: int, accumulation: int) -> float:
@@ -143,7 +170,7 @@ class MemoryTerms:
         """Largest micro-batch whose peak fits `budget_bytes` (0 when none does).
 
         `accumulation_above_one` selects the phase rule: with accumulation the gradients coexist with
-        the activations. The answer is exact for the model because both activation moments are
+        the activations. The answer is exact for the model because every activation moment is
         linear in b.
         """
         allocated_budget = (budget_bytes / self.scale - self.overhead_bytes) / self.fragmentation
@@ -151,7 +178,7 @@ class MemoryTerms:
         if self._fixed_phases() > room:
             return 0
         best = 1 << 30
-        for fixed, per in self._lines(2 if accumulation_above_one else 1):
+        for fixed, per in self._lines[accumulation_above_one]:
             if room - fixed < per:
                 return 0
             if per > 0:
@@ -161,17 +188,11 @@ class MemoryTerms:
     def at(self, micro_batch: int, accumulation: int) -> MemoryEstimate:
         """The full breakdown at one micro-batch and accumulation."""
         b = micro_batch
-        lines = self._lines(accumulation)
-        acc = accumulation > 1
-        grads_at = (self.held_gradient_bytes if acc else 0.0,
-                    self.held_gradient_bytes if acc else self.in_backward_gradient_bytes,
-                    self.held_gradient_bytes if acc else self.late_gradient_bytes)
-        acts_per = (self.activation_bytes_per_sample, self.block_activation_bytes_per_sample,
-                    self.last_block_activation_bytes_per_sample)
         # (total, phase, gradients, activations, temporaries) of each moment; the largest is the peak.
         candidates = [
-            (fixed + b * per, "backward", grads, b * act, fixed - grads + b * (per - act))
-            for (fixed, per), grads, act in zip(lines, grads_at, acts_per, strict=True)
+            (m.total(b), "backward", m.gradient_bytes, b * m.activation_bytes_per_sample,
+             m.other_bytes + b * m.temporary_bytes_per_sample)
+            for m in self.activation_moments(accumulation)
         ]
         candidates += [
             (self.backward_end_bytes, "backward-end", self.held_gradient_bytes, 0.0,

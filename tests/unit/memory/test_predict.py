@@ -94,9 +94,9 @@ def test_late_backward_moment_holds_most_gradients() -> None:
     terms = memory_terms(shape, strategy)
     assert estimate.phase in ("backward", "step")
     assert terms.late_gradient_bytes > 0.5 * terms.held_gradient_bytes  # most gradients exist by then
-    loss, first, last = terms._lines(1)
-    assert last[0] > first[0] >= loss[0]  # the fixed bytes grow through backward
-    assert last[1] < first[1]  # while the saved activations shrink
+    loss, first, last = terms.activation_moments(1)
+    assert last.fixed_bytes > first.fixed_bytes >= loss.fixed_bytes  # the fixed bytes grow through backward
+    assert last.per_sample_bytes < first.per_sample_bytes  # while the saved activations shrink
 
 
 def test_a_cpu_step_has_no_cuda_overhead() -> None:
