@@ -29,6 +29,15 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def operator_command(port: int, *extra: str, resync_seconds: float = 1) -> list[str]:
+    """The `memfit operator` command line the tests run (metrics on 127.0.0.1:`port`)."""
+    return [
+        sys.executable, "-m", "memfit.cli", "operator", "--metrics-host", "127.0.0.1",
+        "--metrics-port", str(port), "--resync-seconds", str(resync_seconds),
+        "--trainer-image", "memfit-trainer:test", *extra,
+    ]  # fmt: skip
+
+
 @contextmanager
 def operator_process(
     kubeconfig: Path, log_path: Path, *extra: str
@@ -38,23 +47,7 @@ def operator_process(
     env = {**os.environ, "KUBECONFIG": str(kubeconfig)}
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "memfit.cli",
-                "operator",
-                "--metrics-host",
-                "127.0.0.1",
-                "--metrics-port",
-                str(port),
-                "--extra-pod-label",
-                RUN_LOCAL,
-                "--resync-seconds",
-                "1",
-                "--trainer-image",
-                "memfit-trainer:test",
-                *extra,
-            ],
+            operator_command(port, "--extra-pod-label", RUN_LOCAL, *extra),
             env=env,
             stdout=log,
             stderr=subprocess.STDOUT,

@@ -9,7 +9,6 @@ from __future__ import annotations
 import copy
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -39,6 +38,7 @@ from memfit.api.profile import Profile  # noqa: E402
 from memfit.controller.kubeapi import KubeApi  # noqa: E402
 from memfit.kube.profile_cache import CachedProfile, build_profile_cache  # noqa: E402
 from memfit.memory.problems import shape_from_problem  # noqa: E402
+from operator_helpers import free_port, operator_command  # noqa: E402
 
 GROUP, VERSION, MOTJ = "memfit.dev", "v1alpha1", "memoryoptimizedtrainingjobs"
 QUICKSTART: dict[str, Any] = yaml.safe_load((REPO / "examples" / "quickstart.yaml").read_text())
@@ -151,12 +151,6 @@ class ChaosCluster:
         return name
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @dataclass
 class OperatorProcess:
     """`memfit operator` as a real process that can be SIGKILLed and restarted any number of times."""
@@ -174,22 +168,8 @@ class OperatorProcess:
 
     def start(self) -> None:
         self.port = free_port()
-        args = [
-            sys.executable,
-            "-m",
-            "memfit.cli",
-            "operator",
-            "--metrics-host",
-            "127.0.0.1",
-            "--metrics-port",
-            str(self.port),
-            "--resync-seconds",
-            str(self.resync_seconds),
-            "--trainer-image",
-            "memfit-trainer:test",
-            *(f"--namespace={ns}" for ns in self.namespaces),
-            *self.extra_args,
-        ]
+        namespaces = [f"--namespace={ns}" for ns in self.namespaces]
+        args = operator_command(self.port, *namespaces, *self.extra_args, resync_seconds=self.resync_seconds)
         env = {**os.environ, "KUBECONFIG": str(self.kubeconfig)}
         with open(self.log_path, "ab") as log:
             log.write(f"--- start {self.starts} at {time.time():.3f}\n".encode())

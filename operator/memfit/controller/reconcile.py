@@ -9,6 +9,7 @@ Running it twice in a row writes nothing the second time.
 from __future__ import annotations
 
 import copy
+import functools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -443,16 +444,11 @@ def _launch_step(
     excluded = {str(a.get("nodePool")) for a in attempts if a.get("outcome") == OUTCOME_NO_CAPACITY}
     # Plan first and create the plan ConfigMap (one write, no read, in the common case); a ConfigMap
     # that already exists is the record of a decision taken before a crash, and that decision holds.
-    fresh = plan_job(
-        spec=spec,
-        profile=profile,
-        pools=world.pools,
-        capacity=world.capacity,
-        excluded_pools=frozenset(excluded),
-        observations=observations,
-        attempt=index,
-        job_name=owner.name,
+    plan_attempt = functools.partial(
+        plan_job, spec=spec, profile=profile, pools=world.pools, capacity=world.capacity,
+        excluded_pools=frozenset(excluded), observations=observations, attempt=index, job_name=owner.name,
     )
+    fresh = plan_attempt()
     outcome: PlanOutcome | None = fresh
     plan = fresh.plan
     if plan is None:
@@ -460,17 +456,7 @@ def _launch_step(
         if recorded is not None:
             plan, outcome = Plan.model_validate_json(recorded["data"]["plan.json"]), None
     if plan is None and outcome is not None:
-        someday = plan_job(
-            spec=spec,
-            profile=profile,
-            pools=world.pools,
-            capacity=world.capacity,
-            excluded_pools=frozenset(excluded),
-            observations=observations,
-            attempt=index,
-            job_name=owner.name,
-            ignore_capacity=True,
-        )
+        someday = plan_attempt(ignore_capacity=True)
         if someday.plan is not None:
             # It fits once GPUs free up: wait like a queue (the resync loop retries), do not fail.
             msg = (
