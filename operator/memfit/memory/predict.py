@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from memfit.api.plan import MemoryBreakdown
 from memfit.api.profile import ModelShape
@@ -66,8 +66,7 @@ class MemoryEstimate:
         )
 
 
-@dataclass(frozen=True, slots=True)
-class ActivationMoment:
+class ActivationMoment(NamedTuple):
     """One candidate activation peak: fixed bytes (gradients + the rest) and per-sample bytes."""
 
     other_bytes: float  # gathered units, autocast copies, buffers alive at this moment
@@ -119,7 +118,7 @@ class MemoryTerms:
     _lines: tuple[tuple[tuple[float, float], ...], ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        lines = tuple(tuple((m.fixed_bytes, m.per_sample_bytes) for m in self.activation_moments(acc))
+        lines = tuple(tuple((other + grads, act + tmp) for other, grads, act, tmp in self.activation_moments(acc))
                       for acc in (1, 2))
         object.__setattr__(self, "_lines", lines)
 
