@@ -223,12 +223,21 @@ def build_report(
                 "truth_bytes": truth.get(c.id, {}).get("truth_bytes"),
                 **({"truth_error": truth[c.id]["error"]} if "error" in truth.get(c.id, {}) else {}),
                 "truth_rank_bytes": [r["peak_bytes"] for r in truth.get(c.id, {}).get("ranks", [])],
+                # Which phase the truth's peak is in: forward+backward vs the optimizer step (max over ranks).
+                "truth_phase_bytes": _phase_bytes(truth.get(c.id, {}).get("ranks", [])),
                 "predictions": {name: predictions[name][c.id].bytes for name in predictions},
                 "memfit_breakdown": predictions["memfit"][c.id].detail,
             }
             for c in cases
         ],
     }
+
+
+def _phase_bytes(ranks: list[dict[str, Any]]) -> dict[str, int] | None:
+    keys = ("backward_peak_bytes", "optimizer_peak_bytes")
+    if not ranks or not all(k in r for r in ranks for k in keys):
+        return None
+    return {k.removesuffix("_peak_bytes"): max(r[k] for r in ranks) for k in keys}
 
 
 def _environment() -> dict[str, Any]:

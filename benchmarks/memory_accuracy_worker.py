@@ -80,7 +80,8 @@ def run_case(plan_wire: dict[str, Any], env: Any, device: Any) -> dict[str, Any]
             for r in steps
         ],
         "peak_bytes": max(r.peak_allocated_bytes for r in steps[1:]),
-        # forward+backward and optimizer-step peaks of steps 2..3 (which phase the peak is in)
+        # forward+backward and optimizer-step peaks of steps 2..3 (which phase the peak is in; DeepSpeed
+        # steps inside micro_step at the accumulation boundary, so its step is in the first figure)
         "backward_peak_bytes": max(b.peak_allocated_bytes for b, _ in phases[1:]),
         "optimizer_peak_bytes": max(o.peak_allocated_bytes for _, o in phases[1:]),
         "optimizer_start_bytes": max(o.start_allocated_bytes for _, o in phases[1:]),
