@@ -191,6 +191,27 @@ class Phase(StrEnum):
     FAILED = "Failed"
 
 
+class AttemptOutcome(StrEnum):
+    """How an attempt (one training Job) ended, or that it is still going."""
+
+    LAUNCHING = "Launching"
+    RUNNING = "Running"
+    SUCCEEDED = "Succeeded"
+    OUT_OF_MEMORY = "OutOfMemory"
+    NO_CAPACITY = "NoCapacity"
+    FAILED = "Failed"
+
+    @property
+    def active(self) -> bool:
+        """The training Job is (still) supposed to run: the reconcile monitors it."""
+        return self in (AttemptOutcome.LAUNCHING, AttemptOutcome.RUNNING)
+
+    @property
+    def replans(self) -> bool:
+        """The attempt ended in a way the next reconcile re-plans (a new attempt)."""
+        return self in (AttemptOutcome.OUT_OF_MEMORY, AttemptOutcome.NO_CAPACITY)
+
+
 class ProfileSummary(ApiModel):
     """Which profile the plan used."""
 
@@ -236,7 +257,9 @@ class Attempt(ApiModel):
     nodes: int = Field(ge=1)
     started_at: datetime | None = None
     finished_at: datetime | None = None
-    outcome: str = Field(max_length=32, description="Running, Succeeded, OutOfMemory, NoCapacity, Failed.")
+    outcome: AttemptOutcome = Field(
+        description="Launching, Running, Succeeded, OutOfMemory, NoCapacity or Failed."
+    )
     measured_peak_bytes: int | None = Field(default=None, ge=0)
     predicted_peak_bytes: int | None = Field(default=None, ge=0)
     reason: str = Field(default="", max_length=1024)

@@ -7,9 +7,9 @@ from pathlib import Path
 import yaml
 from memfit.api.job import MemoryOptimizedTrainingJobSpec
 from memfit.api.pool import GPUNodePool
-from memfit.controller.planning import config_key, free_gpus, plan_job, strategy_of
-from memfit.controller.pools import PoolCapacity
 from memfit.kube.profile_cache import Observation
+from memfit.lifecycle.planning import config_key, free_gpus, plan_job, strategy_of
+from memfit.lifecycle.world import PoolCapacity
 
 REPO = Path(__file__).resolve().parents[3]
 POOLS = [
