@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 
 from memfit.api.hashing import problem_hash
 from memfit.api.job import MemoryOptimizedTrainingJobStatus
@@ -45,6 +45,14 @@ from memfit.lifecycle.snapshot import (
 Manifest = dict[str, Any]
 
 
+class ChildReader(Protocol):
+    """The reads a snapshot needs (KubeApi; an in-memory store in the lifecycle unit tests)."""
+
+    def get_job(self, namespace: str, name: str) -> Manifest | None: ...
+    def get_config_map(self, namespace: str, name: str) -> Manifest | None: ...
+    def list_pods(self, namespace: str, selector: str) -> list[Manifest]: ...
+
+
 def launch_settings(settings: OperatorSettings) -> LaunchSettings:
     return LaunchSettings(
         trainer_image=settings.trainer_image,
@@ -56,7 +64,7 @@ def launch_settings(settings: OperatorSettings) -> LaunchSettings:
 
 
 def observe_snapshot(
-    api: KubeApi,
+    api: ChildReader,
     body: Manifest,
     *,
     settings: OperatorSettings,
@@ -117,26 +125,30 @@ def observe_snapshot(
 class _Pools:
     """The world, read at most once per reconcile and only when the snapshot needs it."""
 
-    def __init__(self, api: KubeApi, world: World | None, source: Callable[[], World] | None) -> None:
+    def __init__(self, api: ChildReader, world: World | None, source: Callable[[], World] | None) -> None:
         self._api, self._world, self._source = api, world, source
 
     def get(self) -> World:
         if self._world is None:
-            self._world = self._source() if self._source is not None else observe_world(self._api)
+            self._world = self._source() if self._source is not None else observe_world(self._kube())
         return self._world
 
     def fresh(self) -> World:
         if self._source is not None:  # a world given by the caller is taken as it is
-            self._world = observe_world(self._api)
+            self._world = observe_world(self._kube())
         return self.get()
 
+    def _kube(self) -> KubeApi:
+        assert isinstance(self._api, KubeApi), "without a world, the pools are read from the API server"
+        return self._api
 
-def _profile_cache(api: KubeApi, namespace: str, digest: str) -> CachedProfile | None:
+
+def _profile_cache(api: ChildReader, namespace: str, digest: str) -> CachedProfile | None:
     raw = api.get_config_map(namespace, profile_cache_name(digest))
     return parse_profile_cache((raw or {}).get("data"))
 
 
-def _profiling(api: KubeApi, ref: JobRef) -> JobSummary | None:
+def _profiling(api: ChildReader, ref: JobRef) -> JobSummary | None:
     name = profile_job_name(ref.name)
     job = api.get_job(ref.namespace, name)
     if job is None:
@@ -145,7 +157,7 @@ def _profiling(api: KubeApi, ref: JobRef) -> JobSummary | None:
     return summarize_job(job, pods, name)
 
 
-def _attempt_children(api: KubeApi, ref: JobRef, index: int) -> AttemptChildren:
+def _attempt_children(api: ChildReader, ref: JobRef, index: int) -> AttemptChildren:
     name = train_job_name(ref.name, index)
     job = api.get_job(ref.namespace, name)
     cm = api.get_config_map(ref.namespace, plan_config_map_name(ref.name, index))
@@ -167,7 +179,7 @@ def _annotated_plan(job: Manifest) -> Plan | None:
     return plan
 
 
-def _recorded_plan(api: KubeApi, ref: JobRef, index: int) -> RecordedPlan | None:
+def _recorded_plan(api: ChildReader, ref: JobRef, index: int) -> RecordedPlan | None:
     cm = api.get_config_map(ref.namespace, plan_config_map_name(ref.name, index))
     plan, summary = parse_plan_record((cm or {}).get("data"))
     return RecordedPlan(plan, summary) if plan is not None else None
