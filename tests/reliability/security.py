@@ -24,7 +24,7 @@ from kubernetes import client
 from memfit.api.job import MemoryOptimizedTrainingJobSpec
 from memfit.api.pool import GPUNodePool
 from memfit.api.profile import Profile
-from memfit.controller.planning import plan_job
+from memfit.lifecycle.planning import plan_job
 from memfit.kube.common import Owner, Placement, PodSettings
 from memfit.kube.profile_job import build_profile_job
 from memfit.kube.train_job import build_training_job
