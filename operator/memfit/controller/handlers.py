@@ -148,11 +148,11 @@ def _reconcile_once(runtime: Runtime, api: KubeApi, namespace: str, name: str) -
     except ApiException as error:
         if error.status == 409:  # a concurrent write; the next event or resync retries
             return False
+        metrics.RECONCILE_ERRORS.labels("MemoryOptimizedTrainingJob").inc()
+        log.warning("reconcile %s/%s: API error %s %s", namespace, name, error.status, error.reason)
     except RecordConflict as error:  # the snapshot predates a recorded plan: the next pass reads it
         log.info("reconcile %s/%s: %s", namespace, name, error)
         return True
-        metrics.RECONCILE_ERRORS.labels("MemoryOptimizedTrainingJob").inc()
-        log.warning("reconcile %s/%s: API error %s %s", namespace, name, error.status, error.reason)
     except ForeignObjectError as error:
         metrics.RECONCILE_ERRORS.labels("MemoryOptimizedTrainingJob").inc()
         log.error("reconcile %s/%s: %s", namespace, name, error)

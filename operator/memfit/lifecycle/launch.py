@@ -20,7 +20,7 @@ from memfit.kube.train_job import (
 from memfit.lifecycle import conditions as c
 from memfit.lifecycle.draft import Draft
 from memfit.lifecycle.planning import PlanOutcome, plan_job, summary_without_baseline
-from memfit.lifecycle.profiling import _world, placement_of
+from memfit.lifecycle.profiling import placement_of
 from memfit.lifecycle.result import Effect, Ensure
 from memfit.lifecycle.snapshot import Snapshot
 from memfit.lifecycle.world import World
@@ -36,7 +36,7 @@ def launch_step(
 
     A plan ConfigMap that already exists for this attempt is the record of a decision taken before a
     crash (or before the status was lost): that decision holds, and the planner does not run."""
-    world = _world(snap)
+    world = snap.pools()
     index = len(draft.attempts)
     recorded = snap.recorded_plan
     plan: Plan

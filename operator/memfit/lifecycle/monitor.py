@@ -14,7 +14,6 @@ from memfit.lifecycle.draft import Draft
 from memfit.lifecycle.launch import launch_effects
 from memfit.lifecycle.observed import JobSummary
 from memfit.lifecycle.planning import config_key
-from memfit.lifecycle.profiling import _world
 from memfit.lifecycle.result import Ensure, WriteData
 from memfit.lifecycle.snapshot import Snapshot
 
@@ -38,7 +37,7 @@ def monitor_step(draft: Draft, snap: Snapshot, spec: MemoryOptimizedTrainingJobS
                 spec=spec,
                 plan=plan,
                 summary=draft.plan,
-                world=_world(snap),
+                world=snap.pools(),
                 pod=snap.settings.pod(spec),
                 pod_group=spec.scheduling.pod_group and snap.settings.pod_group_enabled,
             )

@@ -35,7 +35,7 @@ def profile_step(
         mark_profiled(draft, digest, cached.profile, measured=measured)
         return cached.profile
 
-    world = _world(snap)
+    world = snap.pools()
     placement = profiling_placement(spec, world)
     if placement is None:
         draft.fail(
@@ -190,13 +190,3 @@ def placement_of(pool: GPUNodePool) -> Placement:
         node_selector=dict(pool.spec.node_selector),
         tolerations=tuple(pool.spec.tolerations),
     )
-
-
-class SnapshotIncomplete(RuntimeError):
-    """The decision needs a part of the snapshot the reader did not read (a reader bug)."""
-
-
-def _world(snap: Snapshot) -> World:
-    if snap.world is None:
-        raise SnapshotIncomplete("the pools were not read")
-    return snap.world

@@ -104,6 +104,16 @@ class Snapshot:
     attempt: AttemptChildren | None = None  # read while an attempt is active
     recorded_plan: RecordedPlan | None = None  # the next attempt's plan ConfigMap, if it exists
 
+    def pools(self) -> World:
+        """The world; a decision that needs it on a snapshot read without it is a reader bug."""
+        if self.world is None:
+            raise SnapshotIncomplete("the decision needs the pools, and the snapshot was read without them")
+        return self.world
+
+
+class SnapshotIncomplete(RuntimeError):
+    """The decision needs a part of the snapshot the reader did not read (a reader bug)."""
+
 
 def parse_spec(
     name: str, raw: Mapping[str, Any] | None
