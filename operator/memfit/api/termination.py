@@ -129,10 +129,15 @@ def parse_message(text: str) -> dict[str, object]:
 def out_of_memory_reason(
     message: dict[str, object], *, exit_code: int | None, container_reason: str
 ) -> TerminationReason | None:
-    """CUDAOutOfMemory or HostOutOfMemory when a pod ran out of memory, else None."""
+    """CUDAOutOfMemory or HostOutOfMemory when a pod ran out of memory, else None.
+
+    The message's own reason wins (both OOM reasons exit with EXIT_OUT_OF_MEMORY); without one, the
+    kernel's OOMKilled means host RAM and the exit code alone means the trainer's CUDA OOM."""
     reason = message.get(KEY_REASON)
-    if reason == TerminationReason.CUDA_OUT_OF_MEMORY or exit_code == EXIT_OUT_OF_MEMORY:
+    if reason == TerminationReason.CUDA_OUT_OF_MEMORY:
         return TerminationReason.CUDA_OUT_OF_MEMORY
-    if container_reason == CONTAINER_OOM_KILLED or reason == TerminationReason.HOST_OUT_OF_MEMORY:
+    if reason == TerminationReason.HOST_OUT_OF_MEMORY or container_reason == CONTAINER_OOM_KILLED:
         return TerminationReason.HOST_OUT_OF_MEMORY
+    if exit_code == EXIT_OUT_OF_MEMORY:
+        return TerminationReason.CUDA_OUT_OF_MEMORY
     return None
