@@ -36,6 +36,7 @@ from memfit.lifecycle.snapshot import (
     is_terminal,
     monitoring,
     needs_profile_cache_to_learn,
+    needs_profiling_job,
     needs_world_to_monitor,
     next_attempt_index,
     parse_spec,
@@ -112,13 +113,13 @@ def observe_snapshot(
     world_now = pools.get()
     if spec.profiling.node_pool != "auto" and world_now.pool(spec.profiling.node_pool) is None:
         world_now = pools.fresh()  # the shared snapshot may predate a pool created a moment ago
-    index = next_attempt_index(status)
+    cache = _profile_cache(api, ref.namespace, digest)
     return replace(
         snap,
         world=world_now,
-        profile_cache=_profile_cache(api, ref.namespace, digest),
-        profiling=_profiling(api, ref),
-        recorded_plan=_recorded_plan(api, ref, index),
+        profile_cache=cache,
+        profiling=_profiling(api, ref) if needs_profiling_job(status, spec, cache) else None,
+        recorded_plan=_recorded_plan(api, ref, next_attempt_index(status)),
     )
 
 

@@ -15,6 +15,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from memfit.api.common import ConditionStatus
 from memfit.api.job import (
     Attempt,
     MemoryOptimizedTrainingJobSpec,
@@ -28,6 +29,7 @@ from memfit.kube.child_fields import child_field_problems
 from memfit.kube.common import Owner, PodSettings
 from memfit.kube.names import MAX_JOB_NAME
 from memfit.kube.profile_cache import CachedProfile
+from memfit.lifecycle.conditions import PROFILED, find
 from memfit.lifecycle.observed import JobSummary
 from memfit.lifecycle.world import World
 
@@ -159,6 +161,19 @@ def needs_profile_cache_to_learn(job: JobSummary | None) -> bool:
     """A monitored attempt that finished or ran out of memory stores its measured peak with the
     profile (read-modify-write of the cache), so the reader reads the cache for it."""
     return job is not None and (job.finished or any(p.out_of_memory for p in job.pods))
+
+
+def needs_profiling_job(
+    status: MemoryOptimizedTrainingJobStatus,
+    spec: MemoryOptimizedTrainingJobSpec,
+    cache: CachedProfile | None,
+) -> bool:
+    """The profile step looks at the profiling Job unless the cached profile is used: this job's own
+    measurement is in the cache (Profiled=True), or `profiling.reuse` allows an older one."""
+    if cache is None:
+        return True
+    profiled = find(status.conditions, PROFILED)
+    return not ((profiled is not None and profiled.status == ConditionStatus.TRUE) or spec.profiling.reuse)
 
 
 def needs_world_to_monitor(children: AttemptChildren) -> bool:

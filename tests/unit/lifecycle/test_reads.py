@@ -49,3 +49,14 @@ def test_invalid_or_terminal_jobs_read_nothing() -> None:
     snap = observe_snapshot(h, h.body(), settings=SETTINGS, world=None, now=h.now)
     assert snap.spec is None or snap.spec_problems
     assert (snap.world, snap.profile_cache, snap.profiling, snap.attempt) == (None, None, None, None)
+
+
+def test_a_used_cached_profile_skips_the_profiling_job() -> None:
+    h = Harness(spec=quickstart())
+    h.seed_profile()
+    snap = observe_snapshot(h, h.body(), settings=SETTINGS, world=h.world, now=h.now)
+    assert snap.profile_cache is not None and snap.profiling is None
+    h.objects[("Job", "j-profile")] = {"metadata": {"name": "j-profile"}, "status": {}}
+    h.spec = quickstart(profiling={"reuse": False})
+    snap = observe_snapshot(h, h.body(), settings=SETTINGS, world=h.world, now=h.now)
+    assert snap.profiling is not None and snap.profiling.name == "j-profile"
