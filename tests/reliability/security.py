@@ -24,10 +24,10 @@ from kubernetes import client
 from memfit.api.job import MemoryOptimizedTrainingJobSpec
 from memfit.api.pool import GPUNodePool
 from memfit.api.profile import Profile
-from memfit.lifecycle.planning import plan_job
 from memfit.kube.common import Owner, Placement, PodSettings
 from memfit.kube.profile_job import build_profile_job
 from memfit.kube.train_job import build_training_job
+from memfit.lifecycle.planning import plan_job
 from memfit.memory.problems import shape_from_problem
 
 ALLOWED_VOLUMES = {"configMap", "emptyDir", "persistentVolumeClaim"}
