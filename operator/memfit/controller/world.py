@@ -13,7 +13,7 @@ from pydantic import ValidationError
 
 from memfit.api.pool import GPUNodePool
 from memfit.controller.kubeapi import KubeApi
-from memfit.controller.pools import gpus_requested_by_node, observe_pool_capacity
+from memfit.lifecycle.capacity import gpus_requested_by_node, observe_pool_capacity
 from memfit.lifecycle.world import World
 
 log = logging.getLogger(__name__)

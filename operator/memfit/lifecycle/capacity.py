@@ -1,4 +1,5 @@
-"""GPUNodePool status from the cluster's Nodes and Pods: nodes, ready nodes, allocatable and free GPUs."""
+"""Live GPUNodePool capacity from the cluster's Nodes and Pods (as values): nodes, ready nodes,
+allocatable, free GPUs and whole free nodes; what plans are made against and pool status shows."""
 
 from __future__ import annotations
 
