@@ -19,21 +19,19 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(REPO / "hack"), str(REPO / "tests"), str(REPO / "tests" / "integration")]
+import yaml
+from kubernetes import client, config
+from memfit.api.hashing import problem_hash
+from memfit.api.job import MemoryOptimizedTrainingJobSpec
+from memfit.api.profile import Profile
+from memfit.controller.kubeapi import KubeApi
+from memfit.kube.profile_cache import CachedProfile, build_profile_cache
+from memfit.memory.problems import shape_from_problem
+from memfit_testbed import kwok_pools, testcluster
+from memfit_testbed.cluster_helpers import Kube
+from memfit_testbed.operator_helpers import apply_pools, create_job, operator_process, quickstart
 
-import kwok_pools  # noqa: E402
-import testcluster  # noqa: E402
-import yaml  # noqa: E402
-from cluster_helpers import Kube  # noqa: E402
-from kubernetes import client, config  # noqa: E402
-from memfit.api.hashing import problem_hash  # noqa: E402
-from memfit.api.job import MemoryOptimizedTrainingJobSpec  # noqa: E402
-from memfit.api.profile import Profile  # noqa: E402
-from memfit.controller.kubeapi import KubeApi  # noqa: E402
-from memfit.kube.profile_cache import CachedProfile, build_profile_cache  # noqa: E402
-from memfit.memory.problems import shape_from_problem  # noqa: E402
-from operator_helpers import apply_pools, create_job, operator_process, quickstart  # noqa: E402
+REPO = Path(__file__).resolve().parent.parent
 
 
 def percentile(values: list[float], q: float) -> float:

@@ -29,19 +29,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(REPO / "tests" / "reliability")]
+from hypothesis import HealthCheck, given, settings
+from kubernetes import client
+from memfit_testbed.reliability import chaos, faults, fuzz, outage, security
+from memfit_testbed.reliability.crash import EXPECTED, Campaign, lifecycle_doc, make_roomy, run_campaign
+from memfit_testbed.reliability.crashpoints import Run, count_writes, crashing, drive
+from memfit_testbed.reliability.invariants import JobRecorder, check_world
 
-import chaos  # noqa: E402  (puts hack/ and tests/ on sys.path)
-import faults  # noqa: E402
-import fuzz  # noqa: E402
-import outage  # noqa: E402
-import security  # noqa: E402
-from crash import EXPECTED, Campaign, lifecycle_doc, make_roomy, run_campaign  # noqa: E402
-from crashpoints import Run, count_writes, crashing, drive  # noqa: E402
-from hypothesis import HealthCheck, given, settings  # noqa: E402
-from invariants import JobRecorder, check_world  # noqa: E402
-from kubernetes import client  # noqa: E402
+REPO = Path(__file__).resolve().parent.parent
 
 
 def section(name: str, run: Callable[[], dict[str, Any]]) -> dict[str, Any]:
@@ -163,10 +158,16 @@ def real_trainer_killed(work: Path) -> dict[str, Any]:
     """A real trainer process SIGKILLed under the pod runner (its own cluster, as the tests use)."""
     import signal
 
-    import testcluster
-    from cluster_helpers import Kube
     from kubernetes import config
-    from operator_helpers import apply_pools, create_job, operator_process, quickstart, wait_phase
+    from memfit_testbed import testcluster
+    from memfit_testbed.cluster_helpers import Kube
+    from memfit_testbed.operator_helpers import (
+        apply_pools,
+        create_job,
+        operator_process,
+        quickstart,
+        wait_phase,
+    )
 
     t0 = time.monotonic()
     cluster = testcluster.TestCluster(
@@ -174,7 +175,7 @@ def real_trainer_killed(work: Path) -> dict[str, Any]:
     )
     cluster.start()
     try:
-        import kwok_pools
+        from memfit_testbed import kwok_pools
 
         kwok_pools.apply_pools(str(cluster.kubeconfig))
         chaos.install_crds(cluster.kubeconfig)

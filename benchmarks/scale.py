@@ -33,15 +33,13 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(REPO / "tests" / "reliability")]
+from kubernetes import client, config
+from memfit_testbed import kwok_pools, testcluster
+from memfit_testbed.cluster_helpers import Kube
+from memfit_testbed.reliability import chaos
+from memfit_testbed.reliability.invariants import JobRecorder
 
-import chaos  # noqa: E402  (puts hack/ and tests/ on sys.path)
-import kwok_pools  # noqa: E402
-import testcluster  # noqa: E402
-from cluster_helpers import Kube  # noqa: E402
-from invariants import JobRecorder  # noqa: E402
-from kubernetes import client, config  # noqa: E402
+REPO = Path(__file__).resolve().parent.parent
 
 TARGETS = {
     "all_launched_seconds": 120.0,

@@ -17,11 +17,8 @@ import time
 import urllib.request
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "hack"))
-
-import kwok_pools  # noqa: E402
-import testcluster  # noqa: E402
+from memfit_testbed import kwok_pools, testcluster
+from memfit_testbed.paths import REPO
 
 
 def kubectl(kubeconfig: Path, *args: str, check: bool = True) -> str:
