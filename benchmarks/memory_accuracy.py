@@ -4,7 +4,7 @@
 
 1. Truth: each case trains for real under memfit-trainer's engine (DDP, DeepSpeed ZeRO 0-3, FSDP2)
    at world size 1 or 2 (gloo, torchrun), and every rank measures its peak with the CPU allocator's
-   profiler counter (memfit_trainer.profiler.cpu_meter): the peak over steps 2-3, max over ranks.
+   profiler counter (memfit_trainer.meters.cpu): the peak over steps 2-3, max over ranks.
 2. memfit: `memfit-trainer profile` runs once per problem (as the operator's profiling Job does), and
    `memfit.memory` predicts every case from that Profile (calibrated) or from the shape alone.
 3. Peers on the same cases: DeepSpeed's model-state estimators, accelerate's estimate-memory,
