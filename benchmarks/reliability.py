@@ -1,7 +1,7 @@
 """Benchmark: memfit's reliability on the real local control plane (issue 8 §1-4, 6).
 
 One chaos cluster (KWOK simulates every pod: profiler, OOMs, long-running trainers, faults; see
-tests/reliability/chaos_stages.py), one namespace and one `memfit operator` process per section:
+memfit_testbed.reliability.chaos_stages), one namespace and one `memfit operator` process per section:
 
 1. crashes: 50 MOTJ lifecycles while the operator is SIGKILLed at least 100 times at random points
    and restarted; then every write of three lifecycles crashed after in turn (in-process);

@@ -43,7 +43,7 @@ from typing import Any
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function, schedule
 
-from memfit_trainer.meters.host import host_total_bytes, proc_status_bytes
+from memfit_trainer.meters.host import HostStepMeter, proc_status_bytes
 from memfit_trainer.meters.readings import MemorySample, RegionMemory
 
 MARK_PREFIX = "memfit::"
@@ -166,7 +166,7 @@ class _Cycle:
     peak: int
 
 
-class CpuAllocatorMeter:
+class CpuAllocatorMeter(HostStepMeter):
     """Tensor bytes from the CPU allocator's profiler counter, per step or per marked region."""
 
     name = "cpu-allocator-profiler"
@@ -232,14 +232,6 @@ class CpuAllocatorMeter:
             with contextlib.suppress(Exception), quiet_stderr():
                 self._prof.stop()
             self._prof = None
-
-    @property
-    def run_peak_bytes(self) -> int:
-        return self._run_peak
-
-    @property
-    def capacity_bytes(self) -> int:
-        return host_total_bytes()
 
     # --- per region -------------------------------------------------------------------------------
 

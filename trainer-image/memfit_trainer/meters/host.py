@@ -24,7 +24,21 @@ def host_total_bytes() -> int:
     return 0
 
 
-class RssMeter:
+class HostStepMeter:
+    """What the step view of a host-memory meter shares: the run's peak so far and the machine's memory."""
+
+    _run_peak: int
+
+    @property
+    def run_peak_bytes(self) -> int:
+        return self._run_peak
+
+    @property
+    def capacity_bytes(self) -> int:
+        return host_total_bytes()
+
+
+class RssMeter(HostStepMeter):
     """Process RSS and its high-water mark (VmHWM, reset per step through /proc/self/clear_refs).
 
     A step view only: the cheaper CPU meter, chosen with MEMFIT_CPU_MEMORY_METER=rss.
@@ -54,11 +68,3 @@ class RssMeter:
 
     def stop(self) -> None:
         return None
-
-    @property
-    def run_peak_bytes(self) -> int:
-        return self._run_peak
-
-    @property
-    def capacity_bytes(self) -> int:
-        return host_total_bytes()
