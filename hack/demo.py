@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"==> {name} {status.get('phase')} in {time.monotonic() - started:.0f}s")
         if args.keep:
             print(f"cluster and operator keep running: export KUBECONFIG={kube}; stop with "
-                  f"`python hack/testcluster.py down --dir {args.dir}` and `kill {operator.pid}`")
+                  f"`hack/testcluster down --dir {args.dir}` and `kill {operator.pid}`")
             operator = None
             return 0 if ok else 1
         return 0 if ok else 1
