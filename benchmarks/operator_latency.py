@@ -20,6 +20,9 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+# The sources this benchmark measures (a change to any of them makes its result stale).
+MEASURES = ["operator/memfit", "hack/testcluster.py", "hack/kwok_pools.py", "hack/pod_runner.py", "hack/pod_env.py",
+            "hack/kwok", "tests/cluster_helpers.py", "tests/integration/operator_helpers.py", "benchmarks/operator_latency.py"]
 sys.path[:0] = [str(REPO / "hack"), str(REPO / "tests"), str(REPO / "tests" / "integration")]
 
 import kwok_pools  # noqa: E402
@@ -34,6 +37,7 @@ from memfit.controller.kubeapi import KubeApi  # noqa: E402
 from memfit.kube.profile_cache import CachedProfile, build_profile_cache  # noqa: E402
 from memfit.memory.problems import shape_from_problem  # noqa: E402
 from operator_helpers import apply_pools, create_job, operator_process, quickstart  # noqa: E402
+from provenance import stamp  # noqa: E402
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -105,6 +109,7 @@ def main(argv: list[str] | None = None) -> int:
         "target_p50_seconds": 2.0,
     }
     args.json.parent.mkdir(parents=True, exist_ok=True)
+    result["provenance"] = stamp(MEASURES)
     args.json.write_text(json.dumps(result, indent=2) + "\n")
     print(f"{'jobs':>6} {'p50 s':>8} {'p90 s':>8} {'p99 s':>8} {'max s':>8}")
     lat = result["latency_seconds"]

@@ -30,6 +30,10 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
+# The sources this benchmark measures (a change to any of them makes its result stale).
+MEASURES = ["operator/memfit", "hack/testcluster.py", "hack/kwok_pools.py", "hack/pod_runner.py", "hack/pod_env.py",
+            "hack/kwok", "tests/cluster_helpers.py", "tests/integration/operator_helpers.py", "benchmarks/reliability.py", "tests/reliability",
+            "trainer-image/memfit_trainer"]
 sys.path[:0] = [str(REPO / "tests" / "reliability")]
 
 import chaos  # noqa: E402  (puts hack/ and tests/ on sys.path)
@@ -42,6 +46,7 @@ from crashpoints import Run, count_writes, crashing, drive  # noqa: E402
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from invariants import JobRecorder, check_world  # noqa: E402
 from kubernetes import client  # noqa: E402
+from provenance import stamp  # noqa: E402
 
 
 def section(name: str, run: Callable[[], dict[str, Any]]) -> dict[str, Any]:
@@ -390,6 +395,7 @@ def main(argv: list[str] | None = None) -> int:
     out = run(args)
     print(table(out))
     out_path.parent.mkdir(parents=True, exist_ok=True)
+    out["provenance"] = stamp(MEASURES)
     out_path.write_text(json.dumps(out, indent=2) + "\n")
     print(f"wrote {out_path}")
     t = out["totals"]

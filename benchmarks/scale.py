@@ -34,6 +34,10 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
+# The sources this benchmark measures (a change to any of them makes its result stale).
+MEASURES = ["operator/memfit", "hack/testcluster.py", "hack/kwok_pools.py", "hack/pod_runner.py", "hack/pod_env.py",
+            "hack/kwok", "tests/cluster_helpers.py", "tests/integration/operator_helpers.py", "tests/reliability",
+            "benchmarks/scale.py"]
 sys.path[:0] = [str(REPO / "tests" / "reliability")]
 
 import chaos  # noqa: E402  (puts hack/ and tests/ on sys.path)
@@ -42,6 +46,7 @@ import testcluster  # noqa: E402
 from cluster_helpers import Kube  # noqa: E402
 from invariants import JobRecorder  # noqa: E402
 from kubernetes import client, config  # noqa: E402
+from provenance import stamp  # noqa: E402
 
 TARGETS = {
     "all_launched_seconds": 120.0,
@@ -315,6 +320,7 @@ def main(argv: list[str] | None = None) -> int:
         scenario["targets_met"] = targets_met(name, scenario)
     print(table(result))
     out.parent.mkdir(parents=True, exist_ok=True)
+    result["provenance"] = stamp(MEASURES)
     out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {out}")
     return 0 if all(all(r["targets_met"].values()) for r in result["scenarios"].values()) else 1
