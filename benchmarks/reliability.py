@@ -35,8 +35,12 @@ from memfit_testbed.reliability import chaos, faults, fuzz, outage, security
 from memfit_testbed.reliability.crash import EXPECTED, Campaign, lifecycle_doc, make_roomy, run_campaign
 from memfit_testbed.reliability.crashpoints import Run, count_writes, crashing, drive
 from memfit_testbed.reliability.invariants import JobRecorder, check_world
+from provenance import stamp
 
 REPO = Path(__file__).resolve().parent.parent
+# The sources this benchmark measures (a change to any of them makes its result stale).
+MEASURES = ["operator/memfit", "hack/memfit_testbed", "hack/kwok", "benchmarks/reliability.py",
+            "trainer-image/memfit_trainer"]
 
 
 def section(name: str, run: Callable[[], dict[str, Any]]) -> dict[str, Any]:
@@ -391,6 +395,7 @@ def main(argv: list[str] | None = None) -> int:
     out = run(args)
     print(table(out))
     out_path.parent.mkdir(parents=True, exist_ok=True)
+    out["provenance"] = stamp(MEASURES)
     out_path.write_text(json.dumps(out, indent=2) + "\n")
     print(f"wrote {out_path}")
     t = out["totals"]
