@@ -31,6 +31,7 @@ from typing import Any
 from memfit.api.common import Checkpointing, Engine, Offload, Precision
 from memfit.api.job import MemoryOptimizedTrainingJobSpec, Minimize
 from memfit.api.pool import GPUNodePool
+from memfit.api.training_config import TrainingConfig
 from memfit.catalog import CATALOG
 from memfit.memory import Strategy, estimate_step_seconds, predict_memory, strategy_problem
 from memfit.planner import catalog_pools, plan, resolve_offers, resolve_shape, search_context, static_baseline
@@ -190,8 +191,11 @@ def brute_force(spec: MemoryOptimizedTrainingJobSpec, pools: list[GPUNodePool]) 
                                     for b in range(1, per_gpu + 1):
                                         if per_gpu % b:
                                             continue
-                                        s = Strategy(engine, stage, precision, ckpt, offload, eight,
-                                                     spec.training.optimizer, n, g, b, per_gpu // b)
+                                        config = TrainingConfig.model_construct(
+                                            engine=engine, zero_stage=stage, precision=precision,
+                                            activation_checkpointing=ckpt, offload=offload, optimizer8bit=eight,
+                                            micro_batch_size=b, gradient_accumulation_steps=per_gpu // b)
+                                        s = Strategy(config, spec.training.optimizer, n, g)
                                         if strategy_problem(s) is not None:
                                             continue
                                         m = predict_memory(ctx.shape, s)
@@ -294,7 +298,7 @@ def bench_savings() -> dict[str, Any]:
             "cost_ratio_vs_fp32_baseline": None, "cost_ratio_vs_static": None,
         }
         if c is not None:
-            entry["plan"] = {"pool": c.pool, "gpus": c.gpus, "nodes": c.nodes, "config": c.strategy.describe(),
+            entry["plan"] = {"pool": c.pool, "gpus": c.gpus, "nodes": c.nodes, "config": c.strategy.config.describe(),
                              "peak_gib": round(c.memory.peak_bytes / GIB, 2), "usable_gib": round(c.usable_bytes / GIB, 2),
                              "price_per_hour": round(c.price_per_hour, 4), "hours": round(c.hours, 4),
                              "total_cost": round(c.total_cost, 4)}

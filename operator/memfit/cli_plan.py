@@ -38,11 +38,11 @@ from memfit.memory import (
     shape_from_problem,
     strategy_problem,
 )
+from memfit.memory.strategy import strategy_from_pins
 from memfit.planner import Candidate, PlanResult, PoolRejection, catalog_pools, plan
 from memfit.planner.offers import resolve_offer
 
 GIB = 1024**3
-DEFAULT_STAGE = {Engine.DDP: 0, Engine.FSDP: 3, Engine.DEEPSPEED: 2}
 
 
 class InputError(Exception):
@@ -180,7 +180,7 @@ def breakdown_table(memory: MemoryEstimate, *, usable_bytes: int | None = None) 
 def _candidate_row(index: str, c: Candidate) -> list[str]:
     s = c.strategy
     return [
-        index, c.pool, f"{c.nodes}x{s.gpus_per_node}", c.product, s.describe(),
+        index, c.pool, f"{c.nodes}x{s.gpus_per_node}", c.product, s.config.describe(),
         f"{_g(c.memory.peak_bytes)}/{_g(c.usable_bytes)}", _money(c.price_per_hour),
         f"{c.step.step_seconds:.3g}", f"{c.hours:.3g}", _money(c.total_cost),
     ]
@@ -241,7 +241,7 @@ def draw_chart(result: PlanResult, path: Path) -> None:
     parts = [("parameters", "parameters_bytes"), ("gradients", "gradients_bytes"),
              ("optimizer", "optimizer_bytes"), ("activations", "activations_bytes"),
              ("temporaries", "temporaries_bytes"), ("overhead", "overhead_bytes")]
-    labels = [f"{c.pool}\n{c.gpus}x {c.strategy.precision.value}" for c in candidates]
+    labels = [f"{c.pool}\n{c.gpus}x {c.strategy.config.precision.value}" for c in candidates]
     fig, ax = plt.subplots(figsize=(max(6.0, 1.4 * len(candidates) + 2), 5))
     bottoms = [0.0] * len(candidates)
     for name, attr in parts:
@@ -354,42 +354,27 @@ def _estimate_shape(args: argparse.Namespace) -> tuple[ModelShape, MemoryOptimiz
         raise InputError([f"--builtin: {error}"]) from None
 
 
-def _pick(value: str | None, pinned: object, auto: object, default: Any, kind: Any) -> Any:
-    if value is not None:
-        return kind(value)
-    return default if pinned == auto else pinned
-
-
 def _estimate_strategy(args: argparse.Namespace, job: MemoryOptimizedTrainingJob | None) -> Strategy:
-    pins = job.spec.strategy if job is not None else None
-    engine = _pick(args.engine, pins.engine if pins else Engine.AUTO, Engine.AUTO, Engine.DDP, Engine)
-    stage_pin = pins.zero_stage if pins else "auto"
-    stage = args.stage if args.stage is not None else (stage_pin if stage_pin != "auto" else DEFAULT_STAGE[engine])
+    """The job's pinned strategy fields (if any), overridden by the flags; `auto` left to the memory
+    model's estimate defaults."""
+    flags: dict[str, Any] = {
+        "engine": Engine(args.engine) if args.engine else None,
+        "zero_stage": args.stage,
+        "precision": Precision(args.precision) if args.precision else None,
+        "activation_checkpointing": Checkpointing(args.checkpointing) if args.checkpointing else None,
+        "offload": Offload(args.offload) if args.offload else None,
+        "optimizer8bit": Toggle.ENABLED if args.optimizer8bit else None,
+        "micro_batch_size": args.micro_batch or None,
+    }
+    pins = job.spec.strategy if job is not None else StrategySpec()
+    pins = pins.model_copy(update={k: v for k, v in flags.items() if v is not None})
     optimizer = OptimizerKind(args.optimizer) if args.optimizer else (
         job.spec.training.optimizer if job else OptimizerKind.ADAMW
     )
-    eight = args.optimizer8bit or (pins is not None and pins.optimizer8bit == Toggle.ENABLED)
-    mbs_pin = pins.micro_batch_size if pins else "auto"
-    micro = args.micro_batch or (mbs_pin if isinstance(mbs_pin, int) else 1)
-    world = args.world_size
-    accumulation = args.accumulation
-    if accumulation is None:
-        accumulation = max(1, job.spec.training.global_batch_size // (world * micro)) if job else 1
-    return Strategy(
-        engine=engine,
-        zero_stage=int(stage),
-        precision=_pick(args.precision, pins.precision if pins else Precision.AUTO, Precision.AUTO,
-                        Precision.BF16, Precision),
-        checkpointing=_pick(args.checkpointing, pins.activation_checkpointing if pins else Checkpointing.AUTO,
-                            Checkpointing.AUTO, Checkpointing.NONE, Checkpointing),
-        offload=_pick(args.offload, pins.offload if pins else Offload.AUTO, Offload.AUTO, Offload.NONE, Offload),
-        optimizer8bit=eight,
-        optimizer=optimizer,
-        world_size=world,
-        gpus_per_node=args.gpus_per_node or min(world, 8),
-        micro_batch_size=micro,
-        accumulation_steps=accumulation,
-        device=Device(args.device),
+    return strategy_from_pins(
+        pins, optimizer=optimizer, world_size=args.world_size, gpus_per_node=args.gpus_per_node,
+        global_batch_size=job.spec.training.global_batch_size if job else None,
+        accumulation_steps=args.accumulation, device=Device(args.device),
     )
 
 
@@ -421,7 +406,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
         return 0
     print(f"memfit estimate: {shape.parameters / 1e9:.3g} B parameters ({shape.parameters:,}), "
           f"{shape.layers} layers x hidden {shape.hidden}, {shape.tokens_per_sample} tokens/sample")
-    print(f"strategy: {strategy.describe()} on {strategy.world_size} GPU(s), optimizer {strategy.optimizer.value}"
+    print(f"strategy: {strategy.config.describe()} on {strategy.world_size} GPU(s), optimizer {strategy.optimizer.value}"
           + (", calibrated from the profile" if calibration is not None else ""))
     usable = None
     if gpu is not None:

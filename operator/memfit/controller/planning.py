@@ -12,6 +12,7 @@ from memfit.api.job import MemoryOptimizedTrainingJobSpec
 from memfit.api.plan import Plan
 from memfit.api.pool import GPUNodePool
 from memfit.api.profile import Profile
+from memfit.api.training_config import TrainingConfig
 from memfit.controller.pools import PoolCapacity
 from memfit.kube.names import NVME_MOUNT
 from memfit.kube.profile_cache import Observation
@@ -56,19 +57,18 @@ def strategy_of(key: str, spec: MemoryOptimizedTrainingJobSpec) -> Strategy | No
     if len(parts) != 10:
         return None
     try:
-        return Strategy(
+        config = TrainingConfig(
             engine=Engine(parts[0]),
             zero_stage=int(parts[1]),
             precision=Precision(parts[2]),
-            checkpointing=Checkpointing(parts[3]),
+            activation_checkpointing=Checkpointing(parts[3]),
             offload=Offload(parts[4]),
             optimizer8bit=parts[5] == "1",
-            optimizer=spec.training.optimizer,
-            world_size=int(parts[6]),
-            gpus_per_node=int(parts[7]),
             micro_batch_size=int(parts[8]),
-            accumulation_steps=int(parts[9]),
+            gradient_accumulation_steps=int(parts[9]),
         )
+        return Strategy(config=config, optimizer=spec.training.optimizer, world_size=int(parts[6]),
+                        gpus_per_node=int(parts[7]))
     except ValueError:
         return None
 
@@ -151,14 +151,7 @@ def plan_status(
     """Status summary of a plan recovered from its ConfigMap (after an operator restart)."""
     gib = 2**30
     return {
-        "engine": p.engine.value,
-        "zeroStage": p.zero_stage,
-        "precision": p.precision.value,
-        "activationCheckpointing": p.activation_checkpointing.value,
-        "offload": p.offload.value,
-        "optimizer8bit": p.optimizer8bit,
-        "microBatchSize": p.micro_batch_size,
-        "gradientAccumulationSteps": p.gradient_accumulation_steps,
+        **p.training_config().to_wire(),
         "nodePool": p.node_pool,
         "nodes": p.nodes,
         "gpus": p.world_size,

@@ -90,14 +90,7 @@ def build_plan(candidate: Candidate, spec: MemoryOptimizedTrainingJobSpec) -> Pl
     """The Plan contract for a chosen candidate."""
     s = candidate.strategy
     return Plan(
-        engine=s.engine,
-        zero_stage=s.zero_stage,
-        precision=s.precision,
-        activation_checkpointing=s.checkpointing,
-        offload=s.offload,
-        optimizer8bit=s.optimizer8bit,
-        micro_batch_size=s.micro_batch_size,
-        gradient_accumulation_steps=s.accumulation_steps,
+        **dict(s.config),
         nodes=candidate.nodes,
         gpus_per_node=s.gpus_per_node,
         node_pool=candidate.pool,

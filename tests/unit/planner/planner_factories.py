@@ -8,6 +8,7 @@ from typing import Any
 from memfit.api.common import Checkpointing, Engine, Offload, Precision
 from memfit.api.job import MemoryOptimizedTrainingJobSpec
 from memfit.api.pool import GPUNodePool
+from memfit.api.training_config import TrainingConfig
 from memfit.catalog import find_gpu
 from memfit.memory import Shape, Strategy, estimate_step_seconds, predict_memory, strategy_problem
 from memfit.planner import resolve_offers, resolve_shape, search_context
@@ -141,9 +142,11 @@ def brute_force_cost(spec: MemoryOptimizedTrainingJobSpec, pools: list[GPUNodePo
                                     continue
                                 for eight in (False, True):
                                     for b in (d for d in range(1, per_gpu + 1) if per_gpu % d == 0):
-                                        s = Strategy(engine, stage, precision, ckpt, offload, eight,
-                                                     spec.training.optimizer, n, layout.gpus_per_node, b,
-                                                     per_gpu // b)
+                                        config = TrainingConfig.model_construct(
+                                            engine=engine, zero_stage=stage, precision=precision,
+                                            activation_checkpointing=ckpt, offload=offload, optimizer8bit=eight,
+                                            micro_batch_size=b, gradient_accumulation_steps=per_gpu // b)
+                                        s = Strategy(config, spec.training.optimizer, n, layout.gpus_per_node)
                                         if strategy_problem(s):
                                             continue
                                         m = predict_memory(hot, s)

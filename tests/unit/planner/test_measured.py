@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from memfit.memory import Shape, memory_terms, shape_from_hf_config
+from dataclasses import replace
+
+from memfit.memory import Shape, Strategy, memory_terms, shape_from_hf_config
 from memfit.planner import MeasuredPeak, plan
 from memfit.planner.measured import peak_corrections
 from planner_factories import LLAMA_1B_CONFIG, make_job, make_pool
@@ -12,9 +14,8 @@ SPEC = make_job().hf(LLAMA_1B_CONFIG).batch(16).build()
 POOLS = [make_pool("l40s", "l40s"), make_pool("a100-80", "a100-80")]
 
 
-def predicted(strategy: object) -> float:
-    s = strategy  # a Strategy
-    return memory_terms(SHAPE, s).peak_bytes(s.micro_batch_size, s.accumulation_steps)  # type: ignore[arg-type,attr-defined]
+def predicted(s: Strategy) -> float:
+    return memory_terms(SHAPE, s).peak_bytes(s.config.micro_batch_size, s.config.gradient_accumulation_steps)
 
 
 def test_factors_by_family_and_world_size_and_a_cautious_default() -> None:
@@ -23,9 +24,9 @@ def test_factors_by_family_and_world_size_and_a_cautious_default() -> None:
     s = first.strategy
     corrections = peak_corrections([MeasuredPeak(s, int(predicted(s) * 0.8))], SHAPE)
     assert abs(corrections.factor(s) - 0.8) < 1e-6
-    other_world = s.__class__(**{**{f: getattr(s, f) for f in s.__slots__}, "world_size": s.world_size * 2})
+    other_world = replace(s, world_size=s.world_size * 2)
     assert abs(corrections.factor(other_world) - 0.8) < 1e-6  # same family, latest observation
-    unrelated = s.__class__(**{**{f: getattr(s, f) for f in s.__slots__}, "optimizer8bit": not s.optimizer8bit})
+    unrelated = s.with_config(optimizer8bit=not s.config.optimizer8bit)
     assert corrections.factor(unrelated) == 1.0  # over-predictions never shrink unmeasured configurations
 
 
@@ -34,7 +35,7 @@ def test_an_under_prediction_makes_every_prediction_cautious() -> None:
     assert first is not None
     s = first.strategy
     corrections = peak_corrections([MeasuredPeak(s, int(predicted(s) * 1.3))], SHAPE)
-    unrelated = s.__class__(**{**{f: getattr(s, f) for f in s.__slots__}, "optimizer8bit": not s.optimizer8bit})
+    unrelated = s.with_config(optimizer8bit=not s.config.optimizer8bit)
     assert abs(corrections.default_factor - 1.3) < 1e-6 and abs(corrections.factor(unrelated) - 1.3) < 1e-6
 
 
