@@ -267,13 +267,13 @@ def cmd_plan(args: argparse.Namespace) -> int:
     """`memfit plan JOB.yaml [--pools P.yaml] [--profile P.json] [--json] [--chart OUT.png]`."""
     try:
         job = _load_job(Path(args.job), allow_impossible_pins=True)
-        pools, invalid = _load_pools(Path(args.pools)) if args.pools else (catalog_pools(), [])
+        pools, invalid = _load_pools(Path(args.pools)) if args.pools else (catalog_pools(CATALOG), [])
         profile = _load_profile(Path(args.profile)) if args.profile else None
     except InputError as error:
         for line in error.lines:
             print(f"error: {line}", file=sys.stderr)
         return 2
-    result = plan(job.spec, pools=pools, profile=profile)
+    result = plan(job.spec, pools=pools, profile=profile, catalog=CATALOG)
     if invalid:
         result = PlanResult(
             result.plan, result.chosen, result.alternatives, (*invalid, *result.rejections),
@@ -410,8 +410,8 @@ def cmd_estimate(args: argparse.Namespace) -> int:
           + (", calibrated from the profile" if calibration is not None else ""))
     usable = None
     if gpu is not None:
-        pool = catalog_pools(gpus_per_node=strategy.gpus_per_node)
-        offer = resolve_offer(next(p for p in pool if p.metadata.name == gpu.key))
+        pool = catalog_pools(CATALOG, gpus_per_node=strategy.gpus_per_node)
+        offer = resolve_offer(next(p for p in pool if p.metadata.name == gpu.key), catalog=CATALOG)
         usable = gpu.usable_bytes
         if not isinstance(offer, PoolRejection):
             step = estimate_step_seconds(hot, strategy, offer.speed)

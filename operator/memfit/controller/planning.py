@@ -13,6 +13,7 @@ from memfit.api.plan import Plan
 from memfit.api.pool import GPUNodePool
 from memfit.api.profile import Profile
 from memfit.api.training_config import TrainingConfig
+from memfit.catalog import CATALOG
 from memfit.controller.pools import PoolCapacity
 from memfit.kube.names import NVME_MOUNT
 from memfit.kube.profile_cache import Observation
@@ -124,6 +125,7 @@ def plan_job(
         result = plan(
             spec,
             pools=usable,
+            catalog=CATALOG,
             profile=profile,
             measured_peaks=measured_peaks(observations, spec),
             free_gpus=None if ignore_capacity else free_gpus(usable, capacity),

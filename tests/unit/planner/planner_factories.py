@@ -9,7 +9,7 @@ from memfit.api.common import Checkpointing, Engine, Offload, Precision
 from memfit.api.job import MemoryOptimizedTrainingJobSpec
 from memfit.api.pool import GPUNodePool
 from memfit.api.training_config import TrainingConfig
-from memfit.catalog import find_gpu
+from memfit.catalog import CATALOG, find_gpu
 from memfit.memory import Shape, Strategy, estimate_step_seconds, predict_memory, strategy_problem
 from memfit.planner import resolve_offers, resolve_shape, search_context
 
@@ -122,7 +122,7 @@ def brute_force_cost(spec: MemoryOptimizedTrainingJobSpec, pools: list[GPUNodePo
     assert not isinstance(shape, str)
     ctx = search_context(spec, shape)
     hot: Shape = ctx.shape
-    offers, _ = resolve_offers(pools, allowed=spec.placement.node_pools)
+    offers, _ = resolve_offers(pools, allowed=spec.placement.node_pools, catalog=CATALOG)
     g_batch, headroom = spec.training.global_batch_size, spec.objective.memory_headroom_percent
     best: float | None = None
     for offer in offers:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from memfit.catalog import CATALOG
 from memfit.memory import Shape, Strategy, memory_terms, shape_from_hf_config
 from memfit.planner import MeasuredPeak, plan
 from memfit.planner.measured import peak_corrections
@@ -19,7 +20,7 @@ def predicted(s: Strategy) -> float:
 
 
 def test_factors_by_family_and_world_size_and_a_cautious_default() -> None:
-    first = plan(SPEC, pools=POOLS).chosen
+    first = plan(SPEC, pools=POOLS, catalog=CATALOG).chosen
     assert first is not None
     s = first.strategy
     corrections = peak_corrections([MeasuredPeak(s, int(predicted(s) * 0.8))], SHAPE)
@@ -31,7 +32,7 @@ def test_factors_by_family_and_world_size_and_a_cautious_default() -> None:
 
 
 def test_an_under_prediction_makes_every_prediction_cautious() -> None:
-    first = plan(SPEC, pools=POOLS).chosen
+    first = plan(SPEC, pools=POOLS, catalog=CATALOG).chosen
     assert first is not None
     s = first.strategy
     corrections = peak_corrections([MeasuredPeak(s, int(predicted(s) * 1.3))], SHAPE)
@@ -40,19 +41,19 @@ def test_an_under_prediction_makes_every_prediction_cautious() -> None:
 
 
 def test_measured_lower_peak_lets_a_bigger_micro_batch_fit() -> None:
-    first = plan(SPEC, pools=POOLS).chosen
+    first = plan(SPEC, pools=POOLS, catalog=CATALOG).chosen
     assert first is not None
     s = first.strategy
     again = plan(SPEC, pools=[make_pool(first.pool, first.pool)],
-                 measured_peaks=[MeasuredPeak(s, int(predicted(s) * 0.5))]).chosen
+                 measured_peaks=[MeasuredPeak(s, int(predicted(s) * 0.5))], catalog=CATALOG).chosen
     assert again is not None and again.total_cost <= first.total_cost
 
 
 def test_oom_at_capacity_moves_the_plan_off_that_configuration() -> None:
-    first = plan(SPEC, pools=POOLS).chosen
+    first = plan(SPEC, pools=POOLS, catalog=CATALOG).chosen
     assert first is not None
     oom = MeasuredPeak(first.strategy, first.usable_bytes)  # CUDA OOM: the peak is at least the capacity
-    replanned = plan(SPEC, pools=POOLS, measured_peaks=[oom]).chosen
+    replanned = plan(SPEC, pools=POOLS, measured_peaks=[oom], catalog=CATALOG).chosen
     assert replanned is not None
     same = (replanned.pool, replanned.strategy) == (first.pool, first.strategy)
     assert not same and replanned.memory.peak_bytes * 1.1 <= replanned.usable_bytes

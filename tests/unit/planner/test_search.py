@@ -7,6 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from memfit.api.job import MemoryOptimizedTrainingJobSpec
 from memfit.api.pool import GPUNodePool
+from memfit.catalog import CATALOG
 from memfit.planner import plan, resolve_offers, resolve_shape, search_context
 from memfit.planner.search import best_on_offer, objective_key
 from memfit.planner.space import strategy_choices
@@ -42,7 +43,7 @@ def specs_and_pools(draw: st.DrawFn) -> tuple[MemoryOptimizedTrainingJobSpec, li
 @given(specs_and_pools())
 def test_planner_cost_equals_brute_force(case: tuple[MemoryOptimizedTrainingJobSpec, list[GPUNodePool]]) -> None:
     spec, pools = case
-    result = plan(spec, pools=pools)
+    result = plan(spec, pools=pools, catalog=CATALOG)
     expected = brute_force_cost(spec, pools)
     if expected is None:
         assert result.plan is None and result.rejections
@@ -54,8 +55,8 @@ def test_planner_cost_equals_brute_force(case: tuple[MemoryOptimizedTrainingJobS
 def test_same_inputs_same_plan_whatever_the_pool_order() -> None:
     spec = make_job().gpt(layers=12, hidden=768, heads=12, vocab=50257, sequenceLength=1024).batch(32).build()
     pools = [make_pool(p, p, per_node=4) for p in PRODUCTS]
-    first = plan(spec, pools=pools)
-    again = plan(spec, pools=list(reversed(pools)))
+    first = plan(spec, pools=pools, catalog=CATALOG)
+    again = plan(spec, pools=list(reversed(pools)), catalog=CATALOG)
     assert first.plan == again.plan
     assert [a.describe() for a in first.alternatives] == [a.describe() for a in again.alternatives]
     assert first.rejections == again.rejections
@@ -64,7 +65,7 @@ def test_same_inputs_same_plan_whatever_the_pool_order() -> None:
 def test_ties_break_on_pool_name() -> None:
     spec = make_job().build()
     twins = [make_pool("b-pool", "l4"), make_pool("a-pool", "l4")]
-    assert plan(spec, pools=twins).plan.node_pool == "a-pool"  # type: ignore[union-attr]
+    assert plan(spec, pools=twins, catalog=CATALOG).plan.node_pool == "a-pool"  # type: ignore[union-attr]
 
 
 @settings(max_examples=6, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
@@ -74,12 +75,12 @@ def test_ranking_with_cutoffs_equals_solving_every_pool(
 ) -> None:
     spec, few = case
     pools = few + [make_pool(f"cat-{p}", p, per_node=2, max_nodes=2) for p in PRODUCTS]
-    result = plan(spec, pools=pools, max_alternatives=alternatives)
+    result = plan(spec, pools=pools, max_alternatives=alternatives, catalog=CATALOG)
     shape = resolve_shape(spec, None)
     assert not isinstance(shape, str)
     ctx = search_context(spec, shape)
     choices, _ = strategy_choices(spec.strategy)
-    offers, _ = resolve_offers(pools)
+    offers, _ = resolve_offers(pools, catalog=CATALOG)
     bests = [b for o in offers if (b := best_on_offer(ctx, o, choices).best) is not None]
     ranked = sorted(bests, key=lambda c: (*objective_key(c, spec.objective.minimize), c.pool))
     got = [c for c in (result.chosen, *result.alternatives) if c is not None]
