@@ -31,9 +31,9 @@ from memfit.memory import (
     estimate_step_seconds,
     predict_memory,
     shape_from_problem,
+    strategy_from_pins,
     strategy_problem,
 )
-from memfit.memory.strategy import strategy_from_pins
 from memfit.planner import PoolRejection, catalog_pools
 from memfit.planner.offers import resolve_offer
 
