@@ -1,4 +1,4 @@
-"""memfit API: the CRD models (MemoryOptimizedTrainingJob, GPUNodePool) and the Profile/Plan/TrainingConfig contracts."""
+"""memfit API: the CRD models (MOTJ, GPUNodePool) and the Profile, Plan and TrainingConfig contracts."""
 
 from __future__ import annotations
 
