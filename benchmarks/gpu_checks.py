@@ -106,6 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     import memory_accuracy_peers as peers
     from memory_accuracy_cases import gpu_cases
     from memory_accuracy_peers import PEERS
+    from provenance import stamp
 
     cases = gpu_cases()[:6] if args.quick else gpu_cases()
     started = time.perf_counter()
@@ -136,6 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     report["environment"] = {**report["environment"], **gpu_environment()}
     report["seconds"] = round(time.perf_counter() - started, 1)
     report["mode"] = "gpu-quick" if args.quick else "gpu"
+    report["provenance"] = stamp([*bench.MEASURES, "benchmarks/gpu_checks.py"])
     bench.print_table(report)
     print(f"\nmemfit device peak vs T3 NVML: {report['memfit_device_peak_vs_t3_nvml']}")
     args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -4,7 +4,7 @@
 
 1. Truth: each case trains for real under memfit-trainer's engine (DDP, DeepSpeed ZeRO 0-3, FSDP2)
    at world size 1 or 2 (gloo, torchrun), and every rank measures its peak with the CPU allocator's
-   profiler counter (memfit_trainer.profiler.cpu_meter): the peak over steps 2-3, max over ranks.
+   profiler counter (memfit_trainer.meters.cpu): the peak over steps 2-3, max over ranks.
 2. memfit: `memfit-trainer profile` runs once per problem (as the operator's profiling Job does), and
    `memfit.memory` predicts every case from that Profile (calibrated) or from the shape alone.
 3. Peers on the same cases: DeepSpeed's model-state estimators, accelerate's estimate-memory,
@@ -35,9 +35,15 @@ ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
 
 from memory_accuracy_cases import PROBLEMS, Case, full_cases, quick_cases  # noqa: E402
+from provenance import stamp  # noqa: E402
 
 DEFAULT_OUT = ROOT / "results" / "memory_accuracy.json"
 QUICK_OUT = ROOT / "results" / "memory_accuracy_quick.json"
+# The sources this benchmark measures: the memory model, the contracts, the trainer and profiler that
+# produce the truth and the profiles, and the benchmark itself.
+MEASURES = ["operator/memfit/memory", "operator/memfit/api", "trainer-image/memfit_trainer",
+            "benchmarks/memory_accuracy.py", "benchmarks/memory_accuracy_cases.py",
+            "benchmarks/memory_accuracy_peers.py", "benchmarks/memory_accuracy_worker.py"]
 WORKER = ROOT / "memory_accuracy_worker.py"
 MIB = 2**20
 
@@ -319,6 +325,7 @@ def main(argv: list[str] | None = None) -> int:
     report = build_report(cases, truth, predictions, profiles)
     report["seconds"] = round(time.perf_counter() - started, 1)
     report["mode"] = "quick" if args.quick else "full"
+    report["provenance"] = stamp(MEASURES)
     print_table(report)
     out = args.json or (QUICK_OUT if args.quick else DEFAULT_OUT)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -5,7 +5,7 @@
     ... CASES.json OUT --device cuda    (benchmarks/gpu_checks.py: CUDA statistics and NVML instead)
 
 CASES.json: [{"id": ..., "plan": <Plan wire JSON>}]. For each case, every rank opens the CPU
-allocator meter (memfit_trainer.profiler.cpu_meter) before the model is built, builds the problem,
+allocator meter (memfit_trainer.meters.cpu) before the model is built, builds the problem,
 applies checkpointing and the engine exactly as memfit-trainer does (`make_runner`), runs STEPS
 optimizer steps with the trainer's per-sample batches, and writes OUT/<id>/rank-<r>.json with each
 step's peak. One intra-op thread (the meter's requirement).
@@ -29,8 +29,8 @@ def run_case(plan_wire: dict[str, Any], env: Any, device: Any) -> dict[str, Any]
     """Measure one plan on this rank."""
     import torch
     from memfit.api.plan import Plan
+    from memfit_trainer.meters import region_meter
     from memfit_trainer.problems import BatchKey, build_problem
-    from memfit_trainer.profiler.meters import meter_for
     from memfit_trainer.strategies import make_runner
     from memfit_trainer.strategies.checkpointing import apply_activation_checkpointing
 
@@ -39,7 +39,7 @@ def run_case(plan_wire: dict[str, Any], env: Any, device: Any) -> dict[str, Any]
     started = time.perf_counter()
     if device.type == "cuda":
         torch.cuda.empty_cache()
-    meter = meter_for(device)
+    meter = region_meter(device)
     runner: Any = None
     with meter:
         with meter.region("build"):

@@ -31,8 +31,8 @@ def record(case_id: str) -> tuple[Any, Any]:
     import torch
     from memfit.api.plan import Plan
     from memfit_trainer import dist as mdist
+    from memfit_trainer.meters.cpu import C10Flags
     from memfit_trainer.problems import BatchKey, build_problem
-    from memfit_trainer.profiler.cpu_meter import _C10Flags
     from memfit_trainer.strategies import make_runner
     from memfit_trainer.strategies.checkpointing import apply_activation_checkpointing
     from memory_accuracy_cases import full_cases
@@ -47,7 +47,7 @@ def record(case_id: str) -> tuple[Any, Any]:
     mdist.init_distributed(env, device)
     plan = Plan.model_validate(case.plan_wire())
     assert plan.problem is not None
-    flags = _C10Flags()
+    flags = C10Flags()
     flags.enable()
     try:
         with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
@@ -69,13 +69,13 @@ def record(case_id: str) -> tuple[Any, Any]:
 
 def live_at_peak(prof: Any, *, depth: int, window: str | None) -> tuple[float, dict[str, tuple[int, int]]]:
     """(peak MiB above the session's start, {op chain: (bytes, allocations)}) at the peak."""
-    from memfit_trainer.profiler.cpu_meter import _event_tree
+    from memfit_trainer.meters.cpu import event_tree
     from torch._C._profiler import _EventType
 
     rows: list[tuple[int, int, int, int, tuple[str, ...]]] = []  # time, total, size, ptr, op chain
     marks: dict[str, tuple[int, int]] = {}
     spans: list[tuple[int, int]] = []
-    stack = _event_tree(prof)
+    stack = event_tree(prof)
     while stack:
         event = stack.pop()
         if event.name.startswith("memfit::"):

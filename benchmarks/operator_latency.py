@@ -19,21 +19,27 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(REPO / "hack"), str(REPO / "tests"), str(REPO / "tests" / "integration")]
+import yaml
+from kubernetes import client, config
+from memfit.api.hashing import problem_hash
+from memfit.api.job import MemoryOptimizedTrainingJobSpec
+from memfit.api.profile import Profile
+from memfit.controller.kubeapi import KubeApi
+from memfit.kube.profile_cache import CachedProfile, build_profile_cache
+from memfit.memory.problems import shape_from_problem
+from memfit_testbed import kwok_pools, testcluster
+from memfit_testbed.cluster_helpers import Kube
+from memfit_testbed.operator_helpers import apply_pools, create_job, operator_process, quickstart
+from provenance import stamp
 
-import kwok_pools  # noqa: E402
-import testcluster  # noqa: E402
-import yaml  # noqa: E402
-from cluster_helpers import Kube  # noqa: E402
-from kubernetes import client, config  # noqa: E402
-from memfit.api.hashing import problem_hash  # noqa: E402
-from memfit.api.job import MemoryOptimizedTrainingJobSpec  # noqa: E402
-from memfit.api.profile import Profile  # noqa: E402
-from memfit.controller.kubeapi import KubeApi  # noqa: E402
-from memfit.kube.profile_cache import CachedProfile, build_profile_cache  # noqa: E402
-from memfit.memory.problems import shape_from_problem  # noqa: E402
-from operator_helpers import apply_pools, create_job, operator_process, quickstart  # noqa: E402
+REPO = Path(__file__).resolve().parent.parent
+# The sources this benchmark measures (a change to any of them makes its result stale).
+MEASURES = [
+    "operator/memfit", "hack/kwok", "benchmarks/operator_latency.py",
+    *(f"hack/memfit_testbed/{name}.py" for name in (
+        "__init__", "paths", "testcluster", "kwok_pools", "pod_runner", "pod_env", "cluster_helpers", "operator_helpers",
+    )),
+]  # fmt: skip
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -105,6 +111,7 @@ def main(argv: list[str] | None = None) -> int:
         "target_p50_seconds": 2.0,
     }
     args.json.parent.mkdir(parents=True, exist_ok=True)
+    result["provenance"] = stamp(MEASURES)
     args.json.write_text(json.dumps(result, indent=2) + "\n")
     print(f"{'jobs':>6} {'p50 s':>8} {'p90 s':>8} {'p99 s':>8} {'max s':>8}")
     lat = result["latency_seconds"]

@@ -8,7 +8,7 @@
 - optimality: on 200 random specs (random model, batch, optimizer, headroom, objective, pools and
   GPU memory), the fraction where the planner's objective equals a naive brute force that enumerates
   every configuration, layout and micro-batch with the public memory and time functions, without the
-  planner's bounds or closed forms.
+  planner's bounds or closed forms (`memfit.planner.reference`).
 - savings: predicted total cost of memfit's plan vs "fp32 DDP on the spec's baseline pool" (1 node
   of a100-80) and vs "static (weights + grads + Adam) x 1.2, smallest GPU that fits", on >= 12 public
   configurations (fine-tuning and pre-training). Every cost is a prediction of memfit's model, not a
@@ -28,16 +28,18 @@ import time
 from pathlib import Path
 from typing import Any
 
-from memfit.api.common import Checkpointing, Engine, Offload, Precision
 from memfit.api.job import MemoryOptimizedTrainingJobSpec, Minimize
 from memfit.api.pool import GPUNodePool
-from memfit.api.training_config import TrainingConfig
 from memfit.catalog import CATALOG
-from memfit.memory import Strategy, estimate_step_seconds, predict_memory, strategy_problem
 from memfit.planner import catalog_pools, plan, resolve_offers, resolve_shape, search_context, static_baseline
+from memfit.planner.reference import best_objective
+from provenance import stamp
 
 ROOT = Path(__file__).resolve().parent
 DEFAULT_OUT = ROOT / "results" / "planner.json"
+# The sources this benchmark measures (a change to any of them makes planner.json stale).
+MEASURES = ["operator/memfit/planner", "operator/memfit/memory", "operator/memfit/api", "operator/memfit/catalog.py",
+            "benchmarks/planner.py"]
 GIB = 1024**3
 
 # ------------------------------------------------------------------------------------------ models
@@ -155,64 +157,6 @@ def bench_latency(repeats: int) -> dict[str, Any]:
 # ------------------------------------------------------------------------------------------ optimality
 
 
-def brute_force(spec: MemoryOptimizedTrainingJobSpec, pools: list[GPUNodePool]) -> float | None:
-    """The best objective by enumerating every configuration, layout and micro-batch (no pruning).
-
-    Uses only the public predictor (`predict_memory`, `estimate_step_seconds`) and the pool
-    resolution (`resolve_offers`, which also gives the layouts and their prices).
-    """
-    shape = resolve_shape(spec, None)
-    if isinstance(shape, str):
-        return None
-    ctx = search_context(spec, shape)
-    offers, _ = resolve_offers(pools, allowed=spec.placement.node_pools, catalog=CATALOG)
-    headroom = spec.objective.memory_headroom_percent
-    pinned = spec.strategy.precision
-    g_batch, steps = spec.training.global_batch_size, spec.training.max_steps
-    best: float | None = None
-    for offer in offers:
-        for layout in offer.layouts(spec.placement.max_nodes):
-            n, g = layout.world_size, layout.gpus_per_node
-            if g_batch % n:
-                continue
-            per_gpu = g_batch // n
-            for engine in (Engine.DDP, Engine.FSDP, Engine.DEEPSPEED):
-                for stage in range(4):
-                    for precision in (Precision.BF16, Precision.FP16, Precision.FP32):
-                        if pinned != Precision.AUTO and precision != pinned:
-                            continue
-                        if precision == Precision.BF16 and not offer.supports_bf16:
-                            continue
-                        for ckpt in (Checkpointing.NONE, Checkpointing.SELECTIVE, Checkpointing.FULL):
-                            for offload in (Offload.NONE, Offload.CPU, Offload.NVME):
-                                if offload == Offload.CPU and offer.host_bytes_per_node is None:
-                                    continue
-                                for eight in (False, True):
-                                    for b in range(1, per_gpu + 1):
-                                        if per_gpu % b:
-                                            continue
-                                        config = TrainingConfig.model_construct(
-                                            engine=engine, zero_stage=stage, precision=precision,
-                                            activation_checkpointing=ckpt, offload=offload, optimizer8bit=eight,
-                                            micro_batch_size=b, gradient_accumulation_steps=per_gpu // b)
-                                        s = Strategy(config, spec.training.optimizer, n, g)
-                                        if strategy_problem(s) is not None:
-                                            continue
-                                        m = predict_memory(ctx.shape, s)
-                                        if m.peak_bytes * (1 + headroom / 100) > offer.usable_bytes:
-                                            continue
-                                        if offload != Offload.NONE and m.host_bytes * g > offer.host_usable_bytes_per_node:
-                                            continue
-                                        if m.nvme_bytes * g > offer.nvme_bytes_per_node:
-                                            continue
-                                        t = estimate_step_seconds(ctx.shape, s, offer.speed)
-                                        hours = steps * t.step_seconds / 3600
-                                        value = hours if spec.objective.minimize == Minimize.TIME else (
-                                            hours * layout.price_per_hour)
-                                        best = value if best is None else min(best, value)
-    return best
-
-
 def random_case(rng: random.Random) -> tuple[MemoryOptimizedTrainingJobSpec, list[GPUNodePool]]:
     kind = rng.choice(["gpt", "bert", "vit", "llama"])
     heads = rng.choice([4, 8, 16])
@@ -259,7 +203,7 @@ def bench_optimality(count: int, seed: int) -> dict[str, Any]:
         result = plan(spec, pools=pools, catalog=CATALOG)
         planner_seconds += time.perf_counter() - start
         start = time.perf_counter()
-        expected = brute_force(spec, pools)
+        expected = best_objective(spec, pools, catalog=CATALOG)
         brute_seconds += time.perf_counter() - start
         got = None
         if result.chosen is not None:
@@ -377,6 +321,7 @@ def main(argv: list[str] | None = None) -> int:
         "optimality": optimality["fraction"],
         "optimality_detail": optimality,
         "savings": savings,
+        "provenance": stamp(MEASURES),
     }
     print_report(report)
     args.json.parent.mkdir(parents=True, exist_ok=True)

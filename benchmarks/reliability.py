@@ -1,7 +1,7 @@
 """Benchmark: memfit's reliability on the real local control plane (issue 8 §1-4, 6).
 
 One chaos cluster (KWOK simulates every pod: profiler, OOMs, long-running trainers, faults; see
-tests/reliability/chaos_stages.py), one namespace and one `memfit operator` process per section:
+memfit_testbed.reliability.chaos_stages), one namespace and one `memfit operator` process per section:
 
 1. crashes: 50 MOTJ lifecycles while the operator is SIGKILLed at least 100 times at random points
    and restarted; then every write of three lifecycles crashed after in turn (in-process);
@@ -29,19 +29,18 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(REPO / "tests" / "reliability")]
+from hypothesis import HealthCheck, given, settings
+from kubernetes import client
+from memfit_testbed.reliability import chaos, faults, fuzz, outage, security
+from memfit_testbed.reliability.crash import EXPECTED, Campaign, lifecycle_doc, make_roomy, run_campaign
+from memfit_testbed.reliability.crashpoints import Run, count_writes, crashing, drive
+from memfit_testbed.reliability.invariants import JobRecorder, check_world
+from provenance import stamp
 
-import chaos  # noqa: E402  (puts hack/ and tests/ on sys.path)
-import faults  # noqa: E402
-import fuzz  # noqa: E402
-import outage  # noqa: E402
-import security  # noqa: E402
-from crash import EXPECTED, Campaign, lifecycle_doc, make_roomy, run_campaign  # noqa: E402
-from crashpoints import Run, count_writes, crashing, drive  # noqa: E402
-from hypothesis import HealthCheck, given, settings  # noqa: E402
-from invariants import JobRecorder, check_world  # noqa: E402
-from kubernetes import client  # noqa: E402
+REPO = Path(__file__).resolve().parent.parent
+# The sources this benchmark measures (a change to any of them makes its result stale).
+MEASURES = ["operator/memfit", "hack/memfit_testbed", "hack/kwok", "benchmarks/reliability.py",
+            "trainer-image/memfit_trainer"]
 
 
 def section(name: str, run: Callable[[], dict[str, Any]]) -> dict[str, Any]:
@@ -163,10 +162,16 @@ def real_trainer_killed(work: Path) -> dict[str, Any]:
     """A real trainer process SIGKILLed under the pod runner (its own cluster, as the tests use)."""
     import signal
 
-    import testcluster
-    from cluster_helpers import Kube
     from kubernetes import config
-    from operator_helpers import apply_pools, create_job, operator_process, quickstart, wait_phase
+    from memfit_testbed import testcluster
+    from memfit_testbed.cluster_helpers import Kube
+    from memfit_testbed.operator_helpers import (
+        apply_pools,
+        create_job,
+        operator_process,
+        quickstart,
+        wait_phase,
+    )
 
     t0 = time.monotonic()
     cluster = testcluster.TestCluster(
@@ -174,7 +179,7 @@ def real_trainer_killed(work: Path) -> dict[str, Any]:
     )
     cluster.start()
     try:
-        import kwok_pools
+        from memfit_testbed import kwok_pools
 
         kwok_pools.apply_pools(str(cluster.kubeconfig))
         chaos.install_crds(cluster.kubeconfig)
@@ -390,6 +395,7 @@ def main(argv: list[str] | None = None) -> int:
     out = run(args)
     print(table(out))
     out_path.parent.mkdir(parents=True, exist_ok=True)
+    out["provenance"] = stamp(MEASURES)
     out_path.write_text(json.dumps(out, indent=2) + "\n")
     print(f"wrote {out_path}")
     t = out["totals"]

@@ -33,15 +33,16 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(REPO / "tests" / "reliability")]
+from kubernetes import client, config
+from memfit_testbed import kwok_pools, testcluster
+from memfit_testbed.cluster_helpers import Kube
+from memfit_testbed.reliability import chaos
+from memfit_testbed.reliability.invariants import JobRecorder
+from provenance import stamp
 
-import chaos  # noqa: E402  (puts hack/ and tests/ on sys.path)
-import kwok_pools  # noqa: E402
-import testcluster  # noqa: E402
-from cluster_helpers import Kube  # noqa: E402
-from invariants import JobRecorder  # noqa: E402
-from kubernetes import client, config  # noqa: E402
+REPO = Path(__file__).resolve().parent.parent
+# The sources this benchmark measures (a change to any of them makes its result stale).
+MEASURES = ["operator/memfit", "hack/memfit_testbed", "hack/kwok", "benchmarks/scale.py"]
 
 TARGETS = {
     "all_launched_seconds": 120.0,
@@ -315,6 +316,7 @@ def main(argv: list[str] | None = None) -> int:
         scenario["targets_met"] = targets_met(name, scenario)
     print(table(result))
     out.parent.mkdir(parents=True, exist_ok=True)
+    result["provenance"] = stamp(MEASURES)
     out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {out}")
     return 0 if all(all(r["targets_met"].values()) for r in result["scenarios"].values()) else 1

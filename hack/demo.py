@@ -17,11 +17,8 @@ import time
 import urllib.request
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "hack"))
-
-import kwok_pools  # noqa: E402
-import testcluster  # noqa: E402
+from memfit_testbed import kwok_pools, testcluster
+from memfit_testbed.paths import REPO
 
 
 def kubectl(kubeconfig: Path, *args: str, check: bool = True) -> str:
@@ -103,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"==> {name} {status.get('phase')} in {time.monotonic() - started:.0f}s")
         if args.keep:
             print(f"cluster and operator keep running: export KUBECONFIG={kube}; stop with "
-                  f"`python hack/testcluster.py down --dir {args.dir}` and `kill {operator.pid}`")
+                  f"`hack/testcluster down --dir {args.dir}` and `kill {operator.pid}`")
             operator = None
             return 0 if ok else 1
         return 0 if ok else 1

@@ -5,20 +5,16 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-import sys
 import uuid
 from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 
 import pytest
-from cluster_helpers import Kube
 from kubernetes import config
+from memfit_testbed import kwok_pools, testcluster
+from memfit_testbed.cluster_helpers import Kube
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "hack"))
-
-import kwok_pools  # noqa: E402
-import testcluster  # noqa: E402
 
 _STARTED: list[testcluster.TestCluster] = []
 

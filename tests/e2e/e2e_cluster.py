@@ -1,4 +1,4 @@
-"""The local test cluster for the e2e tier (hack/testcluster.py: etcd, kube-apiserver, controller-manager,
+"""The local test cluster for the e2e tier (memfit_testbed.testcluster: etcd, kube-apiserver, controller-manager,
 scheduler, KWOK GPU pools, local pod runner), and kubectl/helm against it."""
 
 from __future__ import annotations
@@ -7,14 +7,13 @@ import contextlib
 import json
 import os
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from e2e_tools import HACK, missing, run
+from e2e_tools import missing, run
 
 
 @dataclass(frozen=True)
@@ -78,12 +77,8 @@ def wait_for(what: str, ok: Callable[[], Any], timeout: float = 60, logs: Callab
 @contextlib.contextmanager
 def start_cluster(workdir: Path) -> Iterator[Any]:
     """Start a TestCluster with the KWOK pools in hack/kwok/gpu-pools.yaml; skip (or fail under
-    MEMFIT_REQUIRE_CLUSTER) when hack/testcluster.py or its binaries are missing."""
-    if not (HACK / "testcluster.py").exists():
-        missing("hack/testcluster.py is missing")
-    sys.path.insert(0, str(HACK))
-    import kwok_pools
-    import testcluster
+    MEMFIT_REQUIRE_CLUSTER) when its binaries are missing."""
+    from memfit_testbed import kwok_pools, testcluster
 
     bin_dir = testcluster.find_bin_dir()
     if absent := testcluster.missing_binaries(bin_dir):

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 import yaml
-from cluster_helpers import Kube
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
+from memfit_testbed.cluster_helpers import Kube
 
 pytestmark = pytest.mark.cluster
 REPO = Path(__file__).resolve().parents[2]

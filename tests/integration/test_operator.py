@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cluster_helpers import Kube
 from kubernetes import client
-from operator_helpers import (
+from memfit_testbed.cluster_helpers import Kube
+from memfit_testbed.operator_helpers import (
     apply_pools,
     create_job,
     get_job,

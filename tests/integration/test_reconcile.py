@@ -8,7 +8,6 @@ import time
 from typing import Any
 
 import pytest
-from cluster_helpers import Kube
 from kubernetes import client
 from memfit.api.hashing import problem_hash
 from memfit.api.job import MemoryOptimizedTrainingJobSpec
@@ -18,7 +17,8 @@ from memfit.controller.reconcile import reconcile_job
 from memfit.controller.settings import OperatorSettings
 from memfit.kube.profile_cache import CachedProfile, build_profile_cache
 from memfit.memory.problems import shape_from_problem
-from operator_helpers import GROUP, VERSION, apply_pools, create_job, get_job, quickstart
+from memfit_testbed.cluster_helpers import Kube
+from memfit_testbed.operator_helpers import GROUP, VERSION, apply_pools, create_job, get_job, quickstart
 from prometheus_client import REGISTRY
 
 pytestmark = pytest.mark.cluster

@@ -9,10 +9,10 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-import kwok_pools
 import pytest
-from cluster_helpers import Kube, condition, terminated
 from kubernetes.client.exceptions import ApiException
+from memfit_testbed import kwok_pools
+from memfit_testbed.cluster_helpers import Kube, condition, terminated
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 

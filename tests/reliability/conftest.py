@@ -5,17 +5,11 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
-
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-
-import testcluster  # noqa: E402  (hack/ is on sys.path via tests/conftest.py)
-from chaos import ChaosCluster  # noqa: E402
+from memfit_testbed import testcluster
+from memfit_testbed.reliability.chaos import ChaosCluster
 
 
 @pytest.fixture(scope="session")

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from chaos import ChaosCluster, new_namespace, operator_for, stop_checked
-from outage import run_restarts
+from memfit_testbed.reliability.chaos import ChaosCluster, new_namespace, operator_for, stop_checked
+from memfit_testbed.reliability.outage import run_restarts
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 

@@ -11,11 +11,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from chaos import ChaosCluster, OperatorProcess, new_namespace, operator_for, stop_checked
-from cluster_helpers import Kube
-from crash import make_roomy
-from faults import KWOK_FAULTS, consistent, plan_configmap_deleted
-from operator_helpers import apply_pools, create_job, operator_process, quickstart, wait_phase
+from memfit_testbed.cluster_helpers import Kube
+from memfit_testbed.operator_helpers import apply_pools, create_job, operator_process, quickstart, wait_phase
+from memfit_testbed.reliability.chaos import (
+    ChaosCluster,
+    OperatorProcess,
+    new_namespace,
+    operator_for,
+    stop_checked,
+)
+from memfit_testbed.reliability.crash import make_roomy
+from memfit_testbed.reliability.faults import KWOK_FAULTS, consistent, plan_configmap_deleted
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 

@@ -8,11 +8,17 @@ from collections.abc import Iterator
 from itertools import count
 
 import pytest
-from chaos import ChaosCluster, OperatorProcess, new_namespace, operator_for, stop_checked
-from fuzz import judge
-from hostile_specs import Case, hostile_case
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from memfit_testbed.reliability.chaos import (
+    ChaosCluster,
+    OperatorProcess,
+    new_namespace,
+    operator_for,
+    stop_checked,
+)
+from memfit_testbed.reliability.fuzz import judge
+from memfit_testbed.reliability.hostile_specs import Case, hostile_case
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 EXAMPLES = 60

@@ -7,9 +7,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from chaos import ChaosCluster
 from hypothesis import given, settings
-from security import REPO, builder_violations, catalog_pools, restricted_run, valid_specs
+from memfit_testbed.reliability.chaos import ChaosCluster
+from memfit_testbed.reliability.security import (
+    REPO,
+    builder_violations,
+    catalog_pools,
+    restricted_run,
+    valid_specs,
+)
 
 POOLS = catalog_pools()
 

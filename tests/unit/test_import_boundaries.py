@@ -56,3 +56,9 @@ def test_checker_catches_a_violation(tmp_path: Path) -> None:
     bad = tmp_path / "planner.py"
     bad.write_text("import kopf\nfrom torch.nn import Linear\nfrom memfit.api import Plan\n")
     assert violations(bad, FORBIDDEN_IN_PURE) == [f"{bad}: kopf", f"{bad}: torch.nn"]
+
+
+@pytest.mark.parametrize("package", ["operator/memfit", "trainer-image/memfit_trainer"])
+def test_shipped_packages_never_import_the_test_bed(package: str) -> None:
+    # memfit_testbed is dev-only: the images do not contain it (pyproject.toml, hack/memfit_testbed).
+    assert violations(REPO / package, ("memfit_testbed",)) == []

@@ -11,7 +11,7 @@ import logging
 from memfit.api.plan import Plan
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, start_http_server
 
-from memfit_trainer.memory import MemorySample
+from memfit_trainer.meters import MemorySample
 
 ENV_METRICS_PORT = "MEMFIT_METRICS_PORT"
 ENV_JOB = "MEMFIT_JOB"

@@ -25,7 +25,7 @@ from memfit_trainer.checkpoints import (
     native_resume,
     tag_for,
 )
-from memfit_trainer.memory import MemoryMeter, MemorySample, make_meter
+from memfit_trainer.meters import MemorySample, StepMeter, step_meter
 from memfit_trainer.metrics import TrainerMetrics
 from memfit_trainer.problems import BatchKey, build_problem
 from memfit_trainer.strategies import CHECKPOINT_FORMATS, make_runner
@@ -74,7 +74,7 @@ class Progress:
 
     step: int = 0
     resumed_from_step: int | None = None
-    meter: MemoryMeter | None = None
+    meter: StepMeter | None = None
     last_loss: float | None = None
 
 
@@ -125,7 +125,7 @@ def run_training(
     assert plan.problem is not None and plan.training is not None
     progress = progress if progress is not None else Progress()
     started = time.perf_counter()
-    meter = make_meter(device, os.environ)
+    meter = step_meter(device, os.environ)
     progress.meter = meter
     meter.start()  # before the model exists, so the CPU counter sees every tensor
     runner: Any = None

@@ -165,6 +165,21 @@ class MemoryTerms:
         allocated = self.allocated_bytes(micro_batch, accumulation)
         return (self.fragmentation * allocated + self.overhead_bytes) * self.scale
 
+    def smallest_peak(self, per_gpu: int) -> tuple[float, int]:
+        """The smallest peak over the micro-batches b that divide `per_gpu`, and that b.
+
+        Within one accumulation regime the peak is non-decreasing in b (every per-sample term is
+        >= 0), so with accumulation (b < per_gpu) the smallest peak is at b = 1 and without it the
+        only b is `per_gpu`. The regimes differ in what they hold: accumulating keeps the gradients
+        alive next to the activations, so one micro-step of the whole per-GPU batch can peak below
+        b = 1. Both ends must be compared; b = 1 wins ties.
+        """
+        one = self.peak_bytes(1, per_gpu)
+        if per_gpu <= 1:
+            return one, 1
+        whole = self.peak_bytes(per_gpu, 1)
+        return (whole, per_gpu) if whole < one else (one, 1)
+
     def max_micro_batch(self, budget_bytes: float, *, accumulation_above_one: bool) -> int:
         """Largest micro-batch whose peak fits `budget_bytes` (0 when none does).
 

@@ -37,7 +37,7 @@ class SearchContext:
     # Keyed by choice rank or memory id (unique within one plan call), world size (and GPUs per node).
     memory_cache: dict[tuple[int, int], MemoryTerms] = field(default_factory=dict)
     time_cache: dict[tuple[int, int, int], TimeTerms] = field(default_factory=dict)
-    min_peak_cache: dict[tuple[int, int], int] = field(default_factory=dict)
+    min_peak_cache: dict[tuple[int, int], tuple[int, int]] = field(default_factory=dict)
     activation_cache: dict[tuple[object, ...], ActivationTerms] = field(default_factory=dict)
     # Leanest member of a group at a world size, once every member's smallest peak is known.
     group_min_cache: dict[tuple[tuple[int, ...], int], tuple[int, Choice]] = field(default_factory=dict)
@@ -89,14 +89,29 @@ class SearchContext:
         return (self._memory_key(choice), layout.world_size) in self.min_peak_cache
 
     def min_peak(self, choice: Choice, layout: Layout) -> int:
-        """Peak at the smallest micro-batch allowed (1, or the pinned one): below it nothing fits."""
+        """Smallest peak over the allowed micro-batches (the pinned one, or every divisor of the
+        per-GPU batch): when it does not fit, nothing of this choice fits the layout."""
+        return self.smallest(choice, layout)[0]
+
+    def min_peak_micro_batch(self, choice: Choice, layout: Layout) -> int:
+        """The micro-batch at which `min_peak` is reached."""
+        return self.smallest(choice, layout)[1]
+
+    def smallest(self, choice: Choice, layout: Layout) -> tuple[int, int]:
+        """(smallest peak, its micro-batch), cached."""
         key = (self._memory_key(choice), layout.world_size)
-        peak = self.min_peak_cache.get(key)
-        if peak is None:
+        found = self.min_peak_cache.get(key)
+        if found is None:
             per_gpu = self.global_batch // layout.world_size
             terms = self.memory(choice, layout.world_size, layout.gpus_per_node)
-            peak = self.min_peak_cache[key] = peak_bytes_int(terms, self.pinned_micro_batch or 1, per_gpu)
-        return peak
+            if self.pinned_micro_batch is not None:
+                b = self.pinned_micro_batch
+                found = (peak_bytes_int(terms, b, per_gpu), b)
+            else:
+                peak, b = terms.smallest_peak(per_gpu)
+                found = (int(-(-peak // 1)), b)
+            self.min_peak_cache[key] = found
+        return found
 
     def time(self, choice: Choice, layout: Layout) -> TimeTerms:
         """Cached step-time terms."""

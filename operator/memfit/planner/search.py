@@ -169,7 +169,7 @@ def search_offer(ctx: SearchContext, prepared: PreparedOffer, *, cutoff: float =
         known = ctx.group_min_cache.get(group_key)
         if known is not None and not ctx.fits_gpu(known[0], offer.usable_bytes):
             # No member fits even at the smallest micro-batch (learned on a pool with no more memory).
-            failures.note_memory(known[0], known[1], layout.world_size, ctx.pinned_micro_batch or 1)
+            failures.note_memory(known[0], known[1], layout.world_size, ctx.min_peak_micro_batch(known[1], layout))
             _note_lean_on_gpu(ctx, failures, members, layout)
             continue
         eight_bit_results: dict[int, Candidate | None] = {}
@@ -216,7 +216,8 @@ def _note_lean_on_gpu(ctx: SearchContext, failures: OfferFailures, members: list
     on_gpu = [c for c in members if c.config.offload == Offload.NONE and ctx.has_min_peak(c, layout)]
     if on_gpu:
         lean = min(on_gpu, key=lambda c: (ctx.min_peak(c, layout), c.rank))
-        failures.note_memory(ctx.min_peak(lean, layout), lean, layout.world_size, ctx.pinned_micro_batch or 1)
+        failures.note_memory(ctx.min_peak(lean, layout), lean, layout.world_size,
+                             ctx.min_peak_micro_batch(lean, layout))
 
 
 def _as_32bit(ctx: SearchContext, choice: Choice, eight_bit: Candidate | None, layout: Layout) -> Candidate | None:
@@ -243,7 +244,7 @@ def _fits_at_smallest(ctx: SearchContext, offer: Offer, layout: Layout, choice: 
     smallest_peak = ctx.min_peak(choice, layout)
     if ctx.fits_gpu(smallest_peak, offer.usable_bytes):
         return True
-    failures.note_memory(smallest_peak, choice, layout.world_size, ctx.pinned_micro_batch or 1)
+    failures.note_memory(smallest_peak, choice, layout.world_size, ctx.min_peak_micro_batch(choice, layout))
     return False
 
 

@@ -5,13 +5,9 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from memfit.api.common import Checkpointing, Engine, Offload, Precision
 from memfit.api.job import MemoryOptimizedTrainingJobSpec
 from memfit.api.pool import GPUNodePool
-from memfit.api.training_config import TrainingConfig
-from memfit.catalog import CATALOG, find_gpu
-from memfit.memory import Shape, Strategy, estimate_step_seconds, predict_memory, strategy_problem
-from memfit.planner import resolve_offers, resolve_shape, search_context
+from memfit.catalog import find_gpu
 
 GIB = 1024**3
 LLAMA_1B_CONFIG = {
@@ -113,51 +109,3 @@ def make_pool(name: str, product: str = "l4", *, per_node: int = 1, price: float
         if known is not None:
             body["pricePerNodeHour"] = round(known.price_per_gpu_hour * per_node, 4)
     return GPUNodePool.model_validate({"metadata": {"name": name}, "spec": body})
-
-
-def brute_force_cost(spec: MemoryOptimizedTrainingJobSpec, pools: list[GPUNodePool]) -> float | None:
-    """The cheapest fitting total cost by enumerating everything, micro-batches included, with the
-    public memory and time functions and no pruning (independent of the planner's search)."""
-    shape = resolve_shape(spec, None)
-    assert not isinstance(shape, str)
-    ctx = search_context(spec, shape)
-    hot: Shape = ctx.shape
-    offers, _ = resolve_offers(pools, allowed=spec.placement.node_pools, catalog=CATALOG)
-    g_batch, headroom = spec.training.global_batch_size, spec.objective.memory_headroom_percent
-    best: float | None = None
-    for offer in offers:
-        for layout in offer.layouts(spec.placement.max_nodes):
-            n = layout.world_size
-            if g_batch % n:
-                continue
-            per_gpu = g_batch // n
-            for engine in (Engine.DDP, Engine.FSDP, Engine.DEEPSPEED):
-                for stage in range(4):
-                    for precision in (Precision.BF16, Precision.FP16, Precision.FP32):
-                        if precision == Precision.BF16 and not offer.supports_bf16:
-                            continue
-                        for ckpt in (Checkpointing.NONE, Checkpointing.SELECTIVE, Checkpointing.FULL):
-                            for offload in (Offload.NONE, Offload.CPU, Offload.NVME):
-                                if offload == Offload.CPU and offer.host_bytes_per_node is None:
-                                    continue
-                                for eight in (False, True):
-                                    for b in (d for d in range(1, per_gpu + 1) if per_gpu % d == 0):
-                                        config = TrainingConfig.model_construct(
-                                            engine=engine, zero_stage=stage, precision=precision,
-                                            activation_checkpointing=ckpt, offload=offload, optimizer8bit=eight,
-                                            micro_batch_size=b, gradient_accumulation_steps=per_gpu // b)
-                                        s = Strategy(config, spec.training.optimizer, n, layout.gpus_per_node)
-                                        if strategy_problem(s):
-                                            continue
-                                        m = predict_memory(hot, s)
-                                        if m.peak_bytes * (1 + headroom / 100) > offer.usable_bytes:
-                                            continue
-                                        g = layout.gpus_per_node
-                                        if offload != Offload.NONE and m.host_bytes * g > offer.host_usable_bytes_per_node:
-                                            continue
-                                        if m.nvme_bytes * g > offer.nvme_bytes_per_node:
-                                            continue
-                                        t = estimate_step_seconds(hot, s, offer.speed)
-                                        cost = spec.training.max_steps * t.step_seconds / 3600 * layout.price_per_hour
-                                        best = cost if best is None else min(best, cost)
-    return best

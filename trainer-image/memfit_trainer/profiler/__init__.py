@@ -1,8 +1,8 @@
 """Profiler: measure a problem's peak memory, step time and FLOPs under a few configurations.
 
 `memfit-trainer profile` (cli.py) runs `profile_problem` (run.py) and emits the Profile contract.
-Memory truth is allocator-level: torch.cuda statistics and NVML on a GPU (cuda_meter.py), the CPU
-allocator's profiler counter on a CPU (cpu_meter.py). Zero-GPU analysis of configurations that cannot
+Memory truth is allocator-level, from the region view of memfit_trainer.meters: torch.cuda statistics
+and NVML on a GPU (meters/cuda.py), the CPU allocator's profiler counter on a CPU (meters/cpu.py). Zero-GPU analysis of configurations that cannot
 run here (larger micro-batches, FSDP at other world sizes) lives in fake.py (MemTracker under
 FakeTensorMode). Imports stay lazy: `import memfit_trainer.profiler` does not import torch.
 """

@@ -32,6 +32,7 @@ from memfit.api.common import Checkpointing, Precision
 from memfit.api.job import OptimizerKind
 from torch.utils.flop_counter import FlopCounterMode
 
+from memfit_trainer.meters import RegionMemory, RegionMeter, region_meter
 from memfit_trainer.problems import TrainingProblem
 from memfit_trainer.profiler.configs import ProfileConfig
 from memfit_trainer.profiler.elide import ElideCompute
@@ -43,7 +44,6 @@ from memfit_trainer.profiler.harness import (
     materialise_optimizer_state,
     train_step,
 )
-from memfit_trainer.profiler.meters import MemoryMeter, RegionMemory, meter_for
 from memfit_trainer.profiler.timing import GemmRates
 
 
@@ -104,7 +104,7 @@ def measure_configs(
 ) -> MeasureRun:
     """Build the problem inside the meter's session and measure every configuration."""
     run = MeasureRun()
-    meter = meter_for(options.device)
+    meter = region_meter(options.device)
     elide = ElideCompute(memory_bound=options.elide_memory_bound) if options.elide else None
     pending: dict[ProfileConfig, _Pending] = {}
     with meter, elide if elide is not None else contextlib.nullcontext():
@@ -188,7 +188,7 @@ class _Session:
     problem: TrainingProblem
     model: torch.nn.Module
     options: MeasureOptions
-    meter: MemoryMeter
+    meter: RegionMeter
     elide: ElideCompute | None
     rates: GemmRates | None
     run: MeasureRun

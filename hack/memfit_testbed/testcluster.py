@@ -21,10 +21,10 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-HACK = Path(__file__).resolve().parent
-ROOT = HACK.parent
+from memfit_testbed.paths import HACK, KWOK
+
 DEFAULT_DIR = Path(os.environ.get("MEMFIT_TESTCLUSTER_DIR", "/tmp/memfit-testcluster"))
-DEFAULT_STAGES = HACK / "kwok" / "stages.yaml"
+DEFAULT_STAGES = KWOK / "stages.yaml"
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
 SERVICE_CIDR = "10.0.0.0/24"
 
@@ -292,7 +292,7 @@ class TestCluster:
         ])
         if self.pod_runner:
             env = {**os.environ, "KUBECONFIG": kc, "PYTHONUNBUFFERED": "1"}
-            self._spawn("pod-runner", [str(HACK / "pod_runner.py"), f"--kubeconfig={kc}",
+            self._spawn("pod-runner", ["-m", "memfit_testbed.pod_runner", f"--kubeconfig={kc}",
                                        f"--workdir={self.workdir / 'pod-runner'}"],
                         exe=sys.executable, env=env)
 
@@ -393,7 +393,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("command", choices=["up", "down", "env", "status", "logs"])
     ap.add_argument("--dir", type=Path, default=DEFAULT_DIR, help=f"cluster folder (default {DEFAULT_DIR})")
-    ap.add_argument("--no-pod-runner", action="store_true", help="do not start hack/pod_runner.py")
+    ap.add_argument("--no-pod-runner", action="store_true", help="do not start the local pod runner")
     ap.add_argument("--no-pools", action="store_true", help="skip hack/kwok/gpu-pools.yaml")
     args = ap.parse_args(argv)
     cluster = TestCluster(workdir=args.dir.resolve(), pod_runner=not args.no_pod_runner)
@@ -405,7 +405,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 1
         msg = f"cluster up in {secs:.1f}s: {cluster.server}"
         if not args.no_pools:
-            import kwok_pools  # needs the kubernetes client (the project venv)
+            from memfit_testbed import kwok_pools  # needs the kubernetes client (the project venv)
 
             nodes = kwok_pools.apply_pools(str(cluster.kubeconfig))
             msg += f", {len(nodes)} kwok nodes Ready"

@@ -10,7 +10,6 @@ import copy
 import os
 import signal
 import subprocess
-import sys
 import time
 import urllib.request
 import uuid
@@ -19,26 +18,20 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+from memfit.api.hashing import problem_hash
+from memfit.api.job import MemoryOptimizedTrainingJobSpec
+from memfit.api.profile import Profile
+from memfit.controller.kubeapi import KubeApi
+from memfit.kube.profile_cache import CachedProfile, build_profile_cache
+from memfit.memory.problems import shape_from_problem
 
-HERE = Path(__file__).resolve().parent
-REPO = HERE.parents[1]
-for _path in (REPO / "hack", REPO / "tests", REPO / "tests" / "integration"):
-    if str(_path) not in sys.path:
-        sys.path.insert(0, str(_path))
-
-import kwok_pools  # noqa: E402
-import testcluster  # noqa: E402
-from chaos_stages import write_chaos_stages  # noqa: E402
-from cluster_helpers import Kube  # noqa: E402
-from kubernetes import client, config  # noqa: E402
-from kubernetes.client.exceptions import ApiException  # noqa: E402
-from memfit.api.hashing import problem_hash  # noqa: E402
-from memfit.api.job import MemoryOptimizedTrainingJobSpec  # noqa: E402
-from memfit.api.profile import Profile  # noqa: E402
-from memfit.controller.kubeapi import KubeApi  # noqa: E402
-from memfit.kube.profile_cache import CachedProfile, build_profile_cache  # noqa: E402
-from memfit.memory.problems import shape_from_problem  # noqa: E402
-from operator_helpers import free_port, operator_command  # noqa: E402
+from memfit_testbed import kwok_pools, testcluster
+from memfit_testbed.cluster_helpers import Kube
+from memfit_testbed.operator_helpers import free_port, operator_command
+from memfit_testbed.paths import REPO
+from memfit_testbed.reliability.chaos_stages import write_chaos_stages
 
 GROUP, VERSION, MOTJ = "memfit.dev", "v1alpha1", "memoryoptimizedtrainingjobs"
 QUICKSTART: dict[str, Any] = yaml.safe_load((REPO / "examples" / "quickstart.yaml").read_text())

@@ -13,15 +13,16 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from chaos import GROUP, MOTJ, VERSION
-from cluster_helpers import Kube
-from hostile_specs import Case
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from memfit.controller.kubeapi import KubeApi
 from memfit.controller.reconcile import reconcile_job
 from memfit.controller.settings import OperatorSettings
 from memfit.controller.world import World
+
+from memfit_testbed.cluster_helpers import Kube
+from memfit_testbed.reliability.chaos import GROUP, MOTJ, VERSION
+from memfit_testbed.reliability.hostile_specs import Case
 
 SETTINGS = OperatorSettings(trainer_image="memfit-trainer:test")
 TERMINAL = ("Succeeded", "Failed")
@@ -209,10 +210,11 @@ class FuzzSummary:
 
 def draw_cases(count: int, seed: int) -> list[Case]:
     """`count` hostile cases from hypothesis (named fz-0000...), reproducible by `seed`."""
-    from hostile_specs import hostile_case
     from hypothesis import HealthCheck, given, settings
     from hypothesis import seed as with_seed
     from hypothesis import strategies as st
+
+    from memfit_testbed.reliability.hostile_specs import hostile_case
 
     cases: list[Case] = []
 

@@ -10,11 +10,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import chaos  # noqa: F401  (first: puts hack/ and tests/ on sys.path)
-import kwok_pools
-from chaos import GROUP, MOTJ, VERSION
-from cluster_helpers import Kube
 from kubernetes import client
+
+from memfit_testbed import kwok_pools
+from memfit_testbed.cluster_helpers import Kube
+from memfit_testbed.reliability.chaos import GROUP, MOTJ, VERSION
 
 
 @dataclass

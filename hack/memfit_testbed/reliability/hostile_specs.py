@@ -14,13 +14,13 @@ import itertools
 import json
 import re
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import yaml
 from hypothesis import strategies as st
 
-REPO = Path(__file__).resolve().parents[2]
+from memfit_testbed.paths import REPO
+
 CRD = REPO / "crds" / "memfit.dev_memoryoptimizedtrainingjobs.yaml"
 QUICKSTART: dict[str, Any] = yaml.safe_load((REPO / "examples" / "quickstart.yaml").read_text())
 MAX_JOB_NAME = 40  # memfit.kube.names.MAX_JOB_NAME: room for the children's suffixes

@@ -1,9 +1,12 @@
-"""CUDA memory truth: torch.cuda peak allocated/reserved per region, plus NVML per-process memory.
+"""CUDA memory truth: the caching allocator's statistics per step or per region, plus NVML per-process memory.
 
 `max_memory_allocated` (T1) and `max_memory_reserved` (T2) come from PyTorch's caching allocator;
 NVML's per-process "used GPU memory" (T3) also sees the CUDA context, cuBLAS workspaces and NCCL
-buffers, which PyTorch cannot (shared/reference/memory-model.md §5, §9). NVML is sampled by a thread
-every 10 ms during each region; without pynvml (or on a GPU it cannot query) T3 is None.
+buffers, which PyTorch cannot (shared/reference/memory-model.md §5, §9).
+
+One meter, two views: per step (the trainer) resets the peak statistics after each step; per region
+(the profiler) resets them at each region's start, synchronises around it, and samples NVML from a
+thread every 10 ms during the region (without pynvml, or on a GPU it cannot query, T3 is None).
 """
 
 from __future__ import annotations
@@ -13,12 +16,11 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from memfit_trainer.profiler.meters import RegionMemory
+from memfit_trainer.meters.readings import MemorySample, RegionMemory
 
 NVML_PERIOD_SECONDS = 0.01
 
@@ -91,13 +93,50 @@ def _physical_index(index: int) -> int:
     return index
 
 
-@dataclass(slots=True)
 class CudaMeter:
-    """Per-region CUDA peaks: reset the peak statistics at region start, read them at region end."""
+    """torch.cuda statistics of one device (the caching allocator's own counters), per step or per region."""
 
-    device: torch.device
-    _results: dict[str, RegionMemory] = field(default_factory=dict)
-    _nvml: NvmlSampler | None = None
+    name = "cuda-allocator"
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        # per step
+        self._run_peak = 0
+        self._step_start = 0
+        # per region
+        self._results: dict[str, RegionMemory] = {}
+        self._nvml: NvmlSampler | None = None
+
+    # --- per step ---------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        torch.cuda.reset_peak_memory_stats(self.device)
+        self._step_start = torch.cuda.memory_allocated(self.device)
+
+    def end_step(self) -> MemorySample:
+        sample = MemorySample(
+            allocated_bytes=torch.cuda.memory_allocated(self.device),
+            reserved_bytes=torch.cuda.memory_reserved(self.device),
+            peak_bytes=torch.cuda.max_memory_allocated(self.device),
+            step_start_bytes=self._step_start,
+        )
+        self._run_peak = max(self._run_peak, sample.peak_bytes)
+        torch.cuda.reset_peak_memory_stats(self.device)
+        self._step_start = sample.allocated_bytes
+        return sample
+
+    def stop(self) -> None:
+        self._run_peak = max(self._run_peak, torch.cuda.max_memory_allocated(self.device))
+
+    @property
+    def run_peak_bytes(self) -> int:
+        return max(self._run_peak, torch.cuda.max_memory_allocated(self.device))
+
+    @property
+    def capacity_bytes(self) -> int:
+        return int(torch.cuda.get_device_properties(self.device).total_memory)
+
+    # --- per region -------------------------------------------------------------------------------
 
     def __enter__(self) -> CudaMeter:
         self._nvml = NvmlSampler(self.device.index or 0)
@@ -108,6 +147,7 @@ class CudaMeter:
 
     @contextmanager
     def region(self, name: str) -> Iterator[None]:
+        """Mark a region; names must be unique within the session."""
         if name in self._results:
             raise ValueError(f"region {name!r} marked twice")
         torch.cuda.synchronize(self.device)

@@ -18,11 +18,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from chaos import GROUP, MOTJ, VERSION, ChaosCluster, OperatorProcess, quickstart, seed_profile
-from fault_kit import finish_pods
-from invariants import TERMINAL, JobRecorder, Report, check_world, leftovers
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
+
+from memfit_testbed.reliability.chaos import (
+    GROUP,
+    MOTJ,
+    VERSION,
+    ChaosCluster,
+    OperatorProcess,
+    quickstart,
+    seed_profile,
+)
+from memfit_testbed.reliability.fault_kit import finish_pods
+from memfit_testbed.reliability.invariants import TERMINAL, JobRecorder, Report, check_world, leftovers
 
 KINDS = ("plain", "long", "profiled", "oom-once", "oom-exhausted", "deleted", "long", "plain")
 EXPECTED: dict[str, tuple[str, list[str]]] = {
@@ -53,7 +62,7 @@ def lifecycle_doc(kind: str, index: int) -> dict[str, Any]:
 
 def make_roomy(cc: ChaosCluster) -> None:
     """Grow the KWOK pools (and their GPUNodePools) so no lifecycle waits for capacity."""
-    import kwok_pools
+    from memfit_testbed import kwok_pools
 
     pools = kwok_pools.load_pools()
     custom = client.CustomObjectsApi(cc.kube.api_client)

@@ -23,7 +23,8 @@ from typing import Any
 
 import yaml
 
-REPO = Path(__file__).resolve().parents[2]
+from memfit_testbed.paths import REPO
+
 DEFAULT_STAGES = REPO / "hack" / "kwok" / "stages.yaml"
 INJECT_ENV = "MEMFIT_INJECT_OOM_AT_STEP"
 INJECT_KEY = f'.spec.containers.[].env.[]? | select(.name == "{INJECT_ENV}") | .value'

@@ -13,9 +13,10 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from cluster_helpers import Kube
 from kubernetes import client, watch
 from kubernetes.client.exceptions import ApiException
+
+from memfit_testbed.cluster_helpers import Kube
 
 GROUP, VERSION, MOTJ = "memfit.dev", "v1alpha1", "memoryoptimizedtrainingjobs"
 TERMINAL = ("Succeeded", "Failed")

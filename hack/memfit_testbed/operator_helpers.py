@@ -14,10 +14,11 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from cluster_helpers import Kube
 from kubernetes import client
 
-REPO = Path(__file__).resolve().parents[2]
+from memfit_testbed.cluster_helpers import Kube
+from memfit_testbed.paths import REPO
+
 GROUP, VERSION = "memfit.dev", "v1alpha1"
 MOTJ = "memoryoptimizedtrainingjobs"
 RUN_LOCAL = "memfit.dev/run-local=true"

@@ -23,8 +23,7 @@ from typing import Any
 from kubernetes import client, config, watch
 from kubernetes.client.exceptions import ApiException
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from pod_env import (
+from memfit_testbed.pod_env import (
     LOCAL_IP,
     ConfigError,
     Obj,

@@ -17,8 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from chaos import GROUP, MOTJ, VERSION, ChaosCluster, operator_for, quickstart, seed_profile
-from hostile_specs import QUICKSTART
 from hypothesis import strategies as st
 from kubernetes import client
 from memfit.api.job import MemoryOptimizedTrainingJobSpec
@@ -29,6 +27,18 @@ from memfit.kube.common import Owner, Placement, PodSettings
 from memfit.kube.profile_job import build_profile_job
 from memfit.kube.train_job import build_training_job
 from memfit.memory.problems import shape_from_problem
+
+from memfit_testbed.paths import REPO
+from memfit_testbed.reliability.chaos import (
+    GROUP,
+    MOTJ,
+    VERSION,
+    ChaosCluster,
+    operator_for,
+    quickstart,
+    seed_profile,
+)
+from memfit_testbed.reliability.hostile_specs import QUICKSTART
 
 ALLOWED_VOLUMES = {"configMap", "emptyDir", "persistentVolumeClaim"}
 HOST_FIELDS = ("hostNetwork", "hostPID", "hostIPC", "hostUsers")
@@ -127,7 +137,6 @@ def dump(objects: list[Any]) -> str:
     return json.dumps(objects, default=str)
 
 
-REPO = Path(__file__).resolve().parents[2]
 CANARIES = ["hf_canaryTOKEN0000000000000000000000", "AKIACANARY0000000000", "canary-secret-value-8d1f"]
 
 

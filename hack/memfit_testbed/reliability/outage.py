@@ -10,12 +10,21 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from chaos import GROUP, MOTJ, VERSION, ChaosCluster, OperatorProcess, quickstart, seed_profile
-from chaos_stages import LONG_RUN
-from crash import make_roomy
-from fault_kit import finish_pods
-from invariants import TERMINAL, JobRecorder, Report, check_world
 from kubernetes import client
+
+from memfit_testbed.reliability.chaos import (
+    GROUP,
+    MOTJ,
+    VERSION,
+    ChaosCluster,
+    OperatorProcess,
+    quickstart,
+    seed_profile,
+)
+from memfit_testbed.reliability.chaos_stages import LONG_RUN
+from memfit_testbed.reliability.crash import make_roomy
+from memfit_testbed.reliability.fault_kit import finish_pods
+from memfit_testbed.reliability.invariants import TERMINAL, JobRecorder, Report, check_world
 
 
 @dataclass

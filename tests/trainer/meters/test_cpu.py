@@ -1,4 +1,4 @@
-"""The CPU allocator meter: the counter starts at the model and returns to the model's states."""
+"""The CPU allocator meter, both views: the counter starts at the model and returns to the model's states."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from memfit_trainer.profiler.cpu_meter import CpuAllocatorMeter  # noqa: E402
+from memfit_trainer.meters.cpu import CpuAllocatorMeter  # noqa: E402
 
 
 def test_regions_report_peaks_relative_to_the_session_start() -> None:
@@ -38,3 +38,24 @@ def test_threads_are_restored_and_regions_are_unique() -> None:
     assert torch.get_num_threads() == threads
     with pytest.raises(RuntimeError):
         CpuAllocatorMeter().results()
+
+
+def test_steps_report_the_counter_of_each_cycle() -> None:
+    meter = CpuAllocatorMeter()
+    meter.start()
+    try:
+        model = torch.nn.Linear(256, 256)
+        params = sum(p.numel() * 4 for p in model.parameters())
+        setup = meter.end_step()
+        scratch = torch.empty(1 << 20, dtype=torch.uint8)
+        del scratch
+        step = meter.end_step()
+    finally:
+        meter.stop()
+    assert meter.name == "cpu-allocator-profiler"
+    base = setup.step_start_bytes  # the counter is process-wide: tensors of earlier tests count
+    assert (setup.allocated_bytes, setup.peak_bytes) == (base + params, base + params)
+    assert (step.step_start_bytes, step.allocated_bytes) == (base + params, base + params)
+    assert step.transient_peak_bytes == 1 << 20
+    assert meter.run_peak_bytes == base + params + (1 << 20)
+    assert step.reserved_bytes > 0  # the process RSS

@@ -14,7 +14,9 @@ import yaml
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
-DEFAULT_POOLS = Path(__file__).resolve().parent / "kwok" / "gpu-pools.yaml"
+from memfit_testbed.paths import KWOK
+
+DEFAULT_POOLS = KWOK / "gpu-pools.yaml"
 POOL_LABEL = "memfit.dev/pool"
 GPU = "nvidia.com/gpu"
 

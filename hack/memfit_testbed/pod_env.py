@@ -1,4 +1,4 @@
-"""Pod spec → local process inputs for hack/pod_runner.py: env, downward API, volumes, rewrites."""
+"""Pod spec → local process inputs for the local pod runner (memfit_testbed.pod_runner): env, downward API, volumes, rewrites."""
 
 from __future__ import annotations
 

@@ -11,11 +11,19 @@ import json
 import time
 from collections.abc import Callable
 
-import chaos  # noqa: F401  (first: puts hack/ and tests/ on sys.path)
-import kwok_pools
-from chaos import GROUP, VERSION, ChaosCluster, apply_gpunodepools, quickstart, seed_profile
-from chaos_stages import CRASH_PROFILER, LONG_RUN, SLOW_PROFILER
-from fault_kit import (
+from kubernetes.client.exceptions import ApiException
+
+from memfit_testbed import kwok_pools
+from memfit_testbed.reliability.chaos import (
+    GROUP,
+    VERSION,
+    ChaosCluster,
+    apply_gpunodepools,
+    quickstart,
+    seed_profile,
+)
+from memfit_testbed.reliability.chaos_stages import CRASH_PROFILER, LONG_RUN, SLOW_PROFILER
+from memfit_testbed.reliability.fault_kit import (
     FaultResult,
     _create,
     _custom,
@@ -33,8 +41,7 @@ from fault_kit import (
     wait_for,
     wait_phase,
 )
-from invariants import TERMINAL, check_world
-from kubernetes.client.exceptions import ApiException
+from memfit_testbed.reliability.invariants import TERMINAL, check_world
 
 __all__ = ["KWOK_FAULTS", "FaultResult", "consistent", "finish_pods"]
 

@@ -13,11 +13,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from chaos import GROUP, MOTJ, VERSION, ChaosCluster
 from kubernetes import client
 from memfit.controller.kubeapi import KubeApi
 from memfit.controller.reconcile import reconcile_job
 from memfit.controller.settings import OperatorSettings
+
+from memfit_testbed.reliability.chaos import GROUP, MOTJ, VERSION, ChaosCluster
 
 SETTINGS = OperatorSettings(trainer_image="memfit-trainer:test")
 TERMINAL = ("Succeeded", "Failed")

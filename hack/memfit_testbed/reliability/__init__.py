@@ -1,0 +1,1 @@
+"""Chaos harness and scenario library of the reliability tier, shared by tests/reliability and benchmarks."""

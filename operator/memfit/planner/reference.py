@@ -1,0 +1,97 @@
+"""Exhaustive reference search: the planner's optimality is checked against it (tests, benchmark).
+
+It enumerates every engine, stage, precision, checkpointing, offload, optimizer width, layout and
+micro-batch with only the public predictor (`predict_memory`, `estimate_step_seconds`) and the pool
+resolution: no bounds, no closed forms, no caches. Slow by design; never used to plan.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import TypeVar
+
+from memfit.api.common import Checkpointing, Engine, Offload, Precision, Toggle
+from memfit.api.job import MemoryOptimizedTrainingJobSpec, Minimize
+from memfit.api.pool import GPUNodePool
+from memfit.api.training_config import TrainingConfig
+from memfit.catalog import GpuCatalog
+from memfit.memory import Strategy, estimate_step_seconds, predict_memory, strategy_problem
+from memfit.planner.decide import resolve_shape, search_context
+from memfit.planner.offers import resolve_offers
+
+ENGINES = (Engine.DDP, Engine.FSDP, Engine.DEEPSPEED)
+PRECISIONS = (Precision.BF16, Precision.FP16, Precision.FP32)
+CHECKPOINTING = (Checkpointing.NONE, Checkpointing.SELECTIVE, Checkpointing.FULL)
+OFFLOADS = (Offload.NONE, Offload.CPU, Offload.NVME)
+T = TypeVar("T")
+
+
+def _pinned(value: object, every: Sequence[T], auto: object) -> Sequence[T]:
+    return every if value == auto else [v for v in every if v == value]
+
+
+def _eight_bit(toggle: Toggle) -> tuple[bool, ...]:
+    return (False, True) if toggle == Toggle.AUTO else (toggle == Toggle.ENABLED,)
+
+
+def _micro_batches(per_gpu: int, pinned: object) -> Iterator[int]:
+    for b in range(1, per_gpu + 1):
+        if per_gpu % b == 0 and (pinned == "auto" or pinned == b):
+            yield b
+
+
+def best_objective(spec: MemoryOptimizedTrainingJobSpec, pools: Sequence[GPUNodePool], *,
+                   catalog: GpuCatalog) -> float | None:
+    """The smallest objective (total cost, or hours when minimizing time) of any fitting
+    configuration, or None when nothing fits."""
+    shape = resolve_shape(spec, None)
+    if isinstance(shape, str):
+        return None
+    ctx = search_context(spec, shape)
+    offers, _ = resolve_offers(pools, catalog=catalog, allowed=spec.placement.node_pools)
+    pins, objective = spec.strategy, spec.objective
+    headroom = objective.memory_headroom_percent
+    g_batch, steps = spec.training.global_batch_size, spec.training.max_steps
+    stages = range(4) if pins.zero_stage == "auto" else (int(pins.zero_stage),)
+    best: float | None = None
+    for offer in offers:
+        for layout in offer.layouts(spec.placement.max_nodes):
+            n, g = layout.world_size, layout.gpus_per_node
+            if g_batch % n or (objective.max_cost_per_hour is not None
+                               and layout.price_per_hour > objective.max_cost_per_hour):
+                continue
+            per_gpu = g_batch // n
+            for engine in _pinned(pins.engine, ENGINES, Engine.AUTO):
+                for stage in stages:
+                    for precision in _pinned(pins.precision, PRECISIONS, Precision.AUTO):
+                        if precision == Precision.BF16 and not offer.supports_bf16:
+                            continue
+                        for ckpt in _pinned(pins.activation_checkpointing, CHECKPOINTING, Checkpointing.AUTO):
+                            for offload in _pinned(pins.offload, OFFLOADS, Offload.AUTO):
+                                if offload == Offload.CPU and offer.host_bytes_per_node is None:
+                                    continue
+                                for eight in _eight_bit(pins.optimizer8bit):
+                                    for b in _micro_batches(per_gpu, pins.micro_batch_size):
+                                        config = TrainingConfig.model_construct(
+                                            engine=engine, zero_stage=stage, precision=precision,
+                                            activation_checkpointing=ckpt, offload=offload, optimizer8bit=eight,
+                                            micro_batch_size=b, gradient_accumulation_steps=per_gpu // b)
+                                        s = Strategy(config, spec.training.optimizer, n, g)
+                                        if strategy_problem(s) is not None:
+                                            continue
+                                        m = predict_memory(ctx.shape, s)
+                                        if m.peak_bytes * (1 + headroom / 100) > offer.usable_bytes:
+                                            continue
+                                        if offload != Offload.NONE and (
+                                                m.host_bytes * g > offer.host_usable_bytes_per_node):
+                                            continue
+                                        if m.nvme_bytes * g > offer.nvme_bytes_per_node:
+                                            continue
+                                        seconds = estimate_step_seconds(ctx.shape, s, offer.speed).step_seconds
+                                        hours = steps * seconds / 3600
+                                        if objective.deadline_hours is not None and hours > objective.deadline_hours:
+                                            continue
+                                        value = hours if objective.minimize == Minimize.TIME else (
+                                            hours * layout.price_per_hour)
+                                        best = value if best is None else min(best, value)
+    return best
