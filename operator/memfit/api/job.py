@@ -24,6 +24,7 @@ from memfit.api.common import (
 )
 from memfit.api.problem import Problem
 from memfit.api.rules import check_spec
+from memfit.api.training_config import TrainingConfig
 
 Auto = Literal["auto"]
 
@@ -221,17 +222,9 @@ class ProfileSummary(ApiModel):
     parameters: int | None = Field(default=None, ge=0, description="Parameter count.")
 
 
-class PlanSummary(ApiModel):
+class PlanSummary(TrainingConfig):  # the TrainingConfig inline: its fields sit flat in status.plan
     """The chosen configuration, as shown by kubectl get/describe."""
 
-    engine: Engine
-    zero_stage: int = Field(ge=0, le=3)
-    precision: Precision
-    activation_checkpointing: Checkpointing
-    offload: Offload
-    optimizer8bit: bool
-    micro_batch_size: int = Field(ge=1)
-    gradient_accumulation_steps: int = Field(ge=1)
     node_pool: str = Field(max_length=NAME_MAX)
     nodes: int = Field(ge=1)
     gpus: int = Field(ge=1)

@@ -10,6 +10,8 @@ from memfit.api.job import MemoryOptimizedTrainingJobSpec, PlanSummary
 from memfit.api.plan import Plan
 from memfit.api.pool import GPUNodePool
 from memfit.api.profile import Profile
+from memfit.api.training_config import TrainingConfig
+from memfit.catalog import CATALOG
 from memfit.kube.names import NVME_MOUNT
 from memfit.kube.profile_cache import Observation
 from memfit.lifecycle.world import PoolCapacity
@@ -56,19 +58,18 @@ def strategy_of(key: str, spec: MemoryOptimizedTrainingJobSpec) -> Strategy | No
     if len(parts) != 10:
         return None
     try:
-        return Strategy(
+        config = TrainingConfig(
             engine=Engine(parts[0]),
             zero_stage=int(parts[1]),
             precision=Precision(parts[2]),
-            checkpointing=Checkpointing(parts[3]),
+            activation_checkpointing=Checkpointing(parts[3]),
             offload=Offload(parts[4]),
             optimizer8bit=parts[5] == "1",
-            optimizer=spec.training.optimizer,
-            world_size=int(parts[6]),
-            gpus_per_node=int(parts[7]),
             micro_batch_size=int(parts[8]),
-            accumulation_steps=int(parts[9]),
+            gradient_accumulation_steps=int(parts[9]),
         )
+        return Strategy(config=config, optimizer=spec.training.optimizer, world_size=int(parts[6]),
+                        gpus_per_node=int(parts[7]))
     except ValueError:
         return None
 
@@ -123,6 +124,7 @@ def plan_job(
     result = plan(
         spec,
         pools=usable,
+        catalog=CATALOG,
         profile=profile,
         measured_peaks=measured_peaks(observations, spec),
         free_gpus=None if ignore_capacity else free_gpus(usable, capacity),
@@ -148,14 +150,7 @@ def summary_without_baseline(p: Plan) -> PlanSummary:
     """The status summary of a Plan whose record lacks its summary (only the copy annotated on the
     training Job survived): everything but the baseline and savings, which the Plan does not carry."""
     return PlanSummary(
-        engine=p.engine,
-        zero_stage=p.zero_stage,
-        precision=p.precision,
-        activation_checkpointing=p.activation_checkpointing,
-        offload=p.offload,
-        optimizer8bit=p.optimizer8bit,
-        micro_batch_size=p.micro_batch_size,
-        gradient_accumulation_steps=p.gradient_accumulation_steps,
+        **p.training_config().model_dump(),
         node_pool=p.node_pool,
         nodes=p.nodes,
         gpus=p.world_size,

@@ -296,4 +296,4 @@ def predict_memory(
     """Per-GPU peak of `strategy` at its micro-batch and accumulation, with the breakdown."""
     hot = shape if isinstance(shape, Shape) else Shape.of(shape)
     terms = memory_terms(hot, strategy, calibration=calibration)
-    return terms.at(strategy.micro_batch_size, strategy.accumulation_steps)
+    return terms.at(strategy.config.micro_batch_size, strategy.config.gradient_accumulation_steps)
