@@ -22,6 +22,7 @@ from kubernetes import client
 from memfit.api.job import MemoryOptimizedTrainingJobSpec
 from memfit.api.pool import GPUNodePool
 from memfit.api.profile import Profile
+from memfit.catalog import CATALOG
 from memfit.kube.common import Owner, Placement, PodSettings
 from memfit.kube.profile_job import build_profile_job
 from memfit.kube.train_job import build_training_job
@@ -160,6 +161,7 @@ def builder_violations(raw: dict[str, Any], pools: list[GPUNodePool]) -> list[st
         observations=(),
         attempt=0,
         job_name=owner.name,
+        catalog=CATALOG,
     )
     if outcome.plan is None:
         return [f"no plan: {outcome.message()}"]

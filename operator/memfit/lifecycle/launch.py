@@ -58,6 +58,7 @@ def launch_step(
                     observations=observations,
                     attempt=index,
                     job_name=snap.job.name,
+                    catalog=world.catalog,
                     ignore_capacity=ignore_capacity,
                 )
 

@@ -11,7 +11,7 @@ from memfit.api.plan import Plan
 from memfit.api.pool import GPUNodePool
 from memfit.api.profile import Profile
 from memfit.api.training_config import TrainingConfig
-from memfit.catalog import CATALOG
+from memfit.catalog import GpuCatalog
 from memfit.kube.names import NVME_MOUNT
 from memfit.kube.profile_cache import Observation
 from memfit.lifecycle.world import PoolCapacity
@@ -114,6 +114,7 @@ def plan_job(
     observations: Sequence[Observation],
     attempt: int,
     job_name: str,
+    catalog: GpuCatalog,
     ignore_capacity: bool = False,
 ) -> PlanOutcome:
     """Plan attempt `attempt` of a job on the pools not excluded by earlier capacity failures.
@@ -124,7 +125,7 @@ def plan_job(
     result = plan(
         spec,
         pools=usable,
-        catalog=CATALOG,
+        catalog=catalog,
         profile=profile,
         measured_peaks=measured_peaks(observations, spec),
         free_gpus=None if ignore_capacity else free_gpus(usable, capacity),

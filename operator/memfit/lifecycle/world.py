@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from memfit.api.pool import GPUNodePool
+from memfit.catalog import CATALOG, GpuCatalog
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,10 +31,12 @@ class PoolCapacity:
 
 @dataclass(frozen=True, slots=True)
 class World:
-    """Cluster-wide inputs of a reconcile: pools (sorted by name) and their live capacity."""
+    """Cluster-wide inputs of a reconcile: pools (sorted by name), their live capacity, and the GPU
+    catalog the planner fills a pool's unstated GPU facts from (the built-in one unless given)."""
 
     pools: tuple[GPUNodePool, ...] = ()
     capacity: Mapping[str, PoolCapacity] = field(default_factory=dict)
+    catalog: GpuCatalog = CATALOG
 
     def pool(self, name: str) -> GPUNodePool | None:
         return next((p for p in self.pools if p.metadata.name == name), None)

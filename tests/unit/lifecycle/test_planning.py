@@ -7,6 +7,7 @@ from pathlib import Path
 import yaml
 from memfit.api.job import MemoryOptimizedTrainingJobSpec
 from memfit.api.pool import GPUNodePool
+from memfit.catalog import CATALOG
 from memfit.kube.profile_cache import Observation
 from memfit.lifecycle.planning import config_key, free_gpus, plan_job, strategy_of
 from memfit.lifecycle.world import PoolCapacity
@@ -48,6 +49,7 @@ def run(s: MemoryOptimizedTrainingJobSpec, observations: tuple[Observation, ...]
         observations=observations,  # type: ignore[arg-type]
         attempt=0,
         job_name="j",
+        catalog=CATALOG,
     )
 
 
