@@ -38,7 +38,9 @@ from provenance import stamp
 ROOT = Path(__file__).resolve().parent
 DEFAULT_OUT = ROOT / "results" / "planner.json"
 # The sources this benchmark measures (a change to any of them makes planner.json stale).
-MEASURES = ["operator/memfit/planner", "operator/memfit/memory", "operator/memfit/api", "operator/memfit/catalog.py",
+MEASURES = ["operator/memfit/planner", "operator/memfit/memory", "operator/memfit/catalog.py",
+            *(f"operator/memfit/api/{m}.py" for m in ("common", "job", "plan", "pool", "problem", "profile",
+                                                       "training_config")),
             "benchmarks/planner.py"]
 GIB = 1024**3
 
