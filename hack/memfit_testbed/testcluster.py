@@ -432,14 +432,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             nodes = kwok_pools.apply_pools(str(cluster.kubeconfig))
             msg += f", {len(nodes)} kwok nodes Ready"
         if args.real_node:
-            from memfit_testbed.realnode.node import NodeError, RealNode
+            from memfit_testbed.realnode.node import RealNode
 
             node = RealNode(cluster_dir=cluster.workdir, apiserver_port=cluster.ports["apiserver"],
                             pool=args.real_node_pool)
             try:
-                secs = node.start()
-            except NodeError as e:
-                print(f"testcluster: {e}", file=sys.stderr)
+                secs = node.start()  # undoes its own host changes when it fails
+            except Exception as e:
+                print(f"testcluster: real node: {type(e).__name__}: {e}", file=sys.stderr)
                 cluster.stop()
                 return 1
             msg += f", real node {node.node_name} (pool {node.pool}) Ready in {secs:.1f}s"

@@ -28,8 +28,10 @@ NFT_TABLES = (("ip", "kube-proxy"), ("ip6", "kube-proxy"))
 # Kernel settings the kubelet (protectKernelDefaults: false) or the CNI bridge plugin may write.
 SYSCTLS = ("net/ipv4/ip_forward", "vm/overcommit_memory", "vm/panic_on_oom", "kernel/panic",
            "kernel/panic_on_oops", "kernel/keys/root_maxkeys", "kernel/keys/root_maxbytes")
-# Folders the kubelet writes outside its root dir (hard-coded upstream).
-LOG_DIRS = (Path("/var/log/pods"), Path("/var/log/containers"))
+# Folders the kubelet and libcni write outside the node's own folders (hard-coded upstream): removed at the
+# end when they did not exist before.
+LOG_DIRS = (Path("/var/log/pods"), Path("/var/log/containers"), Path("/var/lib/cni"))
+IPTABLES = ("iptables", "ip6tables")
 
 
 def snapshot() -> dict[str, object]:
@@ -38,7 +40,14 @@ def snapshot() -> dict[str, object]:
     for key in SYSCTLS:
         with contextlib.suppress(OSError):
             sysctls[key] = (Path("/proc/sys") / key).read_text().strip()
-    return {"sysctls": sysctls, "log_dirs_before": [str(d) for d in LOG_DIRS if d.exists()]}
+    return {"sysctls": sysctls, "log_dirs_before": [str(d) for d in LOG_DIRS if d.exists()],
+            "nft_tables_before": nft_tables()}
+
+
+def nft_tables() -> list[str]:
+    """`family name` of every nft table (iptables-nft makes `ip filter` etc. on first use)."""
+    return [line.removeprefix("table ").strip() for line in sh("nft", "list", "tables").stdout.splitlines()
+            if line.startswith("table ")]
 
 
 def save_state(state: dict[str, object]) -> None:
@@ -124,6 +133,31 @@ def remove_cgroups() -> None:
             top.rmdir()
 
 
+def remove_iptables_chains() -> list[str]:
+    """The kubelet's iptables chains (KUBE-FIREWALL, which drops non-local traffic to 127.0.0.0/8, and the
+    KUBE-*-CANARY / KUBE-IPTABLES-HINT markers): the jumps from built-in chains, then the chains."""
+    done = []
+    for tool in IPTABLES:
+        dump = sh(f"{tool}-save").stdout
+        table = ""
+        jumps, chains = [], []
+        for line in dump.splitlines():
+            if line.startswith("*"):
+                table = line[1:]
+            elif line.startswith(":KUBE-"):
+                chains.append((table, line[1:].split()[0]))
+            elif line.startswith("-A ") and " -j KUBE-" in line and not line.split()[1].startswith("KUBE-"):
+                jumps.append((table, line[3:]))
+        for table, rule in jumps:
+            sh("sh", "-c", f"{tool} -t {table} -D {rule}")
+        for table, chain in chains:
+            sh(tool, "-t", table, "-F", chain)
+        for table, chain in chains:
+            if sh(tool, "-t", table, "-X", chain).returncode == 0:
+                done.append(f"{tool} -t {table} {chain}")
+    return done
+
+
 def restore_sysctls(saved: dict[str, str]) -> None:
     for key, value in saved.items():
         path = Path("/proc/sys") / key
@@ -142,6 +176,9 @@ def remaining() -> list[str]:
     for family, table in NFT_TABLES:
         if sh("nft", "list", "table", family, table).returncode == 0:
             left.append(f"nft table {family} {table}")
+    for tool in IPTABLES:
+        left += [f"{tool} chain {line.split()[0][1:]}" for line in sh(f"{tool}-save").stdout.splitlines()
+                 if line.startswith(":KUBE-")]
     left += [f"cgroup {h / CGROUP_ROOT}" for h in CGROUP_FS.iterdir() if (h / CGROUP_ROOT).exists()]
     left += [f"netns {ns}" for ns in Path("/run/netns").glob("cni-*")] if Path("/run/netns").exists() else []
     left += [str(p) for p in (RUN, KUBELET_ROOT) if p.exists()]
@@ -166,12 +203,21 @@ def undo_all() -> list[str]:
     for family, table in NFT_TABLES:
         if sh("nft", "delete", "table", family, table).returncode == 0:
             done.append(f"deleted nft table {family} {table}")
+    if chains := remove_iptables_chains():
+        done.append(f"deleted iptables chains {chains}")
     remove_cgroups()
     saved = state.get("host", {})
     if isinstance(saved, dict):
         sysctls = saved.get("sysctls", {})
         if isinstance(sysctls, dict):
             restore_sysctls({str(k): str(v) for k, v in sysctls.items()})
+        if "nft_tables_before" in saved:
+            # The kubelet's iptables calls create the legacy-named tables through iptables-nft; once its
+            # chains are gone they are empty: delete those that were not there before.
+            for table in set(nft_tables()) - set(saved["nft_tables_before"]):
+                family, _, name = table.partition(" ")
+                if family in ("ip", "ip6") and name in ("filter", "nat", "mangle"):
+                    sh("nft", "delete", "table", family, name)
         before = {str(d) for d in saved.get("log_dirs_before", [])} if "log_dirs_before" in saved else None
         for d in LOG_DIRS:
             if before is not None and str(d) not in before:

@@ -144,7 +144,7 @@ class Dockerd:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.proc.wait(timeout=1)
             self.proc = None
-        shutil.rmtree(DOCKER_RUN, ignore_errors=True)
+        _unmount_run()
 
     def _stop_stale(self) -> None:
         """A dockerd left by a run that died: ours if its command line names our data root."""
@@ -155,7 +155,17 @@ class Dockerd:
         # Its managed containerd (a child with the exec root in its arguments) may outlive it.
         for pid in pids_with_arg(str(DOCKER_RUN)):
             stop_pid(pid, grace=10)
-        shutil.rmtree(DOCKER_RUN, ignore_errors=True)
+        _unmount_run()
+
+
+def _unmount_run() -> None:
+    """dockerd leaves its `netns/default` bind mount under the exec root: unmount, then remove."""
+    with contextlib.suppress(OSError):
+        for line in reversed(Path("/proc/self/mountinfo").read_text().splitlines()):
+            point = line.split()[4]
+            if point.startswith(str(DOCKER_RUN) + "/"):
+                subprocess.run(["umount", "-l", point], capture_output=True, check=False)
+    shutil.rmtree(DOCKER_RUN, ignore_errors=True)
 
 
 def pids_with_arg(needle: str) -> list[int]:

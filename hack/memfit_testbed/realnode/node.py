@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from memfit_testbed.realnode import hostchanges as host
+from memfit_testbed.testcluster import free_port
 from memfit_testbed.realnode.images import CACHE, PAUSE_IMAGE, Images, ensure_images
 from memfit_testbed.realnode.hostchanges import BRIDGE, CGROUP_ROOT, KUBELET_ROOT, RUN
 
@@ -215,8 +216,8 @@ state = "{RUN / 'containerd'}"
     def _kube_proxy_args(self) -> list[str]:
         return [str(node_bin_dir() / "kube-proxy"), f"--kubeconfig={RUN / 'kubeconfig'}",
                 f"--hostname-override={self.node_name}", "--proxy-mode=nftables", f"--cluster-cidr={POD_CIDR}",
-                f"--nodeport-addresses={NODE_IP}/32", "--metrics-bind-address=127.0.0.1:0",
-                "--healthz-bind-address=127.0.0.1:0",
+                f"--nodeport-addresses={NODE_IP}/32", f"--metrics-bind-address=127.0.0.1:{free_port()}",
+                f"--healthz-bind-address=127.0.0.1:{free_port()}",
                 # Leave the host's conntrack sysctls alone.
                 "--conntrack-max-per-core=0", "--conntrack-min=0",
                 "--conntrack-tcp-timeout-established=0", "--conntrack-tcp-timeout-close-wait=0"]
@@ -247,7 +248,7 @@ state = "{RUN / 'containerd'}"
         body = {"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
                 "metadata": {"name": "kubernetes", "namespace": "default",
                              "labels": {"kubernetes.io/service-name": "kubernetes",
-                                        "endpointslice.kubernetes.io/managed-by": "memfit.dev/realnode"}},
+                                        "endpointslice.kubernetes.io/managed-by": "memfit-realnode"}},
                 "addressType": "IPv4", "endpoints": [{"addresses": [NODE_IP], "conditions": {"ready": True}}],
                 "ports": [{"name": "https", "port": APISERVER_PORT, "protocol": "TCP"}]}
         try:
