@@ -123,7 +123,7 @@ class Dockerd:
         self._stop_stale()
         DOCKER_RUN.mkdir(parents=True, exist_ok=True)
         self.root.mkdir(parents=True, exist_ok=True)
-        logf = open(CACHE / "dockerd.log", "ab")  # noqa: SIM115 - handed to the child
+        logf = open(CACHE / "dockerd.log", "ab")
         self.proc = subprocess.Popen(
             ["dockerd", f"--data-root={self.root}", f"--exec-root={DOCKER_RUN}", f"--pidfile={self.pidfile}",
              f"--host=unix://{self.sock}", "--iptables=false", "--ip6tables=false", "--bridge=none",
@@ -216,7 +216,7 @@ def cache_lock() -> Iterator[None]:
 
 def debian_mirror() -> str:
     """The Debian mirror apt uses on this machine (deb822 or one-line sources)."""
-    for f in sorted(Path("/etc/apt").glob("sources.list.d/*.sources")) + [Path("/etc/apt/sources.list")]:
+    for f in [*sorted(Path("/etc/apt").glob("sources.list.d/*.sources")), Path("/etc/apt/sources.list")]:
         with contextlib.suppress(OSError):
             for line in f.read_text().splitlines():
                 words = line.split()

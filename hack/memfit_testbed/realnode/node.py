@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from memfit_testbed.realnode import hostchanges as host
-from memfit_testbed.testcluster import free_port
-from memfit_testbed.realnode.images import CACHE, PAUSE_IMAGE, Images, ensure_images
 from memfit_testbed.realnode.hostchanges import BRIDGE, CGROUP_ROOT, KUBELET_ROOT, RUN
+from memfit_testbed.realnode.images import CACHE, PAUSE_IMAGE, Images, ensure_images
+from memfit_testbed.testcluster import free_port
 
 NODE_IP = "10.89.0.1"
 POD_CIDR = "10.89.0.0/24"
@@ -302,7 +302,7 @@ state = "{RUN / 'containerd'}"
             try:
                 if ok():
                     return
-            except Exception:  # noqa: BLE001 - the API or a file may not be there yet
+            except Exception:  # the API or a file may not be there yet
                 pass
             for name, pid in self.pids.items():
                 if not Path(f"/proc/{pid}").exists() or _zombie(pid):
