@@ -28,6 +28,9 @@ ENV PATH=/opt/memfit/bin:$PATH \
     PYTHONUNBUFFERED=1 \
     HOME=/tmp
 COPY --from=build /opt/memfit /opt/memfit
+# A passwd entry for the UID: kopf names its peering identity with getpass.getuser(), which raises
+# KeyError for a UID without one (seen on the real node, docs/realnode.md).
+RUN groupadd --gid 65532 memfit && useradd --uid 65532 --gid 65532 --no-create-home --home-dir /tmp memfit
 USER 65532:65532
 EXPOSE 8080
 ENTRYPOINT ["memfit"]
