@@ -194,3 +194,59 @@ def test_memory_limit_gives_a_real_oomkilled_and_a_replan(
     assert attempts[0]["outcome"] == "OutOfMemory", attempts
     assert "HostOutOfMemory" in attempts[0]["reason"] and "t4-spot" in attempts[0]["reason"]
     assert len(attempts) >= 2, "memfit re-planned after the OOM"
+
+
+def test_pod_deleted_mid_run_resumes_from_the_pvc_checkpoint(
+        rkube: Kube, operator: Path, rnode: RealNode, rnamespace: Callable[..., str]) -> None:
+    """Checkpoints go to a PersistentVolumeClaim (a hostPath PV on the node); the training pod is deleted
+    after a checkpoint, the Job's replacement pod resumes from it and finishes."""
+    ns = rnamespace()
+    folder = rnode.local_volume(ns, "ckpt")
+    doc = quickstart("resume")
+    doc["spec"]["training"].update(maxSteps=150, checkpoint={"volumeClaim": "ckpt", "everySteps": 10})
+    create_job(rkube, ns, doc)
+    rkube.wait("a checkpoint at step 20 on the volume",
+               lambda: (folder / "resume" / "step-00000020").exists() or None, timeout=300)
+    victim = next(p for p in pods_of(rkube, ns, "resume") if "-train-" in p["metadata"]["name"])
+    rkube.core.delete_namespaced_pod(victim["metadata"]["name"], ns)
+    job = wait_phase(rkube, ns, "resume", ("Succeeded", "Failed"), timeout=400, operator_log=operator)
+    assert job["status"]["phase"] == "Succeeded", job["status"]
+    finished = [terminated(p) for p in pods_of(rkube, ns, "resume") if "-train-" in p["metadata"]["name"]]
+    message = json.loads(next(t["message"] for t in finished if t.get("exitCode") == 0))
+    assert message["steps"] == 150 and message["resumedFromStep"] >= 20, message
+
+
+REAL_FAST_POOL = {
+    "apiVersion": "memfit.dev/v1alpha1", "kind": "GPUNodePool", "metadata": {"name": "real-fast"},
+    "spec": {"gpu": {"product": "Tesla-T4", "memoryMiB": 15360, "perNode": 1},
+             "nodeSelector": {"memfit.dev/real-node": "true"},
+             "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+             "pricePerNodeHour": 0.22, "capacityType": "on-demand", "maxNodes": 2,
+             # A fast interconnect makes two nodes the fastest plan (objective: time).
+             "interconnect": {"intraNode": "nvlink", "interNodeGbps": 3200}}}
+
+
+def test_two_pod_ddp_rendezvous_through_the_headless_service_dns(
+        rkube: Kube, operator: Path, rnode: RealNode, rnamespace: Callable[..., str]) -> None:
+    """A world-size-2 DDP job: two pods of the Indexed Job on the node's bridge, rank 1 finds rank 0 by the
+    headless Service's DNS name (CoreDNS), gloo all-reduces between the two containers."""
+    custom = client.CustomObjectsApi(rkube.api_client)
+    try:
+        custom.create_cluster_custom_object("memfit.dev", "v1alpha1", "gpunodepools", REAL_FAST_POOL)
+    except client.exceptions.ApiException as e:
+        if e.status != 409:
+            raise
+    ns = rnamespace()
+    doc = quickstart("ddp2", strategy={"engine": "ddp"}, objective={"minimize": "time"},
+                     placement={"maxNodes": 2, "nodePools": ["real-fast"]})
+    doc["spec"]["training"]["maxSteps"] = 10
+    create_job(rkube, ns, doc)
+    job = wait_phase(rkube, ns, "ddp2", ("Succeeded", "Failed"), timeout=400, operator_log=operator)
+    assert job["status"]["phase"] == "Succeeded", job["status"]
+    trainers = [p for p in pods_of(rkube, ns, "ddp2") if "-train-" in p["metadata"]["name"]]
+    assert len(trainers) == 2, [p["metadata"]["name"] for p in trainers]
+    env = {e["name"]: e.get("value") for e in trainers[0]["spec"]["containers"][0]["env"]}
+    assert env["PET_MASTER_ADDR"] == "ddp2-train-0-0.ddp2" and env["PET_NNODES"] == "2"
+    assert len({p["status"]["podIP"] for p in trainers}) == 2
+    for pod in trainers:
+        assert terminated(pod)["exitCode"] == 0 and terminated(pod)["containerID"].startswith("containerd://")

@@ -134,6 +134,26 @@ class RealNode:
         """Stop the node's processes and undo every host change (see hostchanges)."""
         return host.undo_all()
 
+    def local_volume(self, namespace: str, claim: str, size: str = "1Gi") -> Path:
+        """A PersistentVolumeClaim bound to a hostPath PersistentVolume on this node (static provisioning:
+        the folder lives under the kubelet's root, which the teardown removes); returns the folder."""
+        folder = KUBELET_ROOT / "volumes-local" / f"{namespace}-{claim}"
+        folder.mkdir(parents=True, exist_ok=True)
+        folder.chmod(0o1777)  # any pod UID may write, as on a fresh volume
+        api = self._api()
+        api.create_persistent_volume({
+            "metadata": {"name": f"{namespace}-{claim}", "labels": {"memfit.dev/real-node": "true"}},
+            "spec": {"capacity": {"storage": size}, "accessModes": ["ReadWriteOnce"], "storageClassName": "",
+                     "persistentVolumeReclaimPolicy": "Retain", "claimRef": {"namespace": namespace, "name": claim},
+                     "hostPath": {"path": str(folder), "type": "Directory"},
+                     "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [
+                         {"key": "kubernetes.io/hostname", "operator": "In", "values": [self.node_name]}]}]}}}})
+        api.create_namespaced_persistent_volume_claim(namespace, {
+            "metadata": {"name": claim},
+            "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": "", "volumeName": f"{namespace}-{claim}",
+                     "resources": {"requests": {"storage": size}}}})
+        return folder
+
     # --- configuration ---------------------------------------------------------------------------
 
     def _write_configs(self) -> None:
