@@ -369,7 +369,7 @@ def _missing_in_containerd(sock: Path) -> list[str]:
 
 def normalize(ref: str) -> str:
     """docker.io/library-style full name, as containerd stores it."""
-    name = ref if "/" in ref.split(":")[0] else f"library/{ref}"
+    name = ref if "/" in ref else f"library/{ref}"
     first = name.split("/")[0]
     return name if ("." in first or ":" in first) else f"docker.io/{name}"
 
