@@ -39,13 +39,14 @@ def helm_operator(real_cluster: Any, rkube: Kube, rnode: RealNode, rcrds: None) 
     tr_repo, _, tr_tag = rnode.images.trainer.partition(":")
     rkube.core.create_namespace({"metadata": {"name": NS, "labels": {
         "pod-security.kubernetes.io/enforce": "restricted"}}})
-    helm(cluster, "install", "memfit", str(CHART), "-n", NS, "--wait", "--timeout", "180s",
+    # The CRDs are already applied (rcrds, server-side): the chart must not own them too.
+    helm(cluster, "install", "memfit", str(CHART), "-n", NS, "--wait", "--timeout", "180s", "--set", "crds.enabled=false",
          "--set", f"image.repository={op_repo}", "--set", f"image.tag={op_tag}",
          "--set", f"trainer.image.repository={tr_repo}", "--set", f"trainer.image.tag={tr_tag}",
          "--set-string", r"operator.nodeSelector.memfit\.dev/real-node=true",
          "--set", "operator.tolerations[0].key=nvidia.com/gpu",
          "--set", "operator.tolerations[0].operator=Exists",
-         "--set", "operator.extraArgs={--resync-seconds,1}")
+         "--set-json", 'operator.extraArgs=["--resync-seconds","1"]')
     try:
         yield NS
     finally:

@@ -68,6 +68,27 @@ def pods_of(kube: Kube, namespace: str, job: str) -> list[dict[str, Any]]:
     return [p for p in kube.pods(namespace) if p["metadata"].get("labels", {}).get("memfit.dev/job") == job]
 
 
+def run_to_end(kube: Kube, namespace: str, job: str, timeout: float, operator_log: Path
+               ) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+    """Wait until the MOTJ is Succeeded or Failed, remembering every pod of it as last seen: memfit
+    deletes a finished attempt's Job, and its pods go with it."""
+    seen: dict[str, dict[str, Any]] = {}
+    custom = client.CustomObjectsApi(kube.api_client)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for pod in pods_of(kube, namespace, job):
+            seen[pod["metadata"]["name"]] = pod
+        obj = custom.get_namespaced_custom_object("memfit.dev", "v1alpha1", namespace,
+                                                  "memoryoptimizedtrainingjobs", job)
+        if (obj.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+            for pod in pods_of(kube, namespace, job):
+                seen[pod["metadata"]["name"]] = pod
+            return obj, seen
+        time.sleep(0.3)
+    wait_phase(kube, namespace, job, ("Succeeded", "Failed"), timeout=1, operator_log=operator_log)
+    raise AssertionError("unreachable")
+
+
 def terminated(pod: dict[str, Any]) -> dict[str, Any]:
     statuses = pod.get("status", {}).get("containerStatuses") or [{}]
     return dict(statuses[0].get("state", {}).get("terminated") or {})
@@ -134,13 +155,13 @@ def test_quickstart_runs_as_real_containers(rkube: Kube, operator: Path, rnode: 
                                             rnamespace: Callable[..., str]) -> None:
     ns = rnamespace()
     create_job(rkube, ns, quickstart("quickstart"))
-    job = wait_phase(rkube, ns, "quickstart", ("Succeeded", "Failed"), timeout=300, operator_log=operator)
+    job, seen = run_to_end(rkube, ns, "quickstart", 300, operator)
     assert job["status"]["phase"] == "Succeeded", job["status"]
-    pods = pods_of(rkube, ns, "quickstart")
+    pods = list(seen.values())
     assert {p["spec"]["nodeName"] for p in pods} == {rnode.node_name}
-    trainer = [p for p in pods if "-train-" in p["metadata"]["name"]]
+    trainer = [p for p in pods if "-train-" in p["metadata"]["name"] and terminated(p)]
     assert trainer, [p["metadata"]["name"] for p in pods]
-    state = terminated(trainer[0])
+    state = terminated(trainer[-1])
     assert state["containerID"].startswith("containerd://") and state["exitCode"] == 0
     message = json.loads(state["message"])
     assert message["reason"] == "Completed" and message["steps"] == 20, message
@@ -154,12 +175,12 @@ def test_profiler_crash_fails_the_job_with_its_termination_message(
     doc = quickstart("crash")
     doc["spec"]["problem"] = {"entrypoint": "memfit_missing_module.problems:build"}
     create_job(rkube, ns, doc)
-    job = wait_phase(rkube, ns, "crash", ("Succeeded", "Failed"), timeout=240, operator_log=operator)
+    job, seen = run_to_end(rkube, ns, "crash", 240, operator)
     failed = next(c for c in job["status"]["conditions"] if c["type"] == "Failed")
     assert failed["status"] == "True" and failed["reason"] == "ProfilingFailed", failed
     assert "No module named 'memfit_missing_module'" in failed["message"]
-    pods = pods_of(rkube, ns, "crash")
-    assert pods and all(terminated(p).get("exitCode") not in (None, 0) for p in pods)
+    pods = [p for p in seen.values() if terminated(p)]
+    assert pods and all(terminated(p)["exitCode"] != 0 for p in pods)
     profile = json.loads(terminated(pods[0])["message"])
     assert "memfit_missing_module" in profile["error"]
 
@@ -209,9 +230,9 @@ def test_pod_deleted_mid_run_resumes_from_the_pvc_checkpoint(
                lambda: (folder / "resume" / "step-00000020").exists() or None, timeout=300)
     victim = next(p for p in pods_of(rkube, ns, "resume") if "-train-" in p["metadata"]["name"])
     rkube.core.delete_namespaced_pod(victim["metadata"]["name"], ns)
-    job = wait_phase(rkube, ns, "resume", ("Succeeded", "Failed"), timeout=400, operator_log=operator)
+    job, seen = run_to_end(rkube, ns, "resume", 400, operator)
     assert job["status"]["phase"] == "Succeeded", job["status"]
-    finished = [terminated(p) for p in pods_of(rkube, ns, "resume") if "-train-" in p["metadata"]["name"]]
+    finished = [terminated(p) for p in seen.values() if "-train-" in p["metadata"]["name"]]
     message = json.loads(next(t["message"] for t in finished if t.get("exitCode") == 0))
     assert message["steps"] == 150 and message["resumedFromStep"] >= 20, message
 
@@ -241,9 +262,9 @@ def test_two_pod_ddp_rendezvous_through_the_headless_service_dns(
                      placement={"maxNodes": 2, "nodePools": ["real-fast"]})
     doc["spec"]["training"]["maxSteps"] = 10
     create_job(rkube, ns, doc)
-    job = wait_phase(rkube, ns, "ddp2", ("Succeeded", "Failed"), timeout=400, operator_log=operator)
+    job, seen = run_to_end(rkube, ns, "ddp2", 400, operator)
     assert job["status"]["phase"] == "Succeeded", job["status"]
-    trainers = [p for p in pods_of(rkube, ns, "ddp2") if "-train-" in p["metadata"]["name"]]
+    trainers = [p for p in seen.values() if "-train-" in p["metadata"]["name"]]
     assert len(trainers) == 2, [p["metadata"]["name"] for p in trainers]
     env = {e["name"]: e.get("value") for e in trainers[0]["spec"]["containers"][0]["env"]}
     assert env["PET_MASTER_ADDR"] == "ddp2-train-0-0.ddp2" and env["PET_NNODES"] == "2"
