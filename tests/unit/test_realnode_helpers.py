@@ -47,3 +47,10 @@ def test_node_labels_are_the_pools_with_the_real_gpu_count() -> None:
     assert labels["nvidia.com/gpu.count"] == "4"
     assert labels["memfit.dev/real-node"] == "true"
     assert "type" not in labels and "kubernetes.io/hostname" not in labels
+
+
+def test_readme_is_a_stub_in_the_image_hash(tmp_path: Path) -> None:
+    (tmp_path / "README.md").write_text("one\n")
+    first = images.digest_paths(tmp_path, ["README.md"])
+    (tmp_path / "README.md").write_text("two\n")
+    assert images.digest_paths(tmp_path, ["README.md"]) == first

@@ -52,6 +52,9 @@ DOCKERFILE_IMAGES: dict[str, tuple[str, str, tuple[str, ...], dict[str, str]]] =
                 ("trainer-image/Dockerfile", "pyproject.toml", "README.md", "constraints.txt", "operator/memfit",
                  "trainer-image/memfit_trainer"), {"DS_BUILD_OPS": ""}),
 }
+# README.md is only the package's long description (pyproject's `readme`): the context gets a stub and
+# the tag ignores it, so a docs change does not rebuild the trainer image and re-import its 6 GB.
+STUBS = {"README.md": "memfit (image built by the real-node tier; see docs/realnode.md)\n"}
 SKIP = ("__pycache__", "*.egg-info", "*.pyc", ".mypy_cache", ".ruff_cache", ".pytest_cache")
 
 
@@ -80,6 +83,9 @@ def digest_paths(root: Path, paths: Sequence[str], extra: str = "") -> str:
     """SHA-256 over the relative names and contents of every file under `paths` (sorted), plus `extra`."""
     h = hashlib.sha256(extra.encode())
     for rel in sorted(paths):
+        if rel in STUBS:
+            h.update(f"{rel}\0stub\0{STUBS[rel]}\0".encode())
+            continue
         top = root / rel
         files = [top] if top.is_file() else sorted(p for p in top.rglob("*") if p.is_file())
         for f in files:
@@ -296,7 +302,9 @@ def build_dockerfile(d: Dockerd, role: str, base: str) -> str:
     for rel in paths:  # only the inputs that were hashed: the context is what the tag says
         src, dst = REPO / rel, ctx / rel
         dst.parent.mkdir(parents=True, exist_ok=True)
-        if src.is_dir():
+        if rel in STUBS:
+            dst.write_text(STUBS[rel])
+        elif src.is_dir():
             shutil.copytree(src, dst, ignore=shutil.ignore_patterns(*SKIP))
         else:
             shutil.copy2(src, dst)
