@@ -74,6 +74,10 @@ class MeasureOptions:
     curve_budget_bytes: int = 4 << 30  # largest activation bytes a curve point may allocate
 
 
+# An elided forward may save this share more or fewer bytes for backward than a real one.
+ELIDED_SAVED_TOLERANCE = 0.01
+
+
 class ModelStepError(RuntimeError):
     """The problem's model raised in a plain forward + backward (user code: fix the spec)."""
 
@@ -161,9 +165,10 @@ def measure_configs(
         for eight_bit in (False, True):
             group = [c for c in configs if c.optimizer8bit == eight_bit]
             if group:
-                session.measure_group(group, curves=not eight_bit)
-        if options.curves and not any(not c.optimizer8bit for c in configs):
-            session.measure_curves_alone()
+                session.measure_group(group)
+        if options.curves:
+            # Last: the one-rank DDP wrapper's buckets may outlive it, and the curves are relative.
+            session.measure_curves()
     results = meter.results()
     run.results = [_result(c, pending.get(c), results) for c in configs]
     run.curves = [_curve(key, points, saved, results) for key, (points, saved) in run.curve_regions.items()]
@@ -260,6 +265,8 @@ class _Session:
         (routing, early exit) and the measured allocations cannot be trusted: ElisionUnsafe.
         """
         model = self.problem.model
+        if self.elide is not None:
+            self.elide.track(True)
         try:
             batch = batch_for(self.problem, micro_batch_size=max(2, config.micro_batch_size), step=0,
                               device=self.options.device)
@@ -274,6 +281,12 @@ class _Session:
                 raise ElisionUnsafe(f"a step with elided arithmetic raised {type(exc).__name__}: {exc}") from exc
             raise ModelStepError(f"the model cannot run a training step (forward + backward, "
                                  f"{config.precision.value}): {type(exc).__name__}: {exc}") from exc
+        finally:
+            data_dependent = self.elide.data_dependent if self.elide is not None else None
+            if self.elide is not None:
+                self.elide.track(False)
+        if data_dependent is not None:
+            raise ElisionUnsafe(f"{data_dependent} read elided values (data-dependent control flow)")
         unused = tuple(n for n, p in model.named_parameters() if p.requires_grad and p.grad is None)
         for p in model.parameters():
             p.grad = None
@@ -282,9 +295,27 @@ class _Session:
             raise ElisionUnsafe(f"{len(unused)} trainable parameters got no gradient with elided arithmetic "
                                 f"(data-dependent model), e.g. {unused[0]}")
         self.run.unused_parameters = unused
+        if self.elide is not None and self.options.curves:
+            self._check_elided_forward()
 
-    def measure_curves_alone(self) -> None:
-        """Curves when no 32-bit configuration is measured: a plain optimizer-free session."""
+    def _check_elided_forward(self) -> None:
+        """User code: the bytes an elided forward saves for backward must be those of a real one.
+
+        Kernels whose meta function allocates differently from the real one (an LSTM's fused CPU
+        kernel keeps a workspace its meta twin does not) would make every elided curve wrong.
+        One real forward at micro-batch 2 against an elided one decides (1 % tolerance).
+        """
+        from torch.utils._python_dispatch import _disable_current_modes
+
+        elided = self._saved_bytes(Precision.FP32, 2)
+        with _disable_current_modes():
+            real = self._saved_bytes(Precision.FP32, 2)
+        _release(self.options.device)
+        if abs(elided - real) > ELIDED_SAVED_TOLERANCE * max(real, 1):
+            raise ElisionUnsafe(f"an elided forward saves {elided:,} bytes for backward, a real one {real:,}")
+
+    def measure_curves(self) -> None:
+        """The activation curves (forward+backward only: no optimizer state is needed)."""
         self._measure_curves()
 
     def _held(self) -> torch.nn.Module:
@@ -375,7 +406,7 @@ class _Session:
             self._step(config, optimizer, step, with_optimizer=False)
             optimizer.zero_grad(set_to_none=True)
 
-    def measure_group(self, group: list[ProfileConfig], *, curves: bool = False) -> None:
+    def measure_group(self, group: list[ProfileConfig]) -> None:
         eight_bit = group[0].optimizer8bit
         try:
             optimizer = make_optimizer(self.problem.model, self.options.optimizer, eight_bit=eight_bit)
@@ -392,8 +423,6 @@ class _Session:
         for config in group:
             self.pending[config] = self._measure_config(config, optimizer, opt_region)
             self.pending[config].optimizer_extra_seconds = opt_extra
-        if curves and self.options.curves:
-            self._measure_curves()
         del optimizer
         _release(self.options.device)
 
