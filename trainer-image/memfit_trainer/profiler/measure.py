@@ -70,7 +70,7 @@ class MeasureOptions:
     ddp: bool = False
     warmup_passes: int = 2
     curves: tuple[tuple[Precision, Checkpointing], ...] = ()
-    curve_max_micro_batch: int = 16
+    curve_max_micro_batch: int = 32
     curve_budget_bytes: int = 4 << 30  # largest activation bytes a curve point may allocate
 
 
@@ -295,8 +295,6 @@ class _Session:
             raise ElisionUnsafe(f"{len(unused)} trainable parameters got no gradient with elided arithmetic "
                                 f"(data-dependent model), e.g. {unused[0]}")
         self.run.unused_parameters = unused
-        if self.elide is not None and self.options.curves:
-            self._check_elided_forward()
 
     def _check_elided_forward(self) -> None:
         """User code: the bytes an elided forward saves for backward must be those of a real one.
@@ -315,7 +313,13 @@ class _Session:
             raise ElisionUnsafe(f"an elided forward saves {elided:,} bytes for backward, a real one {real:,}")
 
     def measure_curves(self) -> None:
-        """The activation curves (forward+backward only: no optimizer state is needed)."""
+        """The activation curves (forward+backward only: no optimizer state is needed).
+
+        With elided arithmetic the saved-bytes check runs first; it comes after the configurations
+        because its forwards leave allocations behind that would shift their absolute peaks.
+        """
+        if self.elide is not None:
+            self._check_elided_forward()
         self._measure_curves()
 
     def _held(self) -> torch.nn.Module:
