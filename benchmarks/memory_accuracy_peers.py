@@ -45,23 +45,22 @@ class Prediction:
 
 
 def _strategy(case: Case) -> Any:
+    from memfit.api.training_config import TrainingConfig
     from memfit.memory import Device, Strategy
 
-    # The predictor is asked about the device the case ran on.
-    return Strategy(
+    config = TrainingConfig(
         engine=Engine(case.engine),
         zero_stage=case.zero_stage,
         precision=Precision(case.precision),
-        checkpointing=Checkpointing(case.checkpointing),
+        activation_checkpointing=Checkpointing(case.checkpointing),
         offload=Offload.NONE,
         optimizer8bit=case.eight_bit,
-        optimizer=OptimizerKind(case.optimizer),
-        world_size=case.world_size,
-        gpus_per_node=case.world_size,
         micro_batch_size=case.micro_batch_size,
-        accumulation_steps=1,
-        device=Device(TRUTH_DEVICE),
+        gradient_accumulation_steps=1,
     )
+    # The predictor is asked about the device the case ran on.
+    return Strategy(config=config, optimizer=OptimizerKind(case.optimizer), world_size=case.world_size,
+                    gpus_per_node=case.world_size, device=Device(TRUTH_DEVICE))
 
 
 def memfit_predictor(profile: Profile) -> Callable[[Case], Prediction]:

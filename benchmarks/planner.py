@@ -38,7 +38,9 @@ from provenance import stamp
 ROOT = Path(__file__).resolve().parent
 DEFAULT_OUT = ROOT / "results" / "planner.json"
 # The sources this benchmark measures (a change to any of them makes planner.json stale).
-MEASURES = ["operator/memfit/planner", "operator/memfit/memory", "operator/memfit/api", "operator/memfit/catalog.py",
+MEASURES = ["operator/memfit/planner", "operator/memfit/memory", "operator/memfit/catalog.py",
+            *(f"operator/memfit/api/{m}.py" for m in ("common", "job", "plan", "pool", "problem", "profile",
+                                                       "training_config")),
             "benchmarks/planner.py"]
 GIB = 1024**3
 
@@ -111,7 +113,7 @@ def case_spec(model: str, seq: int, global_batch: int, steps: int, *, max_nodes:
 
 def benchmark_pools() -> list[GPUNodePool]:
     """10 pools: the catalog's 8 GPUs (8 per node) plus 1-GPU L4 and T4 spot pools."""
-    pools = catalog_pools()
+    pools = catalog_pools(CATALOG)
     for name, product, price in (("l4-spot", "NVIDIA-L4", 0.35), ("t4-spot", "Tesla-T4", 0.22)):
         pools.append(GPUNodePool.model_validate({
             "metadata": {"name": name},
@@ -136,14 +138,14 @@ def bench_latency(repeats: int) -> dict[str, Any]:
     pools = benchmark_pools()
     specs = [case_spec(m, s, g, n) for _, m, _, s, g, n in CASES]
     for spec in specs:  # warm imports and caches outside the timing
-        plan(spec, pools=pools)
+        plan(spec, pools=pools, catalog=CATALOG)
     times: list[float] = []
     cpu: list[float] = []
     load_before = os.getloadavg()[0]
     for _ in range(repeats):
         for spec in specs:
             start, start_cpu = time.perf_counter(), time.thread_time()
-            plan(spec, pools=pools)
+            plan(spec, pools=pools, catalog=CATALOG)
             cpu.append((time.thread_time() - start_cpu) * 1000)
             times.append((time.perf_counter() - start) * 1000)
     return {"p50": round(percentile(times, 0.5), 2), "p99": round(percentile(times, 0.99), 2),
@@ -182,7 +184,7 @@ def random_case(rng: random.Random) -> tuple[MemoryOptimizedTrainingJobSpec, lis
     })
     pools = []
     for i in range(rng.randint(1, 3)):
-        gpu = rng.choice(CATALOG)
+        gpu = rng.choice(CATALOG.gpus)
         pools.append(GPUNodePool.model_validate({
             "metadata": {"name": f"pool-{i}"},
             "spec": {"gpu": {"product": gpu.product, "perNode": rng.choice([1, 2, 4]),
@@ -200,10 +202,10 @@ def bench_optimality(count: int, seed: int) -> dict[str, Any]:
     for i in range(count):
         spec, pools = random_case(rng)
         start = time.perf_counter()
-        result = plan(spec, pools=pools)
+        result = plan(spec, pools=pools, catalog=CATALOG)
         planner_seconds += time.perf_counter() - start
         start = time.perf_counter()
-        expected = best_objective(spec, pools)
+        expected = best_objective(spec, pools, catalog=CATALOG)
         brute_seconds += time.perf_counter() - start
         got = None
         if result.chosen is not None:
@@ -224,15 +226,15 @@ def bench_optimality(count: int, seed: int) -> dict[str, Any]:
 
 
 def bench_savings() -> dict[str, Any]:
-    pools = catalog_pools()
+    pools = catalog_pools(CATALOG)
     cases = []
     for case_id, model, run, seq, g_batch, steps in CASES:
         spec = case_spec(model, seq, g_batch, steps)
-        result = plan(spec, pools=pools)
+        result = plan(spec, pools=pools, catalog=CATALOG)
         shape = resolve_shape(spec, None)
         assert not isinstance(shape, str)
         ctx = search_context(spec, shape)
-        offers, _ = resolve_offers(pools)
+        offers, _ = resolve_offers(pools, catalog=CATALOG)
         static = static_baseline(ctx, offers)
         c, base = result.chosen, result.baseline
         entry: dict[str, Any] = {
@@ -242,7 +244,7 @@ def bench_savings() -> dict[str, Any]:
             "cost_ratio_vs_fp32_baseline": None, "cost_ratio_vs_static": None,
         }
         if c is not None:
-            entry["plan"] = {"pool": c.pool, "gpus": c.gpus, "nodes": c.nodes, "config": c.strategy.describe(),
+            entry["plan"] = {"pool": c.pool, "gpus": c.gpus, "nodes": c.nodes, "config": c.strategy.config.describe(),
                              "peak_gib": round(c.memory.peak_bytes / GIB, 2), "usable_gib": round(c.usable_bytes / GIB, 2),
                              "price_per_hour": round(c.price_per_hour, 4), "hours": round(c.hours, 4),
                              "total_cost": round(c.total_cost, 4)}

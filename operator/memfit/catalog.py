@@ -9,7 +9,8 @@ Host RAM and NVMe per GPU are those of the typical AWS instance family named in 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,7 +42,7 @@ class GPUModel:
         return self.usable_mib * 1024 * 1024
 
 
-CATALOG: tuple[GPUModel, ...] = (
+BUILTIN_GPUS: tuple[GPUModel, ...] = (
     GPUModel(
         "t4",
         "Tesla-T4",
@@ -169,16 +170,39 @@ CATALOG: tuple[GPUModel, ...] = (
     ),
 )
 
-_BY_KEY = {g.key: g for g in CATALOG}
-_BY_PRODUCT = {name.lower(): g for g in CATALOG for name in (g.product, *g.aliases)}
+
+
+@dataclass(frozen=True, slots=True)
+class GpuCatalog:
+    """A set of GPU models, looked up by catalog key or GFD product label. The planner is handed one
+    (the operator and the CLI pass `CATALOG`); tests can pass their own."""
+
+    gpus: tuple[GPUModel, ...]
+    _by_name: dict[str, GPUModel] = field(init=False, repr=False, compare=False, hash=False)
+
+    def __post_init__(self) -> None:
+        by_name = {name.lower(): g for g in self.gpus for name in (g.product, *g.aliases)}
+        by_name.update({g.key: g for g in self.gpus})  # a key wins over another GPU's product label
+        object.__setattr__(self, "_by_name", by_name)
+
+    def __iter__(self) -> Iterator[GPUModel]:
+        return iter(self.gpus)
+
+    def __len__(self) -> int:
+        return len(self.gpus)
+
+    def find(self, name: str) -> GPUModel | None:
+        """A GPU by catalog key (`l4`) or GFD product label (`NVIDIA-L4`), case-insensitive."""
+        return self._by_name.get(name.strip().lower())
+
+    def keys(self) -> list[str]:
+        """Catalog keys, cheapest first."""
+        return [g.key for g in sorted(self.gpus, key=lambda g: (g.price_per_gpu_hour, g.key))]
+
+
+CATALOG = GpuCatalog(BUILTIN_GPUS)
 
 
 def find_gpu(name: str) -> GPUModel | None:
-    """Look up a GPU by catalog key (`l4`) or GFD product label (`NVIDIA-L4`), case-insensitive."""
-    key = name.strip().lower()
-    return _BY_KEY.get(key) or _BY_PRODUCT.get(key)
-
-
-def gpu_keys() -> list[str]:
-    """Catalog keys, cheapest first."""
-    return [g.key for g in sorted(CATALOG, key=lambda g: (g.price_per_gpu_hour, g.key))]
+    """Look up a GPU of the built-in catalog by key (`l4`) or GFD product label (`NVIDIA-L4`)."""
+    return CATALOG.find(name)

@@ -91,8 +91,8 @@ def _quickstart() -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def run(e2e_cluster: Cluster, prom_bin: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
-    if importlib.util.find_spec("memfit.cli_operator") is None:
-        pytest.skip("memfit.cli_operator does not exist yet (the operator)")
+    if importlib.util.find_spec("memfit.cli.cluster") is None:
+        pytest.skip("memfit.cli.cluster does not exist yet (the operator)")
     cluster, work = e2e_cluster, tmp_path_factory.mktemp("real-operator")
     cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(REPO / "crds"))
     cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd", "--all")

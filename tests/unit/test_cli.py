@@ -61,3 +61,10 @@ def test_catalog_lists_required_gpus() -> None:
     assert result.returncode == 0
     for key in ("t4", "l4", "a10g", "l40s", "a100-40", "a100-80", "h100-80", "h200"):
         assert f"\n{key} " in "\n" + result.stdout
+
+
+def test_help_lists_every_command_and_nothing_that_does_not_exist() -> None:
+    result = run("--help")
+    assert result.returncode == 0, result.stderr
+    assert "{crds,validate,catalog,plan,estimate,operator,pools}" in result.stdout
+    assert "demo" not in result.stdout  # the quickstart is `make demo`, not a memfit command

@@ -13,6 +13,7 @@ PURE = [
     "operator/memfit/memory",
     "operator/memfit/planner",
     "operator/memfit/kube",
+    "operator/memfit/lifecycle",
     "operator/memfit/catalog.py",
 ]
 FORBIDDEN_IN_PURE = ("kopf", "kubernetes", "torch", "deepspeed", "bitsandbytes", "memfit.controller")

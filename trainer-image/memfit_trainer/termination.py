@@ -1,9 +1,7 @@
-"""Exit codes and the termination-message schema the operator reads (one place; see docs/trainer.md).
+"""The trainer's side of the termination contract: writing the message safely from several ranks.
 
-Kubernetes copies the file at `terminationMessagePath` (default /dev/termination-log, at most
-4096 bytes) into `status.containerStatuses[].state.terminated.message`. The trainer writes one compact
-JSON object there; the operator re-plans on `CUDAOutOfMemory`/`HostOutOfMemory`, gives up on
-`InvalidPlan` and records `Completed` peaks.
+The contract itself (reasons, exit codes, the message schema) lives in `memfit.api.termination`, read
+by the operator's Job builder and its pod observer too; see docs/trainer.md.
 """
 
 from __future__ import annotations
@@ -13,38 +11,43 @@ import fcntl
 import json
 import os
 import re
-from dataclasses import asdict, dataclass, field
-from enum import StrEnum
 from pathlib import Path
 
+from memfit.api.termination import (
+    DEFAULT_TERMINATION_MESSAGE_PATH,
+    EXIT_CODES,
+    EXIT_COMPLETED,
+    EXIT_INVALID_PLAN,
+    EXIT_OUT_OF_MEMORY,
+    EXIT_TRAINING_ERROR,
+    MAX_MESSAGE_BYTES,
+    TerminationMessage,
+    exit_code,
+    reason_from_json,
+)
+from memfit.api.termination import TerminationReason as Reason
+
+__all__ = [
+    "DEFAULT_TERMINATION_MESSAGE_PATH",
+    "ENV_TERMINATION_MESSAGE_PATH",
+    "EXIT_CODES",
+    "EXIT_COMPLETED",
+    "EXIT_INVALID_PLAN",
+    "EXIT_OUT_OF_MEMORY",
+    "EXIT_TRAINING_ERROR",
+    "MAX_MESSAGE_BYTES",
+    "Reason",
+    "TerminationMessage",
+    "exit_code",
+    "is_host_out_of_memory",
+    "read_termination_message",
+    "reason_from_json",
+    "requested_bytes_from_error",
+    "termination_path",
+    "write_termination_message",
+]
+
 ENV_TERMINATION_MESSAGE_PATH = "MEMFIT_TERMINATION_MESSAGE_PATH"
-DEFAULT_TERMINATION_MESSAGE_PATH = "/dev/termination-log"
-# The kubelet truncates longer messages (k8s.io/api core/v1 Container.terminationMessagePath).
-MAX_MESSAGE_BYTES = 4096
-
-
-class Reason(StrEnum):
-    """Why the trainer stopped (CamelCase, like Kubernetes reasons)."""
-
-    COMPLETED = "Completed"
-    CUDA_OUT_OF_MEMORY = "CUDAOutOfMemory"
-    HOST_OUT_OF_MEMORY = "HostOutOfMemory"
-    INVALID_PLAN = "InvalidPlan"
-    TRAINING_ERROR = "TrainingError"
-
-
-EXIT_COMPLETED = 0
-EXIT_TRAINING_ERROR = 1
-EXIT_OUT_OF_MEMORY = 87
-EXIT_INVALID_PLAN = 88
-
-EXIT_CODES: dict[Reason, int] = {
-    Reason.COMPLETED: EXIT_COMPLETED,
-    Reason.CUDA_OUT_OF_MEMORY: EXIT_OUT_OF_MEMORY,
-    Reason.HOST_OUT_OF_MEMORY: EXIT_OUT_OF_MEMORY,
-    Reason.INVALID_PLAN: EXIT_INVALID_PLAN,
-    Reason.TRAINING_ERROR: EXIT_TRAINING_ERROR,
-}
 
 # When several local ranks write the same file, the most informative reason wins: an OOM on one rank
 # makes its peers fail with collective errors, which must not hide the OOM.
@@ -58,67 +61,6 @@ _PRIORITY: dict[Reason, int] = {
 
 _REQUESTED = re.compile(r"(?:Tried to allocate|you tried to allocate)\s+([\d.]+)\s*(bytes|B|KiB|MiB|GiB|TiB)")
 _UNIT_BYTES = {"bytes": 1, "B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}
-
-
-@dataclass(frozen=True, slots=True)
-class TerminationMessage:
-    """The JSON object in the termination message; None fields are left out of the wire form."""
-
-    reason: Reason
-    rank: int | None = None
-    step: int | None = None
-    steps: int | None = None
-    peak_bytes: int | None = None
-    requested_bytes: int | None = None
-    capacity_bytes: int | None = None
-    final_loss: float | None = None
-    resumed_from_step: int | None = None
-    memory_meter: str | None = None
-    message: str | None = None
-    extra: dict[str, object] = field(default_factory=dict)
-
-    def to_wire(self) -> dict[str, object]:
-        """camelCase keys, no None values."""
-        wire: dict[str, object] = {}
-        for key, value in asdict(self).items():
-            if key == "extra" or value is None:
-                continue
-            wire[_camel(key)] = value.value if isinstance(value, Reason) else value
-        wire.update(self.extra)
-        return wire
-
-    def to_json(self) -> str:
-        """Compact JSON of at most MAX_MESSAGE_BYTES (the free-text `message` is shortened to fit)."""
-        wire = self.to_wire()
-        text = json.dumps(wire, separators=(",", ":"))
-        while len(text.encode()) > MAX_MESSAGE_BYTES and isinstance(wire.get("message"), str):
-            message = str(wire["message"])
-            wire["message"] = (
-                message[: max(0, len(message) - (len(text.encode()) - MAX_MESSAGE_BYTES) - 8)] + "…"
-            )
-            text = json.dumps(wire, separators=(",", ":"))
-            if not message:
-                break
-        return text
-
-
-def _camel(name: str) -> str:
-    head, *rest = name.split("_")
-    return head + "".join(part.title() for part in rest)
-
-
-def exit_code(reason: Reason) -> int:
-    """The process exit code for a reason."""
-    return EXIT_CODES[reason]
-
-
-def reason_from_json(text: str) -> Reason | None:
-    """The reason of a termination message, or None if the text is not one."""
-    try:
-        value = json.loads(text).get("reason")
-        return Reason(value)
-    except (ValueError, AttributeError, TypeError):
-        return None
 
 
 def requested_bytes_from_error(error: BaseException) -> int | None:

@@ -22,10 +22,11 @@ from kubernetes import client
 from memfit.api.job import MemoryOptimizedTrainingJobSpec
 from memfit.api.pool import GPUNodePool
 from memfit.api.profile import Profile
-from memfit.controller.planning import plan_job
+from memfit.catalog import CATALOG
 from memfit.kube.common import Owner, Placement, PodSettings
 from memfit.kube.profile_job import build_profile_job
 from memfit.kube.train_job import build_training_job
+from memfit.lifecycle.planning import plan_job
 from memfit.memory.problems import shape_from_problem
 
 from memfit_testbed.paths import REPO
@@ -160,6 +161,7 @@ def builder_violations(raw: dict[str, Any], pools: list[GPUNodePool]) -> list[st
         observations=(),
         attempt=0,
         job_name=owner.name,
+        catalog=CATALOG,
     )
     if outcome.plan is None:
         return [f"no plan: {outcome.message()}"]

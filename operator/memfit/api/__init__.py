@@ -1,4 +1,4 @@
-"""memfit API: the CRD models (MemoryOptimizedTrainingJob, GPUNodePool) and the Profile/Plan contracts."""
+"""memfit API: the CRD models (MOTJ, GPUNodePool) and the Profile, Plan and TrainingConfig contracts."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from memfit.api.job import (
 from memfit.api.plan import Plan
 from memfit.api.pool import GPUNodePool, GPUNodePoolSpec, GPUNodePoolStatus
 from memfit.api.profile import Profile
+from memfit.api.training_config import TrainingConfig
 
 __all__ = [
     "API_GROUP",
@@ -28,4 +29,5 @@ __all__ = [
     "Precision",
     "Profile",
     "Toggle",
+    "TrainingConfig",
 ]

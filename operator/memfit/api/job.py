@@ -24,6 +24,7 @@ from memfit.api.common import (
 )
 from memfit.api.problem import Problem
 from memfit.api.rules import check_spec
+from memfit.api.training_config import TrainingConfig
 
 Auto = Literal["auto"]
 
@@ -191,6 +192,27 @@ class Phase(StrEnum):
     FAILED = "Failed"
 
 
+class AttemptOutcome(StrEnum):
+    """How an attempt (one training Job) ended, or that it is still going."""
+
+    LAUNCHING = "Launching"
+    RUNNING = "Running"
+    SUCCEEDED = "Succeeded"
+    OUT_OF_MEMORY = "OutOfMemory"
+    NO_CAPACITY = "NoCapacity"
+    FAILED = "Failed"
+
+    @property
+    def active(self) -> bool:
+        """The training Job is (still) supposed to run: the reconcile monitors it."""
+        return self in (AttemptOutcome.LAUNCHING, AttemptOutcome.RUNNING)
+
+    @property
+    def replans(self) -> bool:
+        """The attempt ended in a way the next reconcile re-plans (a new attempt)."""
+        return self in (AttemptOutcome.OUT_OF_MEMORY, AttemptOutcome.NO_CAPACITY)
+
+
 class ProfileSummary(ApiModel):
     """Which profile the plan used."""
 
@@ -200,17 +222,9 @@ class ProfileSummary(ApiModel):
     parameters: int | None = Field(default=None, ge=0, description="Parameter count.")
 
 
-class PlanSummary(ApiModel):
+class PlanSummary(TrainingConfig):  # the TrainingConfig inline: its fields sit flat in status.plan
     """The chosen configuration, as shown by kubectl get/describe."""
 
-    engine: Engine
-    zero_stage: int = Field(ge=0, le=3)
-    precision: Precision
-    activation_checkpointing: Checkpointing
-    offload: Offload
-    optimizer8bit: bool
-    micro_batch_size: int = Field(ge=1)
-    gradient_accumulation_steps: int = Field(ge=1)
     node_pool: str = Field(max_length=NAME_MAX)
     nodes: int = Field(ge=1)
     gpus: int = Field(ge=1)
@@ -236,7 +250,9 @@ class Attempt(ApiModel):
     nodes: int = Field(ge=1)
     started_at: datetime | None = None
     finished_at: datetime | None = None
-    outcome: str = Field(max_length=32, description="Running, Succeeded, OutOfMemory, NoCapacity, Failed.")
+    outcome: AttemptOutcome = Field(
+        description="Launching, Running, Succeeded, OutOfMemory, NoCapacity or Failed."
+    )
     measured_peak_bytes: int | None = Field(default=None, ge=0)
     predicted_peak_bytes: int | None = Field(default=None, ge=0)
     reason: str = Field(default="", max_length=1024)

@@ -6,9 +6,10 @@ from typing import Literal
 
 from pydantic import Field
 
-from memfit.api.common import ApiModel, Checkpointing, Engine, Offload, Precision
+from memfit.api.common import ApiModel
 from memfit.api.job import TrainingSpec
 from memfit.api.problem import Problem
+from memfit.api.training_config import TrainingConfig
 
 PLAN_SCHEMA = "memfit.dev/plan/v1"
 
@@ -27,18 +28,11 @@ class MemoryBreakdown(ApiModel):
     nvme_bytes: int = Field(default=0, ge=0, description="NVMe per GPU for offload.")
 
 
-class Plan(ApiModel):
-    """Everything a training pod needs to apply the chosen configuration."""
+class Plan(TrainingConfig):
+    """Everything a training pod needs to apply the chosen configuration: the TrainingConfig (inline,
+    its fields flat in the JSON) on a pool, with the predictions it was chosen on."""
 
     schema_version: Literal["memfit.dev/plan/v1"] = "memfit.dev/plan/v1"
-    engine: Engine
-    zero_stage: int = Field(ge=0, le=3)
-    precision: Precision
-    activation_checkpointing: Checkpointing
-    offload: Offload
-    optimizer8bit: bool
-    micro_batch_size: int = Field(ge=1)
-    gradient_accumulation_steps: int = Field(ge=1)
     nodes: int = Field(ge=1)
     gpus_per_node: int = Field(ge=1)
     node_pool: str
@@ -69,20 +63,6 @@ class Plan(ApiModel):
     def world_size(self) -> int:
         return self.nodes * self.gpus_per_node
 
-    def describe(self) -> str:
-        """One line: `4xL4 bf16 ZeRO-2 ckpt 8-bit Adam mbs 2x4`."""
-        parts = [f"{self.world_size}x{self.gpu_product}", self.precision.value]
-        if self.engine == Engine.DEEPSPEED:
-            parts.append(f"ZeRO-{self.zero_stage}")
-        elif self.engine == Engine.FSDP:
-            parts.append("FSDP-full-shard" if self.zero_stage == 3 else "FSDP-grad-op")
-        else:
-            parts.append("DDP")
-        if self.activation_checkpointing != Checkpointing.NONE:
-            parts.append(f"ckpt-{self.activation_checkpointing.value}")
-        if self.offload != Offload.NONE:
-            parts.append(f"offload-{self.offload.value}")
-        if self.optimizer8bit:
-            parts.append("8-bit-optim")
-        parts.append(f"mbs {self.micro_batch_size}x{self.gradient_accumulation_steps}")
-        return " ".join(parts)
+    def describe(self, *, words: bool = False, batch: bool = True) -> str:
+        """The GPUs, then the configuration: `4xL4 ZeRO-2 bf16 ckpt-full 8-bit-optim mbs 2x4`."""
+        return f"{self.world_size}x{self.gpu_product} {super().describe(words=words, batch=batch)}"

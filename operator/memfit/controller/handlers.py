@@ -5,6 +5,10 @@ Only `@kopf.on.event` handlers are used: kopf then stores no progress or diff-ba
 adds no finalizers, so deleting a job never waits for the operator (owner GC removes children).
 The event handlers only put the job's key on a de-duplicating work queue (workqueue.py): an event
 storm costs one reconcile per job, and no event body waits in memory for a free thread.
+
+The process-wide `Runtime` is made by the caller (`memfit operator`, tests) and handed to kopf as the
+operator's memo (`kopf.run(memo=runtime_memo(runtime))`): handlers get it as `memo.runtime`, the worker
+and resync threads as an argument. No module global holds it.
 """
 
 from __future__ import annotations
@@ -20,10 +24,11 @@ from urllib3.exceptions import HTTPError as TransportError
 
 from memfit import metrics
 from memfit.api.common import API_GROUP, API_VERSION
+from memfit.api.job import AttemptOutcome, Phase
 from memfit.controller.events import EventPoster
 from memfit.controller.kubeapi import MOTJ_PLURAL, ForeignObjectError, KubeApi
 from memfit.controller.pool_status import reconcile_pools
-from memfit.controller.reconcile import reconcile_job
+from memfit.controller.reconcile import Applied, RecordConflict, reconcile_job
 from memfit.controller.settings import OperatorSettings
 from memfit.controller.workqueue import Key, WorkQueue
 from memfit.controller.world import WorldCache
@@ -31,8 +36,7 @@ from memfit.kube.names import LABEL_JOB, LABEL_MANAGED_BY, MANAGED_BY
 
 log = logging.getLogger("memfit.operator")
 
-TERMINAL = ("Succeeded", "Failed")
-REPLANS = ("OutOfMemory", "NoCapacity")  # attempt outcomes the next pass re-plans
+TERMINAL = (Phase.SUCCEEDED, Phase.FAILED)
 CHILD_SELECTOR = f"{LABEL_MANAGED_BY}={MANAGED_BY},{LABEL_JOB}"  # only memfit's Jobs, not the cluster's
 
 
@@ -40,10 +44,10 @@ class Runtime:
     """Process-wide state of the operator: settings, API clients, the shared world snapshot, the work
     queue, and what the last reconcile of each job left (its phase, the resourceVersion it wrote)."""
 
-    def __init__(self) -> None:
-        self.settings = OperatorSettings()
-        self.api: KubeApi | None = None
-        self.world = WorldCache()
+    def __init__(self, settings: OperatorSettings | None = None, api: KubeApi | None = None) -> None:
+        self.settings = settings or OperatorSettings()
+        self.api = api
+        self.world = WorldCache(self.settings.world_ttl_seconds, self.settings.node_ttl_seconds)
         self.queue = WorkQueue()
         self.events = EventPoster()
         self.healthy = threading.Event()
@@ -79,39 +83,43 @@ class Runtime:
         self.queue.forget(key)
 
 
-RUNTIME = Runtime()
+def runtime_memo(runtime: Runtime) -> kopf.Memo:
+    """The memo to pass to `kopf.run`: kopf hands each handler a shallow copy, so the Runtime inside
+    stays one shared object."""
+    return kopf.Memo(runtime=runtime)
 
 
-def reconcile_by_name(namespace: str, name: str) -> None:
+def reconcile_by_name(runtime: Runtime, namespace: str, name: str) -> None:
     """Reconcile one job now, in this thread (the workers do this for queued jobs)."""
-    if RUNTIME.api is not None:
-        _reconcile_once(RUNTIME.api, namespace, name)
+    if runtime.api is not None:
+        _reconcile_once(runtime, runtime.api, namespace, name)
 
 
-def work_forever() -> None:
+def work_forever(runtime: Runtime) -> None:
     """A worker: take a job from the queue, reconcile it, and queue it again when a re-plan is due."""
-    while not RUNTIME.stop.is_set():
-        key = RUNTIME.queue.get(timeout=1.0)
-        if key is None or RUNTIME.api is None:
+    while not runtime.stop.is_set():
+        key = runtime.queue.get(timeout=1.0)
+        if key is None or runtime.api is None:
             continue
         try:
-            followup = _reconcile_once(RUNTIME.api, *key)
+            followup = _reconcile_once(runtime, runtime.api, *key)
         finally:
-            RUNTIME.queue.done(key)
+            runtime.queue.done(key)
         if followup:
-            RUNTIME.queue.add(key)
+            runtime.queue.add(key)
 
 
-def start_workers(count: int) -> list[threading.Thread]:
+def start_workers(runtime: Runtime, count: int) -> list[threading.Thread]:
     threads = [
-        threading.Thread(target=work_forever, name=f"memfit-worker-{i}", daemon=True) for i in range(count)
+        threading.Thread(target=work_forever, args=(runtime,), name=f"memfit-worker-{i}", daemon=True)
+        for i in range(count)
     ]
     for thread in threads:
         thread.start()
     return threads
 
 
-def _reconcile_once(api: KubeApi, namespace: str, name: str) -> bool:
+def _reconcile_once(runtime: Runtime, api: KubeApi, namespace: str, name: str) -> bool:
     """One reconcile pass; errors are logged and counted, never crash the operator. True when it
     stored a finished attempt whose re-plan should run now (the event of our own status patch is
     skipped, so nothing else would trigger it before the resync)."""
@@ -119,29 +127,32 @@ def _reconcile_once(api: KubeApi, namespace: str, name: str) -> bool:
         body = api.get_motj(namespace, name)
         if body is None:
             metrics.JOBS.forget(namespace, name)
-            RUNTIME.forget((namespace, name))
+            runtime.forget((namespace, name))
             return False
         started = time.perf_counter()
-        decision = reconcile_job(
+        applied = reconcile_job(
             api,
             body,
-            settings=RUNTIME.settings,
-            world_source=RUNTIME.world.source(api),
-            post_event=RUNTIME.events.post,
+            settings=runtime.settings,
+            world_source=runtime.world.source(api),
+            post_event=runtime.events.post,
         )
-        status = decision.status if decision else (body.get("status") or {})
-        written = decision.resource_version if decision else ""
-        RUNTIME.note((namespace, name), phase=str(status.get("phase", "")), written=written)
+        status = applied.status if applied else (body.get("status") or {})
+        written = applied.resource_version if applied else ""
+        runtime.note((namespace, name), phase=str(status.get("phase", "")), written=written)
         metrics.JOBS.observe(metrics.JobSnapshot.from_status(namespace, name, status))
-        if decision:
-            _count(namespace, decision.events)
+        if applied:
+            _count(namespace, applied.events)
             log.debug("reconciled %s/%s in %.3fs", namespace, name, time.perf_counter() - started)
-        return decision is not None and _replan_pending(status)
+        return applied is not None and _replan_pending(applied)
     except ApiException as error:
         if error.status == 409:  # a concurrent write; the next event or resync retries
             return False
         metrics.RECONCILE_ERRORS.labels("MemoryOptimizedTrainingJob").inc()
         log.warning("reconcile %s/%s: API error %s %s", namespace, name, error.status, error.reason)
+    except RecordConflict as error:  # the snapshot predates a recorded plan: the next pass reads it
+        log.info("reconcile %s/%s: %s", namespace, name, error)
+        return True
     except ForeignObjectError as error:
         metrics.RECONCILE_ERRORS.labels("MemoryOptimizedTrainingJob").inc()
         log.error("reconcile %s/%s: %s", namespace, name, error)
@@ -154,21 +165,23 @@ def _reconcile_once(api: KubeApi, namespace: str, name: str) -> bool:
     return False
 
 
-def _replan_pending(status: dict[str, Any]) -> bool:
-    attempts = status.get("attempts") or []
-    return status.get("phase") not in TERMINAL and bool(attempts) and attempts[-1].get("outcome") in REPLANS
+def _replan_pending(applied: Applied) -> bool:
+    status = applied.decision.status
+    attempts = status.attempts
+    return status.phase not in TERMINAL and bool(attempts) and attempts[-1].outcome.replans
 
 
 def _count(namespace: str, events: list[tuple[str, str, str]]) -> None:
     for _, reason, _ in events:
-        if reason in ("OutOfMemory", "NoCapacity"):
+        if reason in (AttemptOutcome.OUT_OF_MEMORY, AttemptOutcome.NO_CAPACITY):
             metrics.REPLANS.labels(namespace, reason).inc()
         elif reason == "ProfilingFailed":
             metrics.PROFILING_FAILURES.labels(namespace).inc()
 
 
 @kopf.on.startup()
-def on_operator_startup(settings: kopf.OperatorSettings, **_: Any) -> None:
+def on_operator_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    runtime: Runtime = memo.runtime
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="memfit.dev")
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix="memfit.dev", key="last-handled-configuration"
@@ -178,34 +191,37 @@ def on_operator_startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
     settings.watching.label_selectors["batch", "jobs"] = CHILD_SELECTOR
-    RUNTIME.world = WorldCache(RUNTIME.settings.world_ttl_seconds, RUNTIME.settings.node_ttl_seconds)
     # kopf logs "Handler ... succeeded" for every event (10 per job); memfit logs its own decisions.
     if logging.getLogger().getEffectiveLevel() > logging.DEBUG:
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)
-    if RUNTIME.api is not None:
-        RUNTIME.events.start(RUNTIME.api)
-    start_workers(RUNTIME.settings.workers)
-    RUNTIME.healthy.set()
+    if runtime.api is not None:
+        runtime.events.start(runtime.api)
+    start_workers(runtime, runtime.settings.workers)
+    runtime.healthy.set()
 
 
 @kopf.on.cleanup()
-def on_operator_cleanup(**_: Any) -> None:
-    RUNTIME.stop.set()
-    RUNTIME.queue.close()
-    RUNTIME.events.stop()
-    RUNTIME.healthy.clear()
+def on_operator_cleanup(memo: kopf.Memo, **_: Any) -> None:
+    runtime: Runtime = memo.runtime
+    runtime.stop.set()
+    runtime.queue.close()
+    runtime.events.stop()
+    runtime.healthy.clear()
 
 
 @kopf.on.event(API_GROUP, API_VERSION, MOTJ_PLURAL)
-async def on_motj_event(event: dict[str, Any], meta: Any, namespace: str, name: str, **_: Any) -> None:
+async def on_motj_event(
+    event: dict[str, Any], meta: Any, namespace: str, name: str, memo: kopf.Memo, **_: Any
+) -> None:
+    runtime: Runtime = memo.runtime
     key = (namespace, name)
     if event.get("type") == "DELETED":
         metrics.JOBS.forget(namespace, name)
-        RUNTIME.forget(key)
+        runtime.forget(key)
         return
-    if RUNTIME.own_write(key, str(meta.get("resourceVersion", ""))):
+    if runtime.own_write(key, str(meta.get("resourceVersion", ""))):
         return  # the echo of our own status patch: that reconcile already saw this state
-    RUNTIME.queue.add(key)
+    runtime.queue.add(key)
 
 
 # Child Jobs, not their Pods: the Job controller reflects every pod change that matters (created,
@@ -213,18 +229,20 @@ async def on_motj_event(event: dict[str, Any], meta: Any, namespace: str, name: 
 # repeated them (about half of all events). A pod that stays Unschedulable changes nothing; the
 # resync loop times it out. The watch is filtered server-side (CHILD_SELECTOR), not in kopf.
 @kopf.on.event("batch", "v1", "jobs", labels={LABEL_MANAGED_BY: MANAGED_BY, LABEL_JOB: kopf.PRESENT})
-async def on_child_job_event(labels: dict[str, str], namespace: str, **_: Any) -> None:
+async def on_child_job_event(labels: dict[str, str], namespace: str, memo: kopf.Memo, **_: Any) -> None:
+    runtime: Runtime = memo.runtime
     job = labels[LABEL_JOB]
-    if not RUNTIME.terminal((namespace, job)):  # a finished job never changes again
-        RUNTIME.queue.add((namespace, job))
+    if not runtime.terminal((namespace, job)):  # a finished job never changes again
+        runtime.queue.add((namespace, job))
 
 
 @kopf.on.event(API_GROUP, API_VERSION, "gpunodepools")
-def on_pool_event(**_: Any) -> None:
-    RUNTIME.world.invalidate()  # a pool was added, changed or removed: the next plan sees it
-    if RUNTIME.api is not None:
+def on_pool_event(memo: kopf.Memo, **_: Any) -> None:
+    runtime: Runtime = memo.runtime
+    runtime.world.invalidate()  # a pool was added, changed or removed: the next plan sees it
+    if runtime.api is not None:
         try:
-            reconcile_pools(RUNTIME.api, nodes=RUNTIME.world.nodes(RUNTIME.api))
+            reconcile_pools(runtime.api, nodes=runtime.world.nodes(runtime.api))
         except TransportError as error:
             metrics.RECONCILE_ERRORS.labels("GPUNodePool").inc()
             log.warning("pool status: API server unreachable (%s)", type(error).__name__)
@@ -233,23 +251,23 @@ def on_pool_event(**_: Any) -> None:
             log.exception("pool status update failed")
 
 
-def resync_forever(interval_seconds: float) -> None:
+def resync_forever(runtime: Runtime, interval_seconds: float) -> None:
     """Queue every unfinished job that nothing reconciled within the interval, and update the pools:
     capacity timeouts, missed events, crashes."""
-    while not RUNTIME.stop.wait(interval_seconds):
-        api = RUNTIME.api
+    while not runtime.stop.wait(interval_seconds):
+        api = runtime.api
         if api is None:
             continue
         try:
-            reconcile_pools(api, nodes=RUNTIME.world.nodes(api))
-            for ns in RUNTIME.settings.namespaces or (None,):
+            reconcile_pools(api, nodes=runtime.world.nodes(api))
+            for ns in runtime.settings.namespaces or (None,):
                 for item in api.list_motjs(ns):
                     meta = item["metadata"]
                     key = (meta["namespace"], meta["name"])
                     if (item.get("status") or {}).get("phase") in TERMINAL:
                         continue
-                    if not RUNTIME.queue.busy_within(key, interval_seconds):
-                        RUNTIME.queue.add(key)
+                    if not runtime.queue.busy_within(key, interval_seconds):
+                        runtime.queue.add(key)
         except TransportError as error:
             metrics.RECONCILE_ERRORS.labels("Resync").inc()
             log.warning(

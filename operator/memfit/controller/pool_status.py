@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from memfit.controller.kubeapi import KubeApi
-from memfit.controller.pools import gpus_requested_by_node, observe_pool_capacity
+from memfit.lifecycle.capacity import gpus_requested_by_node, observe_pool_capacity
 
 
 def reconcile_pools(api: KubeApi, *, nodes: list[dict[str, Any]] | None = None) -> int:

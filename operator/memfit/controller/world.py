@@ -1,5 +1,5 @@
-"""What a plan needs from the cluster: the GPUNodePools and their live capacity, and a short-lived
-snapshot of it shared by the reconciles of one moment."""
+"""Observe what a plan needs from the cluster (lifecycle.World: pools and live capacity), and a
+short-lived snapshot of it shared by the reconciles of one moment."""
 
 from __future__ import annotations
 
@@ -7,25 +7,17 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from pydantic import ValidationError
 
 from memfit.api.pool import GPUNodePool
 from memfit.controller.kubeapi import KubeApi
-from memfit.controller.pools import PoolCapacity, gpus_requested_by_node, observe_pool_capacity
+from memfit.lifecycle.capacity import gpus_requested_by_node, observe_pool_capacity
+from memfit.lifecycle.world import World
 
 log = logging.getLogger(__name__)
 Manifest = dict[str, Any]
-
-
-@dataclass(frozen=True, slots=True)
-class World:
-    """Cluster-wide inputs of a reconcile: pools and their live capacity."""
-
-    pools: tuple[GPUNodePool, ...]
-    capacity: dict[str, PoolCapacity]
 
 
 def observe_world(

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from pydantic import ValidationError
+
 from memfit.api.common import Offload
-from memfit.api.job import MemoryOptimizedTrainingJobSpec
+from memfit.api.job import MemoryOptimizedTrainingJobSpec, PlanSummary
 from memfit.api.plan import Plan
+from memfit.api.termination import DEFAULT_TERMINATION_MESSAGE_PATH, FAIL_JOB_EXIT_CODES
 from memfit.kube.common import (
     GPU_RESOURCE,
     Manifest,
@@ -34,17 +37,30 @@ from memfit.kube.names import (
     train_job_name,
 )
 
-# Exit codes from the trainer (memfit_trainer.termination): fail the Job at once, no pod retry.
-EXIT_OUT_OF_MEMORY = 87
-EXIT_INVALID_PLAN = 88
 RETRYABLE_POD_FAILURES = 3  # other crashes: the pod restarts and resumes from the last checkpoint
 SHM_MIN_BYTES = 1 << 30
 COMPLETION_INDEX = "metadata.annotations['batch.kubernetes.io/job-completion-index']"
 
 
-def build_plan_config_map(*, owner: Owner, plan: Plan, deepspeed_config: str | None = None) -> Manifest:
-    """ConfigMap `<job>-plan-<attempt>`: the Plan JSON (and the engine config) mounted at /etc/memfit."""
-    data = {"plan.json": plan.model_dump_json(by_alias=True, exclude_none=True, indent=1)}
+PLAN_KEY = "plan.json"
+SUMMARY_KEY = "summary.json"
+
+
+def plan_json(plan: Plan) -> str:
+    """The Plan as stored in its ConfigMap (and annotated on the training Job)."""
+    return plan.model_dump_json(by_alias=True, exclude_none=True, indent=1)
+
+
+def build_plan_config_map(
+    *, owner: Owner, plan: Plan, summary: PlanSummary | None = None, deepspeed_config: str | None = None
+) -> Manifest:
+    """ConfigMap `<job>-plan-<attempt>`: the Plan JSON (and the engine config) mounted at /etc/memfit.
+
+    It is the durable record of the decision: with the status summary beside the Plan, an operator
+    that lost the job's status rebuilds the same summary (baseline and savings included)."""
+    data = {PLAN_KEY: plan_json(plan)}
+    if summary is not None:
+        data[SUMMARY_KEY] = summary.model_dump_json(by_alias=True, exclude_none=True)
     if deepspeed_config:
         data["deepspeed.json"] = deepspeed_config
     labels = job_labels(owner.name, COMPONENT_TRAINER) | {LABEL_ATTEMPT: str(plan.attempt)}
@@ -54,6 +70,19 @@ def build_plan_config_map(*, owner: Owner, plan: Plan, deepspeed_config: str | N
         "metadata": metadata(name=plan_config_map_name(owner.name, plan.attempt), owner=owner, labels=labels),
         "data": data,
     }
+
+
+def parse_plan_record(data: dict[str, str] | None) -> tuple[Plan | None, PlanSummary | None]:
+    """The Plan and its summary from a plan ConfigMap's data; (None, None) when absent or unreadable."""
+    try:
+        plan = Plan.model_validate_json((data or {})[PLAN_KEY])
+    except (KeyError, ValidationError):
+        return None, None
+    try:
+        summary = PlanSummary.model_validate_json((data or {})[SUMMARY_KEY])
+    except (KeyError, ValidationError):
+        summary = None
+    return plan, summary
 
 
 def build_service(*, owner: Owner) -> Manifest:
@@ -155,7 +184,7 @@ def build_training_job(
             {"name": "rendezvous", "containerPort": MASTER_PORT},
         ],
         "resources": resources,
-        "terminationMessagePath": "/dev/termination-log",
+        "terminationMessagePath": DEFAULT_TERMINATION_MESSAGE_PATH,
         "terminationMessagePolicy": "File",
         "securityContext": container_security_context(),
         "volumeMounts": mounts,
@@ -199,7 +228,7 @@ def build_training_job(
                         "onExitCodes": {
                             "containerName": "trainer",
                             "operator": "In",
-                            "values": [EXIT_OUT_OF_MEMORY, EXIT_INVALID_PLAN],
+                            "values": list(FAIL_JOB_EXIT_CODES),
                         },
                     },
                 ]

@@ -11,7 +11,7 @@ from memfit.memory.predict import MemoryEstimate, MemoryTerms, memory_terms, pre
 from memfit.memory.problems import ShapeError, shape_from_hf_config, shape_from_problem
 from memfit.memory.shape import Shape
 from memfit.memory.states import zero_model_state_bytes
-from memfit.memory.strategy import Device, Strategy, strategy_problem
+from memfit.memory.strategy import Device, Strategy, strategy_from_pins, strategy_problem
 from memfit.memory.timing import (
     GpuSpeed,
     StepTime,
@@ -39,6 +39,7 @@ __all__ = [
     "predict_memory",
     "shape_from_hf_config",
     "shape_from_problem",
+    "strategy_from_pins",
     "strategy_problem",
     "time_terms",
     "zero_model_state_bytes",

@@ -77,7 +77,7 @@ def dtype_bytes(strategy: Strategy) -> tuple[int, int]:
     if not strategy.mixed_precision:
         return 4, 4
     # torch.autocast (DDP) keeps fp32 weights, so adds and norms stay fp32.
-    return 2, (4 if strategy.engine == Engine.DDP else 2)
+    return 2, (4 if strategy.config.engine == Engine.DDP else 2)
 
 
 def _norm(shape: Shape, residual: int) -> int:
@@ -87,7 +87,7 @@ def _norm(shape: Shape, residual: int) -> int:
 
 def _input_copies(shape: Shape, strategy: Strategy, *, projections: int) -> int:
     """Saved copies of a sub-block's input: one per projection under autocast, else one shared."""
-    autocast = strategy.mixed_precision and strategy.engine == Engine.DDP
+    autocast = strategy.mixed_precision and strategy.config.engine == Engine.DDP
     return projections if autocast and shape.separate_qkv else 1
 
 
@@ -122,9 +122,9 @@ def activation_terms(shape: Shape, strategy: Strategy) -> ActivationTerms:
     mlp_copies = _input_copies(shape, strategy, projections=2 if shape.gated_mlp else 1)
     attn = norm + _attention_core(shape, compute, qkv_copies)
     mlp = norm + _mlp(shape, compute, mlp_copies)
-    if strategy.checkpointing == Checkpointing.FULL:
+    if strategy.config.activation_checkpointing == Checkpointing.FULL:
         per_layer, recompute = float(residual * h), attn + mlp
-    elif strategy.checkpointing == Checkpointing.SELECTIVE:
+    elif strategy.config.activation_checkpointing == Checkpointing.SELECTIVE:
         per_layer = norm + residual * h + mlp
         recompute = _attention_core(shape, compute, qkv_copies)
     else:

@@ -40,9 +40,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from memfit.api.common import Checkpointing, Engine, Offload, Precision
+from memfit.api.common import Checkpointing, Engine, Precision
 from memfit.api.job import OptimizerKind
 from memfit.api.profile import Measurement, Profile
+from memfit.api.training_config import PLAIN_FP32_DDP
 from memfit.memory.curves import CurveFit, fit_curve
 from memfit.memory.predict import memory_terms
 from memfit.memory.shape import Shape
@@ -80,7 +81,7 @@ class Calibration:
     def curve(self, strategy: Strategy, *, held: bool) -> CurveFit | None:
         """The measured curve for this strategy's precision and checkpointing (held or bare gradients);
         the other one when only it has a measured line."""
-        key = (strategy.precision, strategy.checkpointing)
+        key = (strategy.config.precision, strategy.config.activation_checkpointing)
         first = self.curves.get((*key, held))
         if first is not None and first.measured:
             return first
@@ -90,7 +91,7 @@ class Calibration:
     def sources(self, strategy: Strategy) -> dict[str, str]:
         """Per term, whether this strategy's prediction rests on the profile (`measured`) or on the
         analytic model (`analytic`)."""
-        key = (strategy.precision, strategy.checkpointing)
+        key = (strategy.config.precision, strategy.config.activation_checkpointing)
         activations = MEASURED if (self.curve(strategy, held=False) is not None
                                    or key in self.activation_scales) else ANALYTIC
         step = (MEASURED if self._measured_like(strategy) and self._same_optimizer(strategy) and self.step_residuals
@@ -100,7 +101,7 @@ class Calibration:
 
     def _measured_like(self, strategy: Strategy) -> bool:
         """Residuals describe the profiled engine (DDP) on the profiled device only."""
-        return strategy.engine == Engine.DDP and strategy.device == self.device
+        return strategy.config.engine == Engine.DDP and strategy.device == self.device
 
     def activation_scale(self, strategy: Strategy) -> float:
         """Factor on the per-sample terms of this strategy's precision and checkpointing.
@@ -108,7 +109,7 @@ class Calibration:
         Fitted on the profiled engine and device; carried to other engines or devices (and to
         unmeasured groups) only when it raises the prediction.
         """
-        precision, checkpointing = strategy.precision, strategy.checkpointing
+        precision, checkpointing = strategy.config.precision, strategy.config.activation_checkpointing
         scales = self.activation_scales
         if not scales:
             return 1.0
@@ -127,7 +128,7 @@ class Calibration:
         """Unmodelled bytes of the optimizer step for this strategy (0 unless measured like it)."""
         if not self._measured_like(strategy) or not self._same_optimizer(strategy):
             return 0.0
-        exact = self.step_residuals.get(strategy.optimizer8bit)
+        exact = self.step_residuals.get(strategy.config.optimizer8bit)
         if exact is not None:
             return exact
         return max(0.0, statistics.fmean(self.step_residuals.values())) if self.step_residuals else 0.0
@@ -140,7 +141,7 @@ class Calibration:
         """Unmodelled bytes alive with the activations (0 unless measured like it)."""
         if not self._measured_like(strategy):
             return 0.0
-        precision, checkpointing = strategy.precision, strategy.checkpointing
+        precision, checkpointing = strategy.config.precision, strategy.config.activation_checkpointing
         exact = self.fixed_residuals.get((precision, checkpointing))
         if exact is not None:
             return exact
@@ -149,11 +150,12 @@ class Calibration:
 
 
 def _profile_strategy(m: Measurement, optimizer: OptimizerKind, device: Device) -> Strategy:
-    return Strategy(
-        engine=Engine.DDP, zero_stage=0, precision=m.precision, checkpointing=m.checkpointing,
-        offload=Offload.NONE, optimizer8bit=m.optimizer8bit, optimizer=optimizer,
-        micro_batch_size=m.micro_batch_size, device=device,
-    )
+    # The profiler measures DDP on one device (Measurement carries only what it varied).
+    config = PLAIN_FP32_DDP.model_copy(update={
+        "precision": m.precision, "activation_checkpointing": m.checkpointing,
+        "optimizer8bit": m.optimizer8bit, "micro_batch_size": m.micro_batch_size,
+    })
+    return Strategy(config=config, optimizer=optimizer, device=device)
 
 
 def profile_device(profile: Profile) -> Device:

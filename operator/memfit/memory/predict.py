@@ -317,7 +317,7 @@ def _measured_lines(strategy: Strategy, calibration: Calibration, *, held_gradie
     curve); with it the previous micro-steps' gradients are alive (the held curve plus them). World
     size 2+ runs DDP with gradient bucket views (the held curve; the buckets are persistent bytes).
     """
-    if strategy.engine != Engine.DDP:
+    if strategy.config.engine != Engine.DDP:
         return None
     held = calibration.curve(strategy, held=True)
     if held is None:
@@ -339,4 +339,4 @@ def predict_memory(
     """Per-GPU peak of `strategy` at its micro-batch and accumulation, with the breakdown."""
     hot = shape if isinstance(shape, Shape) else Shape.of(shape)
     terms = memory_terms(hot, strategy, calibration=calibration)
-    return terms.at(strategy.micro_batch_size, strategy.accumulation_steps)
+    return terms.at(strategy.config.micro_batch_size, strategy.config.gradient_accumulation_steps)

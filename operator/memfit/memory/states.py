@@ -85,7 +85,7 @@ def zero_model_state_bytes(*, parameters: float, stage: int, dp_degree: int, k: 
 def _optimizer_bytes(shape: Shape, strategy: Strategy) -> float:
     """Optimizer state of all trainable parameters (unsharded), bnb small tensors at 32 bits."""
     full = optimizer_state_bytes_per_param(strategy.optimizer, eight_bit=False)
-    if not strategy.optimizer8bit:
+    if not strategy.config.optimizer8bit:
         return full * shape.trainable
     small = shape.small_trainable
     eight = optimizer_state_bytes_per_param(strategy.optimizer, eight_bit=True)
@@ -97,12 +97,12 @@ def model_states(shape: Shape, strategy: Strategy) -> ModelStates:
     n = strategy.world_size
     p, t = float(shape.parameters), float(shape.trainable)
     optim = _optimizer_bytes(shape, strategy)
-    if strategy.engine == Engine.DDP:
+    if strategy.config.engine == Engine.DDP:
         return ModelStates(4 * p + shape.buffer_bytes, 4 * t, optim)
-    if strategy.engine == Engine.FSDP:
+    if strategy.config.engine == Engine.FSDP:
         # FSDP2 keeps fp32 sharded parameters and gradients; every state is divided by N.
         sharded = ModelStates((4 * p) / n + shape.buffer_bytes, (4 * t) / n, optim / n)
-        if strategy.offload == Offload.CPU:
+        if strategy.config.offload == Offload.CPU:
             # CPUOffloadPolicy: sharded parameters, gradients and the optimizer live in host RAM.
             host = (sharded.parameters_bytes + sharded.gradients_bytes + sharded.optimizer_bytes)
             return ModelStates(float(shape.buffer_bytes), 0.0, 0.0, host * HOST_BUFFER_FACTOR)
@@ -111,7 +111,7 @@ def model_states(shape: Shape, strategy: Strategy) -> ModelStates:
 
 
 def _deepspeed_states(shape: Shape, strategy: Strategy, optim: float) -> ModelStates:
-    n, stage = strategy.world_size, strategy.zero_stage
+    n, stage = strategy.world_size, strategy.config.zero_stage
     p, t = float(shape.parameters), float(shape.trainable)
     weight_bytes = 2.0 if strategy.mixed_precision else 4.0
     if strategy.mixed_precision or stage >= 1:
@@ -122,7 +122,7 @@ def _deepspeed_states(shape: Shape, strategy: Strategy, optim: float) -> ModelSt
     grads = FP32_GRAD_PARTITION_BYTES * t / (n if stage >= 1 else 1)
     buffers = float(shape.buffer_bytes)
     grad_partition = FP32_GRAD_PARTITION_BYTES * t / n
-    if strategy.offload == Offload.CPU:
+    if strategy.config.offload == Offload.CPU:
         # ZeRO-Offload: optimizer state and its fp32 gradient partition in host RAM; gradients
         # stream to the host through the reduce buckets (temporaries). At stage 3 the parameters
         # go too (offload_param), leaving only the gathered working set on the GPU.
@@ -132,7 +132,7 @@ def _deepspeed_states(shape: Shape, strategy: Strategy, optim: float) -> ModelSt
             host += params
             gpu_params = 0.0
         return ModelStates(gpu_params + buffers, 0.0, 0.0, host * HOST_BUFFER_FACTOR)
-    if strategy.offload == Offload.NVME:
+    if strategy.config.offload == Offload.NVME:
         # ZeRO-Infinity: 16-bit parameters and fp32 master + moments on NVMe; the fp32 gradient
         # partition and pinned swap buffers stay in host RAM.
         nvme = params + optimizer

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 
-from memfit.api.common import Checkpointing, Engine, Offload, Precision
-from memfit.api.job import OptimizerKind
+from memfit.api.common import Checkpointing, Engine, Offload, Precision, Toggle
+from memfit.api.job import OptimizerKind, StrategySpec
+from memfit.api.training_config import PLAIN_FP32_DDP, TrainingConfig
 
 
 class Device(StrEnum):
@@ -18,32 +19,23 @@ class Device(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class Strategy:
-    """Engine, sharding, precision and memory savers of one candidate, plus its batch layout.
+    """A training configuration (`memfit.api.training_config.TrainingConfig`: engine, sharding,
+    precision, memory savers, batch split) at a layout, with the optimizer and the device it runs on.
 
-    `zero_stage` is the DeepSpeed ZeRO stage; for FSDP 2 means SHARD_GRAD_OP (parameters stay
-    gathered between forward and backward) and 3 FULL_SHARD; DDP is stage 0. Offload `cpu` moves the
-    optimizer state (and at stage 3 also the parameters) to host RAM; `nvme` (DeepSpeed ZeRO-3,
-    ZeRO-Infinity) moves both to local NVMe. `device` is where the step runs: GPUs for every plan;
-    `cpu` predicts a CPU run (the profiling stand-in and the accuracy benchmark's truth).
+    `device` is where the step runs: GPUs for every plan; `cpu` predicts a CPU run (the profiling
+    stand-in and the accuracy benchmark's truth).
     """
 
-    engine: Engine = Engine.DDP
-    zero_stage: int = 0
-    precision: Precision = Precision.FP32
-    checkpointing: Checkpointing = Checkpointing.NONE
-    offload: Offload = Offload.NONE
-    optimizer8bit: bool = False
+    config: TrainingConfig = PLAIN_FP32_DDP
     optimizer: OptimizerKind = OptimizerKind.ADAMW
     world_size: int = 1
     gpus_per_node: int = 1
-    micro_batch_size: int = 1
-    accumulation_steps: int = 1
     device: Device = Device.CUDA
 
     @property
     def mixed_precision(self) -> bool:
         """bf16 or fp16 compute."""
-        return self.precision in (Precision.BF16, Precision.FP16)
+        return self.config.precision in (Precision.BF16, Precision.FP16)
 
     @property
     def nodes(self) -> int:
@@ -53,33 +45,51 @@ class Strategy:
     @property
     def samples_per_gpu_step(self) -> int:
         """Samples each GPU processes per optimizer step."""
-        return self.micro_batch_size * self.accumulation_steps
+        return self.config.micro_batch_size * self.config.gradient_accumulation_steps
 
-    def describe(self) -> str:
-        """Short human form: `deepspeed ZeRO-2 bf16 ckpt-full offload-cpu 8-bit mbs 2x4`."""
-        if self.engine == Engine.DEEPSPEED:
-            parts = [f"ZeRO-{self.zero_stage}"]
-        elif self.engine == Engine.FSDP:
-            parts = ["FSDP-full-shard" if self.zero_stage == 3 else "FSDP-grad-op"]
-        else:
-            parts = ["DDP"]
-        parts.append(self.precision.value)
-        if self.checkpointing != Checkpointing.NONE:
-            parts.append(f"ckpt-{self.checkpointing.value}")
-        if self.offload != Offload.NONE:
-            parts.append(f"offload-{self.offload.value}")
-        if self.optimizer8bit:
-            parts.append("8-bit-optim")
-        parts.append(f"mbs {self.micro_batch_size}x{self.accumulation_steps}")
-        return " ".join(parts)
+    def with_config(self, **changes: object) -> Strategy:
+        """This strategy with some configuration fields changed (`micro_batch_size=2`)."""
+        return replace(self, config=self.config.model_copy(update=changes))
+
+
+# What `auto` means when one configuration is estimated rather than planned (`memfit estimate`):
+# the common setup -- DDP, bf16, no memory savers -- and each engine's usual sharding.
+DEFAULT_STAGE = {Engine.DDP: 0, Engine.FSDP: 3, Engine.DEEPSPEED: 2}
+
+
+def strategy_from_pins(pins: StrategySpec, *, optimizer: OptimizerKind, world_size: int = 1,
+                       gpus_per_node: int | None = None, global_batch_size: int | None = None,
+                       accumulation_steps: int | None = None, device: Device = Device.CUDA) -> Strategy:
+    """One concrete Strategy from a job's strategy fields, `auto` read as the usual setup: DDP (ZeRO-2
+    for DeepSpeed, full shard for FSDP), bf16, no checkpointing, no offload, a 32-bit optimizer,
+    micro-batch 1, and the accumulation that keeps `global_batch_size` (1 without one). Not checked:
+    `strategy_problem` says whether it can run."""
+    engine = Engine.DDP if pins.engine == Engine.AUTO else pins.engine
+    micro = pins.micro_batch_size if isinstance(pins.micro_batch_size, int) else 1
+    if accumulation_steps is None:
+        accumulation_steps = max(1, global_batch_size // (world_size * micro)) if global_batch_size else 1
+    config = TrainingConfig.model_construct(
+        engine=engine,
+        zero_stage=DEFAULT_STAGE[engine] if pins.zero_stage == "auto" else int(pins.zero_stage),
+        precision=Precision.BF16 if pins.precision == Precision.AUTO else pins.precision,
+        activation_checkpointing=(Checkpointing.NONE if pins.activation_checkpointing == Checkpointing.AUTO
+                                  else pins.activation_checkpointing),
+        offload=Offload.NONE if pins.offload == Offload.AUTO else pins.offload,
+        optimizer8bit=pins.optimizer8bit == Toggle.ENABLED,
+        micro_batch_size=micro,
+        gradient_accumulation_steps=accumulation_steps,
+    )
+    return Strategy(config=config, optimizer=optimizer, world_size=world_size,
+                    gpus_per_node=gpus_per_node or min(world_size, 8), device=device)
 
 
 def strategy_problem(strategy: Strategy) -> str | None:
     """Why this combination cannot run (None when it can). Pure checks, no shape needed."""
-    engine, stage, offload = strategy.engine, strategy.zero_stage, strategy.offload
+    config = strategy.config
+    engine, stage, offload = config.engine, config.zero_stage, config.offload
     if engine not in (Engine.DDP, Engine.FSDP, Engine.DEEPSPEED):
         return f"engine must be ddp, fsdp or deepspeed, got {engine.value}"
-    if strategy.precision == Precision.AUTO or strategy.checkpointing == Checkpointing.AUTO:
+    if config.precision == Precision.AUTO or config.activation_checkpointing == Checkpointing.AUTO:
         return "precision and checkpointing must be concrete, not auto"
     if offload == Offload.AUTO:
         return "offload must be concrete, not auto"
@@ -96,10 +106,10 @@ def strategy_problem(strategy: Strategy) -> str | None:
         return "NVMe offload needs DeepSpeed ZeRO-3"
     if offload == Offload.CPU and engine == Engine.DEEPSPEED and stage == 0:
         return "DeepSpeed offloads the optimizer only with ZeRO stage 1, 2 or 3"
-    if strategy.optimizer8bit and offload != Offload.NONE:
+    if config.optimizer8bit and offload != Offload.NONE:
         # Offloaded optimizers step on the CPU (DeepSpeedCPUAdam, torch on CPU); bitsandbytes is CUDA-only.
         return "an 8-bit (bitsandbytes) optimizer cannot run with optimizer offload"
-    if min(strategy.world_size, strategy.gpus_per_node, strategy.micro_batch_size,
-           strategy.accumulation_steps) < 1:
+    if min(strategy.world_size, strategy.gpus_per_node, config.micro_batch_size,
+           config.gradient_accumulation_steps) < 1:
         return "world size, GPUs per node, micro-batch and accumulation must be >= 1"
     return None

@@ -98,17 +98,17 @@ def _step_scratch(shape: Shape, strategy: Strategy, *, elements: float, flat: bo
         return 0.0
     if strategy.device == Device.CUDA:
         # foreach AdamW: one fp32 temporary of the group; bitsandbytes updates in place.
-        return 0.0 if strategy.optimizer8bit else 4.0 * elements
+        return 0.0 if strategy.config.optimizer8bit else 4.0 * elements
     largest = elements if flat else min(elements, _largest_tensor(shape))
-    per = CPU_BNB_TEMPORARIES if strategy.optimizer8bit else CPU_ADAM_TEMPORARIES
+    per = CPU_BNB_TEMPORARIES if strategy.config.optimizer8bit else CPU_ADAM_TEMPORARIES
     return per * 4.0 * largest
 
 
 def phase_bytes(shape: Shape, strategy: Strategy) -> PhaseBytes:
     """The phase terms of `strategy` (see the module docstring for each rule)."""
-    if strategy.engine == Engine.DDP:
+    if strategy.config.engine == Engine.DDP:
         return _ddp(shape, strategy)
-    if strategy.engine == Engine.FSDP:
+    if strategy.config.engine == Engine.FSDP:
         return _fsdp(shape, strategy)
     return _deepspeed(shape, strategy)
 
@@ -119,7 +119,7 @@ def _ddp(shape: Shape, strategy: Strategy) -> PhaseBytes:
     if strategy.mixed_precision:
         # torch.autocast caches a 16-bit copy of each matmul weight; backward keeps the copies of
         # every block whose activations are saved (one block at a time under full checkpointing).
-        blocks = 1 if strategy.checkpointing == Checkpointing.FULL else shape.layers
+        blocks = 1 if strategy.config.activation_checkpointing == Checkpointing.FULL else shape.layers
         with_activations = 2.0 * (blocks * shape.block_parameters + _head_parameters(shape))
     late_copies = 2.0 * shape.block_parameters if strategy.mixed_precision else 0.0
     scratch = _step_scratch(shape, strategy, elements=t, flat=False)
@@ -157,18 +157,18 @@ def _fsdp(shape: Shape, strategy: Strategy) -> PhaseBytes:
     reduce_extra = 4.0 if strategy.mixed_precision else 0.0  # reduce_dtype fp32 copy for reduce-scatter
     unit = float(max(shape.block_parameters, shape.root_parameters))
     unsharded_grads = unit * (param_bytes + reduce_extra)
-    if strategy.zero_stage == 3:
+    if strategy.config.zero_stage == 3:
         with_activations = 0.0
         gathered_late = FSDP_LIVE_UNITS * unit * param_bytes
     else:
         with_activations = gathered_late = shape.parameters * param_bytes
-    offloaded = strategy.offload == Offload.CPU
+    offloaded = strategy.config.offload == Offload.CPU
     sharded_grads = 0.0 if offloaded else 4.0 * t / n
     step_scratch = 0.0 if offloaded else _step_scratch(shape, strategy, elements=t / n, flat=False)
     if strategy.device == Device.CPU and n > 1:
         step_scratch += 4.0 * unit  # gloo reduce-scatter emulation keeps one unsharded fp32 gradient
     # In a block's backward: the block (and the next, prefetched) gathered, its unsharded gradients.
-    in_backward = unsharded_grads + (gathered_late if strategy.zero_stage == 3 else 0.0)
+    in_backward = unsharded_grads + (gathered_late if strategy.config.zero_stage == 3 else 0.0)
     return PhaseBytes(
         persistent_bytes=0.0,
         with_activations_bytes=with_activations,
@@ -184,14 +184,14 @@ def _fsdp(shape: Shape, strategy: Strategy) -> PhaseBytes:
 
 
 def _deepspeed(shape: Shape, strategy: Strategy) -> PhaseBytes:
-    n, stage = strategy.world_size, strategy.zero_stage
+    n, stage = strategy.world_size, strategy.config.zero_stage
     p, t = float(shape.parameters), float(shape.trainable)
     weight_bytes = 2.0 if strategy.mixed_precision else 4.0
     square = float(shape.hidden * shape.hidden)
     buckets = 0.0
     if strategy.device == Device.CUDA and stage >= 1:
         buckets = DS_BUCKETS_IN_FLIGHT * min(square, t) * weight_bytes
-    offloaded = strategy.offload != Offload.NONE
+    offloaded = strategy.config.offload != Offload.NONE
     # 16-bit gradients as backward produces them (ZeRO-2/3 keep only the partition).
     low_grads = weight_bytes * t / (n if stage >= 2 else 1)
     fp32_master = strategy.mixed_precision or stage >= 1

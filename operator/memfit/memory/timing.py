@@ -162,11 +162,11 @@ def time_terms(shape: Shape, strategy: Strategy, *, samples_per_gpu_step: int,
     ring = (n - 1) / n if n > 1 else 0.0
     p, t = float(shape.parameters), float(shape.trainable)
     mixed = strategy.mixed_precision
-    ds = strategy.engine == Engine.DEEPSPEED
+    ds = strategy.config.engine == Engine.DEEPSPEED
     param_bytes = 2.0 if mixed else 4.0
     # DeepSpeed reduces 16-bit gradients; DDP (autocast) and FSDP (reduce_dtype) reduce fp32.
     grad_bytes = 2.0 if (mixed and ds) else 4.0
-    stage = strategy.zero_stage
+    stage = strategy.config.zero_stage
     per_step = per_micro = 0.0
     if stage <= 1:
         per_step = 2 * ring * t * grad_bytes
@@ -179,21 +179,21 @@ def time_terms(shape: Shape, strategy: Strategy, *, samples_per_gpu_step: int,
     else:
         per_micro = ring * (2 * p * param_bytes + t * grad_bytes)
     base = flops_per_sample_override or flops_per_sample(shape)
-    flops = base * recompute_factor(shape, strategy.checkpointing) * samples_per_gpu_step
+    flops = base * recompute_factor(shape, strategy.config.activation_checkpointing) * samples_per_gpu_step
     transfer_step = transfer_micro = cpu_params = nvme = 0.0
     cpu_rate = DS_CPU_ADAM_PARAMS_PER_S if ds else TORCH_CPU_ADAM_PARAMS_PER_S
     g = min(strategy.gpus_per_node, n)
-    if strategy.offload != Offload.NONE:
+    if strategy.config.offload != Offload.NONE:
         shard_p, shard_t = p / n, t / n
         cpu_params = shard_t * g
-        if strategy.engine == Engine.FSDP:
+        if strategy.config.engine == Engine.FSDP:
             transfer_micro = 2 * shard_p * 4 + shard_t * 4
         elif stage == 3:
             transfer_micro = 2 * shard_p * param_bytes + shard_t * grad_bytes
         else:
             transfer_micro = shard_t * grad_bytes
             transfer_step = shard_p * param_bytes
-        if strategy.offload == Offload.NVME:
+        if strategy.config.offload == Offload.NVME:
             nvme = 2 * 12.0 * shard_t * g  # fp32 master + moments read and written once per step
     return TimeTerms(
         flops_per_gpu_step=flops,
@@ -208,7 +208,7 @@ def time_terms(shape: Shape, strategy: Strategy, *, samples_per_gpu_step: int,
         nvme_bytes_per_node=nvme,
         world_size=n,
         gpus_per_node=g,
-        precision=strategy.precision,
+        precision=strategy.config.precision,
         mfu=mfu if mfu is not None else DEFAULT_MFU,
     )
 
@@ -222,4 +222,4 @@ def estimate_step_seconds(
         shape, strategy, samples_per_gpu_step=strategy.samples_per_gpu_step,
         flops_per_sample_override=flops_per_sample_override, mfu=mfu,
     )
-    return terms.step_seconds(gpu, strategy.micro_batch_size)
+    return terms.step_seconds(gpu, strategy.config.micro_batch_size)

@@ -1,8 +1,8 @@
 """PURE planner: job spec x GPUNodePools (x profile, measured peaks) -> Plan, alternatives, reasons.
 
-No I/O and no clock. The operator calls `plan(spec, pools=..., profile=..., measured_peaks=...,
-free_gpus=...)` and writes `result.plan` (ConfigMap), `plan_summary(result)` (status) and
-`result.message()` (condition / event).
+No I/O, no clock and no module globals: the GPU catalog comes in as an argument. The operator calls
+`plan(spec, pools=..., catalog=CATALOG, profile=..., measured_peaks=..., free_gpus=...)` and writes
+`result.plan` (ConfigMap), `plan_summary(result)` (status) and `result.message()` (condition / event).
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from memfit.api.common import Checkpointing, Engine, Offload, Precision
+from memfit.api.training_config import PLAIN_FP32_DDP
 from memfit.memory.predict import memory_terms
 from memfit.memory.states import optimizer_state_bytes_per_param
 from memfit.memory.timing import time_terms
@@ -25,7 +25,7 @@ from memfit.planner.space import Choice, divisors
 DEFAULT_BASELINE_POOL = "a100-80"
 # Static sizing margin: "(weights + grads + Adam) x 1.2" (the rule of thumb issue 4 compares against).
 STATIC_MARGIN = 1.2
-FP32_DDP = Choice(Engine.DDP, 0, Precision.FP32, Checkpointing.NONE, Offload.NONE, False, rank=-1)
+FP32_DDP = Choice(PLAIN_FP32_DDP, rank=-1)
 
 
 def fp32_baseline(ctx: SearchContext, offer: Offer, *, nodes: int, label: str | None = None) -> BaselineResult:

@@ -59,7 +59,7 @@ class SearchContext:
             strategy = choice.strategy(optimizer=self.optimizer, world_size=world_size,
                                        gpus_per_node=gpus_per_node)
             # Activations depend on precision and checkpointing (and autocast under DDP) only.
-            act_key = (strategy.mixed_precision, choice.checkpointing, choice.engine == Engine.DDP)
+            act_key = (strategy.mixed_precision, choice.config.activation_checkpointing, choice.config.engine == Engine.DDP)
             acts = self.activation_cache.get(act_key)
             if acts is None:
                 acts = self.activation_cache[act_key] = activation_terms(self.shape, strategy)
@@ -78,7 +78,7 @@ class SearchContext:
         if cached is None:
             by_compute: dict[tuple[object, object], list[Choice]] = {}
             for c in runnable:
-                by_compute.setdefault((c.precision, c.checkpointing), []).append(c)
+                by_compute.setdefault((c.config.precision, c.config.activation_checkpointing), []).append(c)
             cached = [(tuple(c.rank for c in ordered), ordered)
                       for ordered in (group_order(v) for v in by_compute.values())]
             self.group_cache[key] = cached
@@ -138,6 +138,6 @@ def group_order(members: list[Choice]) -> list[Choice]:
     """Visit order inside a group: no offload before offload (a tight bound early), and each 8-bit
     choice right before its 32-bit twin."""
     return sorted(members, key=lambda c: (
-        c.offload != Offload.NONE, ENGINES.index(c.engine), c.zero_stage, OFFLOADS.index(c.offload),
-        not c.optimizer8bit,
+        c.config.offload != Offload.NONE, ENGINES.index(c.config.engine), c.config.zero_stage, OFFLOADS.index(c.config.offload),
+        not c.config.optimizer8bit,
     ))

@@ -11,7 +11,7 @@ from memfit.api.job import MemoryOptimizedTrainingJobSpec, Minimize
 from memfit.api.plan import Plan
 from memfit.api.pool import GPUNodePool
 from memfit.api.profile import ModelShape, Profile
-from memfit.catalog import find_gpu
+from memfit.catalog import GpuCatalog
 from memfit.memory.calibration import Calibration, calibrate
 from memfit.memory.problems import ShapeError, shape_from_problem
 from memfit.memory.shape import Shape
@@ -42,15 +42,15 @@ def _no_fit(reasons: Sequence[str], rejections: Sequence[PoolRejection] = ()) ->
     return PlanResult(None, None, (), tuple(rejections), None, None, tuple(reasons))
 
 
-def _baseline_offer(name: str, pools: Sequence[GPUNodePool]) -> Offer | None:
+def _baseline_offer(name: str, pools: Sequence[GPUNodePool], catalog: GpuCatalog) -> Offer | None:
     for pool in pools:
         if pool.metadata.name == name:
-            resolved = resolve_offer(pool)
+            resolved = resolve_offer(pool, catalog=catalog)
             return resolved if isinstance(resolved, Offer) else None
-    gpu = find_gpu(name)
+    gpu = catalog.find(name)
     if gpu is None:
         return None
-    resolved = resolve_offer(catalog_pool(gpu))
+    resolved = resolve_offer(catalog_pool(gpu), catalog=catalog)
     return resolved if isinstance(resolved, Offer) else None
 
 
@@ -93,14 +93,7 @@ def build_plan(candidate: Candidate, spec: MemoryOptimizedTrainingJobSpec, *,
     sources = calibration.sources(s) if calibration is not None else dict.fromkeys(
         ("parameters", "optimizer", "activations", "step", "fragmentation"), "analytic")
     return Plan(
-        engine=s.engine,
-        zero_stage=s.zero_stage,
-        precision=s.precision,
-        activation_checkpointing=s.checkpointing,
-        offload=s.offload,
-        optimizer8bit=s.optimizer8bit,
-        micro_batch_size=s.micro_batch_size,
-        gradient_accumulation_steps=s.accumulation_steps,
+        **dict(s.config),
         nodes=candidate.nodes,
         gpus_per_node=s.gpus_per_node,
         node_pool=candidate.pool,
@@ -123,6 +116,7 @@ def plan(
     spec: MemoryOptimizedTrainingJobSpec,
     *,
     pools: Sequence[GPUNodePool],
+    catalog: GpuCatalog,
     profile: Profile | None = None,
     measured_peaks: Sequence[MeasuredPeak] = (),
     free_gpus: Mapping[str, int] | None = None,
@@ -133,6 +127,7 @@ def plan(
     Returns a PlanResult: the Plan, up to `max_alternatives` alternatives (the best on each other
     pool), a rejection reason for every pool where nothing fits, and the fp32 baseline with the
     savings; or NoFit (plan None) with all reasons. Never raises on bad pools or impossible pins.
+    `catalog` fills what a pool leaves unset (and stands in for a baseline pool that is not in `pools`);
     `free_gpus` (pool -> free GPUs) caps node counts; `measured_peaks` correct the predictions.
     """
     shape = resolve_shape(spec, profile)
@@ -140,8 +135,9 @@ def plan(
         return _no_fit([shape])
     ctx = search_context(spec, shape, profile=profile, measured_peaks=measured_peaks)
     choices, pin_problems = strategy_choices(spec.strategy)
-    offers, rejections = resolve_offers(pools, allowed=spec.placement.node_pools, free_gpus=free_gpus)
-    baseline = _baseline(ctx, spec, pools)
+    offers, rejections = resolve_offers(pools, catalog=catalog, allowed=spec.placement.node_pools,
+                                        free_gpus=free_gpus)
+    baseline = _baseline(ctx, spec, pools, catalog)
     if not choices:
         return PlanResult(None, None, (), tuple(rejections), baseline, None, tuple(pin_problems))
     best_per_pool = _best_per_pool(ctx, offers, choices, rejections, keep=1 + max_alternatives)
@@ -194,11 +190,11 @@ def _best_per_pool(ctx: SearchContext, offers: Sequence[Offer], choices: Sequenc
 
 
 def _baseline(ctx: SearchContext, spec: MemoryOptimizedTrainingJobSpec,
-              pools: Sequence[GPUNodePool]) -> BaselineResult | None:
+              pools: Sequence[GPUNodePool], catalog: GpuCatalog) -> BaselineResult | None:
     placement = spec.placement.baseline
     name = placement.node_pool if placement else DEFAULT_BASELINE_POOL
     nodes = placement.nodes if placement else 1
-    offer = _baseline_offer(name, pools)
+    offer = _baseline_offer(name, pools, catalog)
     if offer is None:
         return None
     return fp32_baseline(ctx, offer, nodes=nodes)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from memfit.api.common import Engine, Offload
+from memfit.api.common import Offload
 from memfit.api.job import PlanSummary
 from memfit.planner.offers import Offer
 from memfit.planner.result import PlanResult
@@ -21,24 +21,6 @@ GIB = 1024**3
 def gib(n: float) -> str:
     """Bytes as `27.1 GiB`."""
     return f"{n / GIB:.1f} GiB"
-
-
-def choice_words(choice: Choice) -> str:
-    """A configuration in words: `ZeRO-3, bf16, full checkpointing, CPU offload, 8-bit optimizer`."""
-    if choice.engine == Engine.DEEPSPEED:
-        parts = [f"ZeRO-{choice.zero_stage}"]
-    elif choice.engine == Engine.FSDP:
-        parts = ["FSDP full shard" if choice.zero_stage == 3 else "FSDP grad-op shard"]
-    else:
-        parts = ["DDP"]
-    parts.append(choice.precision.value)
-    if choice.checkpointing.value != "none":
-        parts.append(f"{choice.checkpointing.value} checkpointing")
-    if choice.offload != Offload.NONE:
-        parts.append("CPU offload" if choice.offload == Offload.CPU else "NVMe offload")
-    if choice.optimizer8bit:
-        parts.append("8-bit optimizer")
-    return ", ".join(parts)
 
 
 @dataclass(slots=True)
@@ -64,7 +46,7 @@ class OfferFailures:
         entry = (peak_bytes, choice, world_size, micro_batch)
         if self.min_memory is None or peak_bytes < self.min_memory[0]:
             self.min_memory = entry
-        if choice.offload == Offload.NONE and (self.min_memory_on_gpu is None or peak_bytes < self.min_memory_on_gpu[0]):
+        if choice.config.offload == Offload.NONE and (self.min_memory_on_gpu is None or peak_bytes < self.min_memory_on_gpu[0]):
             self.min_memory_on_gpu = entry
 
     def note_host(self, needed_bytes: float, choice: Choice, world_size: int) -> None:
@@ -104,7 +86,7 @@ class OfferFailures:
         memory = self.min_memory_on_gpu if self.min_host or self.min_nvme else self.min_memory
         if memory is not None:
             peak, choice, world, micro = memory
-            words = choice_words(choice)
+            words = choice.config.describe(words=True)
             need = peak * (1 + headroom_percent / 100)
             prefix = "without offload it " if memory is not self.min_memory or self.min_host else ""
             parts.append(
@@ -114,21 +96,21 @@ class OfferFailures:
             )
         if self.min_host is not None:
             needed, choice, world = self.min_host
-            words = choice_words(choice)
+            words = choice.config.describe(words=True)
             parts.append(
                 f"{words} on {world} GPU{'s' if world > 1 else ''} would fit the GPU memory but needs "
                 f"{gib(needed)} host RAM per node; has {gib(offer.host_usable_bytes_per_node)} usable"
             )
         if self.min_nvme is not None:
             needed, choice, world = self.min_nvme
-            words = choice_words(choice)
+            words = choice.config.describe(words=True)
             parts.append(
                 f"{words} on {world} GPU{'s' if world > 1 else ''} needs {gib(needed)} NVMe per node; "
                 f"has {gib(offer.nvme_bytes_per_node)}"
             )
         if self.min_deadline is not None and deadline_hours is not None:
             hours, choice, world = self.min_deadline
-            words = choice_words(choice)
+            words = choice.config.describe(words=True)
             parts.append(
                 f"the fastest fitting configuration ({words} on {world} GPUs) takes {hours:.1f} h, over the "
                 f"deadline of {deadline_hours:g} h"
@@ -157,14 +139,7 @@ def plan_summary(result: PlanResult) -> PlanSummary | None:
     base = result.baseline
     savings = result.savings_percent
     return PlanSummary(
-        engine=s.engine,
-        zero_stage=s.zero_stage,
-        precision=s.precision,
-        activation_checkpointing=s.checkpointing,
-        offload=s.offload,
-        optimizer8bit=s.optimizer8bit,
-        micro_batch_size=s.micro_batch_size,
-        gradient_accumulation_steps=s.accumulation_steps,
+        **dict(s.config),
         node_pool=c.pool,
         nodes=c.nodes,
         gpus=c.gpus,

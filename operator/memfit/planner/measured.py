@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from memfit.api.training_config import ConfigKey
 from memfit.memory.calibration import Calibration
 from memfit.memory.predict import memory_terms
 from memfit.memory.shape import Shape
@@ -28,25 +29,16 @@ class MeasuredPeak:
     peak_bytes: int
 
 
-FamilyKey = tuple[object, ...]
-
-
-def family_key(strategy: Strategy) -> FamilyKey:
-    """What must match for an observation to speak for a candidate."""
-    return (strategy.engine, strategy.zero_stage, strategy.precision, strategy.checkpointing,
-            strategy.offload, strategy.optimizer8bit)
-
-
 @dataclass(frozen=True, slots=True)
 class PeakCorrections:
     """Ratios measured / predicted by family, and the global cautious factor."""
 
-    by_family: dict[FamilyKey, list[tuple[int, float]]]  # (world size, ratio), oldest first
+    by_family: dict[ConfigKey, list[tuple[int, float]]]  # (world size, ratio), oldest first
     default_factor: float = 1.0
 
     def factor(self, strategy: Strategy) -> float:
         """Scale for the predicted peak of `strategy` (its micro-batch does not matter)."""
-        observed = self.by_family.get(family_key(strategy))
+        observed = self.by_family.get(strategy.config.key())
         if not observed:
             return self.default_factor
         same_world = [ratio for world, ratio in observed if world == strategy.world_size]
@@ -62,16 +54,16 @@ def peak_corrections(
     """Ratios from measured peaks (predictions made exactly as the planner makes them)."""
     if not measured:
         return NO_CORRECTIONS
-    by_family: dict[FamilyKey, list[tuple[int, float]]] = {}
+    by_family: dict[ConfigKey, list[tuple[int, float]]] = {}
     worst = 1.0
     for m in measured:
         s = m.strategy
         predicted = memory_terms(shape, s, calibration=calibration).peak_bytes(
-            s.micro_batch_size, s.accumulation_steps
+            s.config.micro_batch_size, s.config.gradient_accumulation_steps
         )
         if predicted <= 0 or m.peak_bytes <= 0:
             continue
         ratio = m.peak_bytes / predicted
-        by_family.setdefault(family_key(s), []).append((s.world_size, ratio))
+        by_family.setdefault(s.config.key(), []).append((s.world_size, ratio))
         worst = max(worst, ratio)
     return PeakCorrections(by_family, worst)

@@ -21,7 +21,7 @@ from memfit.api.pool import (
     InterconnectSpec,
     IntraNode,
 )
-from memfit.catalog import CATALOG, GPUModel, find_gpu
+from memfit.catalog import GpuCatalog, GPUModel
 from memfit.memory.timing import NVLINK_GBPS, PCIE_GBPS, GpuSpeed
 
 GIB = 1024**3
@@ -138,10 +138,10 @@ def _speed(spec: GPUNodePoolSpec, gpu: GPUModel | None) -> tuple[GpuSpeed, bool,
     return speed, bf16 > 0, notes
 
 
-def resolve_offer(pool: GPUNodePool, *, free_gpus: int | None = None) -> Offer | PoolRejection:
-    """One pool -> an Offer, or a rejection that says what to fix."""
+def resolve_offer(pool: GPUNodePool, *, catalog: GpuCatalog, free_gpus: int | None = None) -> Offer | PoolRejection:
+    """One pool -> an Offer (unset GPU fields from `catalog`), or a rejection that says what to fix."""
     name, spec = pool.metadata.name, pool.spec
-    gpu = find_gpu(spec.gpu.product)
+    gpu = catalog.find(spec.gpu.product)
     product = gpu.product if gpu else spec.gpu.product
     if spec.gpu.memory_mi_b is None and gpu is None:
         return PoolRejection(
@@ -192,7 +192,8 @@ def resolve_offer(pool: GPUNodePool, *, free_gpus: int | None = None) -> Offer |
 
 
 def resolve_offers(
-    pools: Sequence[GPUNodePool], *, allowed: Sequence[str] = (), free_gpus: Mapping[str, int] | None = None,
+    pools: Sequence[GPUNodePool], *, catalog: GpuCatalog, allowed: Sequence[str] = (),
+    free_gpus: Mapping[str, int] | None = None,
 ) -> tuple[list[Offer], list[PoolRejection]]:
     """Offers for the pools named in `allowed` (all when empty), sorted by name, and rejections.
 
@@ -208,7 +209,7 @@ def resolve_offers(
         if allowed and pool.metadata.name not in allowed:
             continue
         free = free_gpus.get(pool.metadata.name) if free_gpus is not None else None
-        resolved = resolve_offer(pool, free_gpus=free)
+        resolved = resolve_offer(pool, catalog=catalog, free_gpus=free)
         if isinstance(resolved, PoolRejection):
             rejections.append(resolved)
         else:
@@ -234,6 +235,7 @@ def catalog_pool(gpu: GPUModel, *, gpus_per_node: int = CATALOG_GPUS_PER_NODE, m
     )
 
 
-def catalog_pools(*, gpus_per_node: int = CATALOG_GPUS_PER_NODE, max_nodes: int = 8) -> list[GPUNodePool]:
+def catalog_pools(catalog: GpuCatalog, *, gpus_per_node: int = CATALOG_GPUS_PER_NODE,
+                  max_nodes: int = 8) -> list[GPUNodePool]:
     """One pool per catalog GPU (offline planning): 8 GPUs per node, of which a job may use 1, 2, 4 or 8."""
-    return [catalog_pool(g, gpus_per_node=gpus_per_node, max_nodes=max_nodes) for g in CATALOG]
+    return [catalog_pool(g, gpus_per_node=gpus_per_node, max_nodes=max_nodes) for g in catalog]

@@ -13,6 +13,8 @@ from typing import TypeVar
 from memfit.api.common import Checkpointing, Engine, Offload, Precision, Toggle
 from memfit.api.job import MemoryOptimizedTrainingJobSpec, Minimize
 from memfit.api.pool import GPUNodePool
+from memfit.api.training_config import TrainingConfig
+from memfit.catalog import GpuCatalog
 from memfit.memory import Strategy, estimate_step_seconds, predict_memory, strategy_problem
 from memfit.planner.decide import resolve_shape, search_context
 from memfit.planner.offers import resolve_offers
@@ -38,14 +40,15 @@ def _micro_batches(per_gpu: int, pinned: object) -> Iterator[int]:
             yield b
 
 
-def best_objective(spec: MemoryOptimizedTrainingJobSpec, pools: Sequence[GPUNodePool]) -> float | None:
+def best_objective(spec: MemoryOptimizedTrainingJobSpec, pools: Sequence[GPUNodePool], *,
+                   catalog: GpuCatalog) -> float | None:
     """The smallest objective (total cost, or hours when minimizing time) of any fitting
     configuration, or None when nothing fits."""
     shape = resolve_shape(spec, None)
     if isinstance(shape, str):
         return None
     ctx = search_context(spec, shape)
-    offers, _ = resolve_offers(pools, allowed=spec.placement.node_pools)
+    offers, _ = resolve_offers(pools, catalog=catalog, allowed=spec.placement.node_pools)
     pins, objective = spec.strategy, spec.objective
     headroom = objective.memory_headroom_percent
     g_batch, steps = spec.training.global_batch_size, spec.training.max_steps
@@ -69,8 +72,11 @@ def best_objective(spec: MemoryOptimizedTrainingJobSpec, pools: Sequence[GPUNode
                                     continue
                                 for eight in _eight_bit(pins.optimizer8bit):
                                     for b in _micro_batches(per_gpu, pins.micro_batch_size):
-                                        s = Strategy(engine, stage, precision, ckpt, offload, eight,
-                                                     spec.training.optimizer, n, g, b, per_gpu // b)
+                                        config = TrainingConfig.model_construct(
+                                            engine=engine, zero_stage=stage, precision=precision,
+                                            activation_checkpointing=ckpt, offload=offload, optimizer8bit=eight,
+                                            micro_batch_size=b, gradient_accumulation_steps=per_gpu // b)
+                                        s = Strategy(config, spec.training.optimizer, n, g)
                                         if strategy_problem(s) is not None:
                                             continue
                                         m = predict_memory(ctx.shape, s)

@@ -36,7 +36,7 @@ class Candidate:
 
     def describe(self) -> str:
         """`4x NVIDIA-L4 (l4) ZeRO-2 bf16 ckpt-full mbs 2x8`."""
-        return f"{self.gpus}x {self.product} ({self.pool}) {self.strategy.describe()}"
+        return f"{self.gpus}x {self.product} ({self.pool}) {self.strategy.config.describe()}"
 
 
 @dataclass(frozen=True, slots=True)

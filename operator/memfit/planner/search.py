@@ -37,7 +37,7 @@ def objective_key(c: Candidate, minimize: Minimize) -> tuple[float, ...]:
     """Sort key: objective, the other objective, fewer GPUs, preference, bigger micro-batch (the pool
     name breaks what remains)."""
     first, second = (c.total_cost, c.hours) if minimize == Minimize.COST else (c.hours, c.total_cost)
-    return (round(first, 9), round(second, 9), c.gpus, c.rank, -c.strategy.micro_batch_size)
+    return (round(first, 9), round(second, 9), c.gpus, c.rank, -c.strategy.config.micro_batch_size)
 
 
 def _better(a: Candidate, b: Candidate | None, minimize: Minimize) -> bool:
@@ -50,20 +50,20 @@ def _better(a: Candidate, b: Candidate | None, minimize: Minimize) -> bool:
 def _offer_choices(offer: Offer, choices: Sequence[Choice], failures: OfferFailures) -> list[Choice]:
     """Choices the offer can run; fp16 is skipped where bf16 is at least as fast (same memory)."""
     out: list[Choice] = []
-    has_bf16_choice = any(c.precision == Precision.BF16 for c in choices)
+    has_bf16_choice = any(c.config.precision == Precision.BF16 for c in choices)
     fp16_dominated = offer.supports_bf16 and has_bf16_choice and (
         offer.speed.fp16_tflops <= offer.speed.bf16_tflops
     )
     for c in choices:
-        if c.precision == Precision.BF16 and not offer.supports_bf16:
+        if c.config.precision == Precision.BF16 and not offer.supports_bf16:
             failures.bf16_blocked = True
             continue
-        if c.precision == Precision.FP16 and fp16_dominated:
+        if c.config.precision == Precision.FP16 and fp16_dominated:
             continue
-        if c.offload == Offload.CPU and offer.host_bytes_per_node is None:
+        if c.config.offload == Offload.CPU and offer.host_bytes_per_node is None:
             failures.host_unknown = True
             continue
-        if c.offload == Offload.NVME and offer.nvme_bytes_per_node <= 0:
+        if c.config.offload == Offload.NVME and offer.nvme_bytes_per_node <= 0:
             failures.nvme_missing = True
             continue
         out.append(c)
@@ -94,7 +94,7 @@ def _bound_seconds(ctx: SearchContext, offer: Offer, layout: Layout, choice: Cho
     checkpointing on `layout`: compute at the best micro-batch the layout allows, plus half of the
     smallest gradient exchange any engine needs (a ring all-reduce of 16-bit gradients for mixed
     precision, 32-bit otherwise: ZeRO-2/3 and FSDP move at least as much; at most half hides)."""
-    peak = offer.speed.peak_flops(choice.precision)
+    peak = offer.speed.peak_flops(choice.config.precision)
     if peak <= 0:
         return float("inf")
     tt = ctx.time(choice, layout)
@@ -105,7 +105,7 @@ def _bound_seconds(ctx: SearchContext, offer: Offer, layout: Layout, choice: Cho
     n = layout.world_size
     if n == 1:
         return compute
-    grad_bytes = 2.0 if choice.precision != Precision.FP32 else 4.0
+    grad_bytes = 2.0 if choice.config.precision != Precision.FP32 else 4.0
     volume = 2 * (n - 1) / n * ctx.shape.trainable * grad_bytes
     comm = volume * ring_seconds_per_byte(n, layout.gpus_per_node, offer.speed)
     return compute + comm - OVERLAP * min(comm, compute)
@@ -178,14 +178,14 @@ def search_offer(ctx: SearchContext, prepared: PreparedOffer, *, cutoff: float =
         all_out_of_memory = True
         for choice in members:
             key = choice.twin_id
-            if not choice.optimizer8bit and twins_share_terms and key in eight_bit_results:
+            if not choice.config.optimizer8bit and twins_share_terms and key in eight_bit_results:
                 twin = eight_bit_results[key]
                 all_out_of_memory = all_out_of_memory and key in memory_failed_twins
                 candidate = None if twin is None else _as_32bit(ctx, choice, twin, layout)
             else:
                 candidate, out_of_memory = _evaluate(ctx, offer, layout, choice, failures, best_objective)
                 all_out_of_memory = all_out_of_memory and out_of_memory
-                if choice.optimizer8bit:
+                if choice.config.optimizer8bit:
                     eight_bit_results[key] = candidate
                     if out_of_memory:
                         memory_failed_twins.add(key)
@@ -213,7 +213,7 @@ def any_fit(ctx: SearchContext, prepared: PreparedOffer) -> bool:
 
 def _note_lean_on_gpu(ctx: SearchContext, failures: OfferFailures, members: list[Choice], layout: Layout) -> None:
     """Also record the leanest configuration without offload (the reason may need it)."""
-    on_gpu = [c for c in members if c.offload == Offload.NONE and ctx.has_min_peak(c, layout)]
+    on_gpu = [c for c in members if c.config.offload == Offload.NONE and ctx.has_min_peak(c, layout)]
     if on_gpu:
         lean = min(on_gpu, key=lambda c: (ctx.min_peak(c, layout), c.rank))
         failures.note_memory(ctx.min_peak(lean, layout), lean, layout.world_size,
@@ -225,12 +225,12 @@ def _as_32bit(ctx: SearchContext, choice: Choice, eight_bit: Candidate | None, l
     better unless it fits at the same micro-batch (then it ties and wins on preference)."""
     if eight_bit is None:
         return None
-    b = eight_bit.strategy.micro_batch_size
+    b = eight_bit.strategy.config.micro_batch_size
     per_gpu = ctx.global_batch // layout.world_size
     terms = ctx.memory(choice, layout.world_size, layout.gpus_per_node)
     if not ctx.fits_gpu(peak_bytes_int(terms, b, per_gpu), eight_bit.usable_bytes):
         return None
-    strategy = replace(eight_bit.strategy, optimizer8bit=False)
+    strategy = eight_bit.strategy.with_config(optimizer8bit=False)
     return replace(eight_bit, strategy=strategy, memory=terms.at(b, per_gpu // b), rank=choice.rank)
 
 
@@ -268,7 +268,7 @@ def _evaluate(ctx: SearchContext, offer: Offer, layout: Layout, choice: Choice,
     terms = ctx.memory(choice, n, g)
     b = _micro_batch(ctx, terms, per_gpu, offer.usable_bytes)
     host_needed = terms.host_bytes * g
-    if choice.offload != Offload.NONE and host_needed > offer.host_usable_bytes_per_node:
+    if choice.config.offload != Offload.NONE and host_needed > offer.host_usable_bytes_per_node:
         failures.note_host(host_needed, choice, n)
         return None, False
     nvme_needed = terms.nvme_bytes * g

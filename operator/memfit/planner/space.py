@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from memfit.api.common import Checkpointing, Engine, Offload, Precision, Toggle
 from memfit.api.job import OptimizerKind, StrategySpec
+from memfit.api.training_config import PLAIN_FP32_DDP, TrainingConfig
 from memfit.memory.strategy import Strategy, strategy_problem
 
 # Preference order for ties (simpler and more common first).
@@ -21,14 +22,9 @@ OFFLOADS = (Offload.NONE, Offload.CPU, Offload.NVME)
 
 @dataclass(frozen=True, slots=True)
 class Choice:
-    """A strategy without its layout (world size) and batch split."""
+    """A training configuration without its layout (world size) and batch split (kept at 1x1)."""
 
-    engine: Engine
-    zero_stage: int
-    precision: Precision
-    checkpointing: Checkpointing
-    offload: Offload
-    optimizer8bit: bool
+    config: TrainingConfig
     rank: int  # position in the preference order (lower wins a tie)
     memory_id: int = -1  # equal for choices with identical memory (bf16 and fp16 twins)
     twin_id: int = -1  # equal for a 32-bit choice and its 8-bit twin
@@ -36,16 +32,26 @@ class Choice:
     def strategy(self, *, optimizer: OptimizerKind, world_size: int = 1, gpus_per_node: int = 1,
                  micro_batch_size: int = 1, accumulation_steps: int = 1) -> Strategy:
         """The concrete Strategy at a layout and batch split."""
-        return Strategy(
-            engine=self.engine, zero_stage=self.zero_stage, precision=self.precision,
-            checkpointing=self.checkpointing, offload=self.offload, optimizer8bit=self.optimizer8bit,
-            optimizer=optimizer, world_size=world_size, gpus_per_node=gpus_per_node,
-            micro_batch_size=micro_batch_size, accumulation_steps=accumulation_steps,
-        )
+        config = self.config
+        if (micro_batch_size, accumulation_steps) != (1, 1):
+            config = config.model_copy(update={
+                "micro_batch_size": micro_batch_size, "gradient_accumulation_steps": accumulation_steps,
+            })
+        return Strategy(config=config, optimizer=optimizer, world_size=world_size, gpus_per_node=gpus_per_node)
 
     def describe(self) -> str:
         """`ZeRO-3 bf16 ckpt-full offload-cpu 8-bit-optim`."""
-        return self.strategy(optimizer=OptimizerKind.ADAMW).describe().rsplit(" mbs ", 1)[0]
+        return self.config.describe(batch=False)
+
+
+def choice(engine: Engine, zero_stage: int, precision: Precision, checkpointing: Checkpointing,
+           offload: Offload, optimizer8bit: bool, *, rank: int, memory_id: int = -1, twin_id: int = -1) -> Choice:
+    """A Choice from its configuration fields (micro-batch and accumulation 1)."""
+    config = PLAIN_FP32_DDP.model_copy(update={
+        "engine": engine, "zero_stage": zero_stage, "precision": precision,
+        "activation_checkpointing": checkpointing, "offload": offload, "optimizer8bit": optimizer8bit,
+    })
+    return Choice(config, rank, memory_id, twin_id)
 
 
 def _allowed(pin: object, values: tuple[object, ...], auto: object) -> tuple[object, ...]:
@@ -88,11 +94,11 @@ def _choices(pins: StrategySpec) -> tuple[tuple[Choice, ...], tuple[str, ...]]:
                             memory_key = (engine, stage, mixed, ckpt, offload, eight)
                             memory_id = memory_ids.setdefault(memory_key, len(memory_ids))
                             twin_id = twin_ids.setdefault((engine, stage, precision, ckpt, offload), len(twin_ids))
-                            choice = Choice(engine, int(stage), precision, ckpt, offload, eight, rank, memory_id,
-                                            twin_id)
-                            problem = strategy_problem(choice.strategy(optimizer=OptimizerKind.ADAMW))
+                            candidate = choice(engine, int(stage), precision, ckpt, offload, eight, rank=rank,
+                                               memory_id=memory_id, twin_id=twin_id)
+                            problem = strategy_problem(candidate.strategy(optimizer=OptimizerKind.ADAMW))
                             if problem is None:
-                                choices.append(choice)
+                                choices.append(candidate)
                                 rank += 1
                             else:
                                 problems[problem] = None

@@ -66,29 +66,33 @@ class S:
         self.s = replace(self.s, **kw)
         return self
 
+    def _config(self, **kw: Any) -> S:
+        self.s = self.s.with_config(**kw)
+        return self
+
     def ddp(self) -> S:
-        return self._set(engine=Engine.DDP, zero_stage=0)
+        return self._config(engine=Engine.DDP, zero_stage=0)
 
     def fsdp(self, stage: int = 3) -> S:
-        return self._set(engine=Engine.FSDP, zero_stage=stage)
+        return self._config(engine=Engine.FSDP, zero_stage=stage)
 
     def deepspeed(self, stage: int) -> S:
-        return self._set(engine=Engine.DEEPSPEED, zero_stage=stage)
+        return self._config(engine=Engine.DEEPSPEED, zero_stage=stage)
 
     def bf16(self) -> S:
-        return self._set(precision=Precision.BF16)
+        return self._config(precision=Precision.BF16)
 
     def fp32(self) -> S:
-        return self._set(precision=Precision.FP32)
+        return self._config(precision=Precision.FP32)
 
     def ckpt(self, mode: str) -> S:
-        return self._set(checkpointing=Checkpointing(mode))
+        return self._config(activation_checkpointing=Checkpointing(mode))
 
     def offload(self, where: str) -> S:
-        return self._set(offload=Offload(where))
+        return self._config(offload=Offload(where))
 
     def eight_bit(self) -> S:
-        return self._set(optimizer8bit=True)
+        return self._config(optimizer8bit=True)
 
     def sgd(self) -> S:
         return self._set(optimizer=OptimizerKind.SGD)
@@ -97,7 +101,7 @@ class S:
         return self._set(world_size=n, gpus_per_node=per_node or min(n, 8))
 
     def mbs(self, b: int, accumulation: int = 1) -> S:
-        return self._set(micro_batch_size=b, accumulation_steps=accumulation)
+        return self._config(micro_batch_size=b, gradient_accumulation_steps=accumulation)
 
     def build(self) -> Strategy:
         return self.s

@@ -18,7 +18,7 @@ BF16, FP32, NONE, FULL = Precision.BF16, Precision.FP32, Checkpointing.NONE, Che
 
 
 def ddp(precision: Precision, checkpointing: Checkpointing, micro_batch: int = 1) -> object:
-    return S().ddp()._set(precision=precision, checkpointing=checkpointing).mbs(micro_batch).build()
+    return S().ddp()._config(precision=precision, activation_checkpointing=checkpointing).mbs(micro_batch).build()
 
 
 def truth_backward(precision: Precision, checkpointing: Checkpointing, micro_batch: int) -> int:

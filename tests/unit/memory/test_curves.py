@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import pytest
-from memfit.api.common import Checkpointing, Engine, Precision
+from memfit.api.common import Checkpointing, Engine, Offload, Precision
 from memfit.api.job import OptimizerKind
 from memfit.api.profile import ActivationCurve, Measurement, Profile
-from memfit.memory import Shape, Strategy, calibrate, memory_terms, predict_memory
+from memfit.api.training_config import TrainingConfig
+from memfit.memory import Device, Shape, Strategy, calibrate, memory_terms, predict_memory
 from memfit.memory.curves import fit_curve
 
 from memory_factories import model_shape
@@ -77,11 +78,15 @@ def _profile(*, optimizer: str = "adamw", step_bytes: int | None = None) -> Prof
                    activation_curves=curves, optimizer=optimizer)
 
 
-def _strategy(**kw: object) -> Strategy:
-    values: dict[str, object] = dict(engine=Engine.DDP, precision=Precision.FP32, checkpointing=Checkpointing.NONE,
-                                     micro_batch_size=8, device="cpu")
-    values.update(kw)
-    return Strategy(**values)  # type: ignore[arg-type]
+def _strategy(*, optimizer: OptimizerKind = OptimizerKind.ADAMW, world_size: int = 1, gpus_per_node: int = 1,
+              **config: object) -> Strategy:
+    """A CPU DDP fp32 strategy at micro-batch 8; `config` overrides TrainingConfig fields."""
+    fields: dict[str, object] = dict(engine=Engine.DDP, zero_stage=0, precision=Precision.FP32,
+                                     activation_checkpointing=Checkpointing.NONE, offload=Offload.NONE,
+                                     optimizer8bit=False, micro_batch_size=8, gradient_accumulation_steps=1)
+    fields.update(config)
+    return Strategy(config=TrainingConfig.model_validate(fields), optimizer=optimizer, world_size=world_size,
+                    gpus_per_node=gpus_per_node, device=Device.CPU)
 
 
 def test_world_size_one_follows_the_bare_curve_above_the_static_bytes() -> None:

@@ -25,7 +25,7 @@ def test_breakdown_adds_up_to_the_peak() -> None:
 def test_accumulation_keeps_gradients_alive_with_the_activations() -> None:
     base = S().ddp().bf16().mbs(1).build()
     one = predict_memory(LLAMA_1B, base)
-    accumulate = predict_memory(LLAMA_1B, replace(base, accumulation_steps=4))
+    accumulate = predict_memory(LLAMA_1B, base.with_config(gradient_accumulation_steps=4))
     assert accumulate.peak_bytes > one.peak_bytes
     assert accumulate.gradients_bytes == 4 * LLAMA_1B.trainable  # all fp32 gradients at the peak
     assert one.gradients_bytes < accumulate.gradients_bytes  # only the head's exist at the peak
@@ -89,7 +89,7 @@ def test_late_backward_moment_holds_most_gradients() -> None:
     from memory_factories import model_shape
 
     shape = Shape.of(model_shape(vocab=0))
-    strategy = replace(S().ddp().fp32().ckpt("full").build(), micro_batch_size=1)
+    strategy = S().ddp().fp32().ckpt("full").build().with_config(micro_batch_size=1)
     estimate = predict_memory(shape, strategy)
     terms = memory_terms(shape, strategy)
     assert estimate.phase in ("backward", "step")

@@ -7,7 +7,7 @@ from memfit.memory import Strategy, strategy_problem
 from memory_factories import S
 
 PROBLEMS = {
-    "DDP cannot shard": (S().ddp()._set(zero_stage=3).build(), "DDP does not shard"),
+    "DDP cannot shard": (S().ddp()._config(zero_stage=3).build(), "DDP does not shard"),
     "DDP cannot offload": (S().ddp().offload("cpu").build(), "DDP cannot offload"),
     "FSDP has no stage 1": (S().fsdp(1).build(), "FSDP shards at stage 2"),
     "NVMe needs ZeRO-3": (S().deepspeed(2).offload("nvme").build(), "NVMe offload needs DeepSpeed ZeRO-3"),
@@ -38,4 +38,4 @@ def test_valid_combinations(strategy: Strategy) -> None:
 
 def test_describe() -> None:
     s = S().deepspeed(2).bf16().ckpt("full").offload("cpu").world(4).mbs(2, 8).build()
-    assert s.describe() == "ZeRO-2 bf16 ckpt-full offload-cpu mbs 2x8"
+    assert s.config.describe() == "ZeRO-2 bf16 ckpt-full offload-cpu mbs 2x8"

@@ -7,6 +7,7 @@ from memfit.api.common import Checkpointing, Engine, Offload, Precision
 from memfit.api.job import StrategySpec
 from memfit.api.plan import Plan
 from memfit.api.pool import GPUNodePool
+from memfit.catalog import CATALOG
 from memfit.planner import catalog_pools, plan
 from planner_factories import GIB, LLAMA_1B_CONFIG, LLAMA_7B_CONFIG, make_job, make_pool
 
@@ -18,7 +19,7 @@ H100 = make_pool("h100-80", "h100-80", per_node=8)
 
 def test_plan_is_filled_and_fits_with_headroom() -> None:
     spec = make_job().hf(LLAMA_1B_CONFIG).batch(64).steps(2000).headroom(10).build()
-    result = plan(spec, pools=[L4, A100, H100])
+    result = plan(spec, pools=[L4, A100, H100], catalog=CATALOG)
     p = result.plan
     assert isinstance(p, Plan)
     assert p.memory.peak_bytes * 1.10 <= p.gpu_memory_bytes
@@ -32,7 +33,7 @@ def test_plan_is_filled_and_fits_with_headroom() -> None:
 @pytest.mark.parametrize("headroom", [0, 10, 30, 60])
 def test_headroom_is_respected(headroom: int) -> None:
     spec = make_job().hf(LLAMA_1B_CONFIG).batch(32).headroom(headroom).build()
-    result = plan(spec, pools=[L4, make_pool("a10g", "a10g")])
+    result = plan(spec, pools=[L4, make_pool("a10g", "a10g")], catalog=CATALOG)
     assert result.chosen is not None
     for c in (result.chosen, *result.alternatives):
         assert c.memory.peak_bytes * (1 + headroom / 100) <= c.usable_bytes
@@ -40,19 +41,19 @@ def test_headroom_is_respected(headroom: int) -> None:
 
 def test_bf16_pinned_on_t4_is_no_fit_with_a_reason() -> None:
     spec = make_job().pin(precision="bf16").build()
-    result = plan(spec, pools=[T4])
+    result = plan(spec, pools=[T4], catalog=CATALOG)
     assert result.plan is None
     assert "Tesla-T4 has no bf16" in result.rejections[0].reason
 
 
 def test_t4_trains_in_fp16_when_precision_is_auto() -> None:
-    result = plan(make_job().build(), pools=[T4])
+    result = plan(make_job().build(), pools=[T4], catalog=CATALOG)
     assert result.plan is not None and result.plan.precision in (Precision.FP16, Precision.FP32)
 
 
 def test_nvme_offload_pinned_on_a_pool_without_nvme_is_rejected() -> None:
     spec = make_job().pin(offload="nvme").build()
-    result = plan(spec, pools=[make_pool("no-nvme", "l4", nvme_gib=0)])
+    result = plan(spec, pools=[make_pool("no-nvme", "l4", nvme_gib=0)], catalog=CATALOG)
     assert result.plan is None
     assert "NVMe offload needs local NVMe; the pool has none" in result.rejections[0].reason
 
@@ -64,7 +65,7 @@ def test_impossible_pins_are_no_fit_never_an_exception() -> None:
                                         activation_checkpointing=Checkpointing.AUTO, zero_stage=3,
                                         offload=Offload.AUTO, optimizer8bit="auto", micro_batch_size="auto")
     spec = base.model_copy(update={"strategy": pins})
-    result = plan(spec, pools=[L4])
+    result = plan(spec, pools=[L4], catalog=CATALOG)
     assert result.plan is None
     assert result.reasons == ("the pinned strategy cannot run: DDP does not shard: ZeRO stage 3 needs fsdp or deepspeed",)
 
@@ -73,7 +74,7 @@ def test_pins_are_honoured() -> None:
     spec = (make_job().hf(LLAMA_1B_CONFIG).batch(32)
             .pin(engine="fsdp", zeroStage=3, precision="bf16", activationCheckpointing="full",
                  optimizer8bit="disabled", microBatchSize=2).build())
-    p = plan(spec, pools=[L4, A100]).plan
+    p = plan(spec, pools=[L4, A100], catalog=CATALOG).plan
     assert p is not None
     assert (p.engine, p.zero_stage, p.precision, p.activation_checkpointing, p.optimizer8bit,
             p.micro_batch_size) == (Engine.FSDP, 3, Precision.BF16, Checkpointing.FULL, False, 2)
@@ -82,7 +83,7 @@ def test_pins_are_honoured() -> None:
 def test_too_big_for_every_pool_explains_each_pool() -> None:
     spec = make_job().hf(LLAMA_7B_CONFIG, seq=4096).batch(8).max_nodes(1).build()
     small = make_pool("l4-spot", "l4", price=0.35, host_gib=16, nvme_gib=0)
-    result = plan(spec, pools=[small, make_pool("t4-spot", "t4", price=0.2, host_gib=16, nvme_gib=0)])
+    result = plan(spec, pools=[small, make_pool("t4-spot", "t4", price=0.2, host_gib=16, nvme_gib=0)], catalog=CATALOG)
     assert result.plan is None
     reasons = {r.pool: r.reason for r in result.rejections}
     gpu, host, nvme = reasons["l4-spot"].split(". ")
@@ -99,32 +100,32 @@ def test_too_big_for_every_pool_explains_each_pool() -> None:
 
 def test_max_cost_per_hour_excludes_expensive_layouts() -> None:
     spec = make_job().hf(LLAMA_1B_CONFIG).batch(64).objective(maxCostPerHour=2.0).build()
-    result = plan(spec, pools=[L4, A100])
+    result = plan(spec, pools=[L4, A100], catalog=CATALOG)
     assert result.chosen is not None and result.chosen.price_per_hour <= 2.0
 
 
 def test_deadline_pushes_to_faster_configurations_or_no_fit() -> None:
     spec = make_job().hf(LLAMA_1B_CONFIG).batch(64).steps(2000)
-    cheapest = plan(spec.build(), pools=[L4, H100]).chosen
+    cheapest = plan(spec.build(), pools=[L4, H100], catalog=CATALOG).chosen
     assert cheapest is not None
-    tight = plan(spec.objective(deadlineHours=cheapest.hours / 4).build(), pools=[L4, H100]).chosen
+    tight = plan(spec.objective(deadlineHours=cheapest.hours / 4).build(), pools=[L4, H100], catalog=CATALOG).chosen
     assert tight is not None and tight.hours <= cheapest.hours / 4 and tight.pool == "h100-80"
-    impossible = plan(spec.objective(deadlineHours=1e-4).build(), pools=[L4, H100])
+    impossible = plan(spec.objective(deadlineHours=1e-4).build(), pools=[L4, H100], catalog=CATALOG)
     assert impossible.plan is None
     assert all("over the deadline" in r.reason for r in impossible.rejections)
 
 
 def test_minimize_time_is_never_slower_than_minimize_cost() -> None:
     spec = make_job().hf(LLAMA_1B_CONFIG).batch(64)
-    cost = plan(spec.build(), pools=[L4, A100, H100]).chosen
-    time = plan(spec.objective(minimize="time").build(), pools=[L4, A100, H100]).chosen
+    cost = plan(spec.build(), pools=[L4, A100, H100], catalog=CATALOG).chosen
+    time = plan(spec.objective(minimize="time").build(), pools=[L4, A100, H100], catalog=CATALOG).chosen
     assert cost is not None and time is not None
     assert time.hours <= cost.hours and time.total_cost >= cost.total_cost
 
 
 def test_placement_node_pools_filter_and_unknown_names() -> None:
     spec = make_job().pools("l4", "missing").build()
-    result = plan(spec, pools=[L4, A100])
+    result = plan(spec, pools=[L4, A100], catalog=CATALOG)
     assert result.plan is not None and result.plan.node_pool == "l4"
     assert [str(r) for r in result.rejections] == [
         "missing: named in placement.nodePools but no such GPUNodePool exists"
@@ -133,18 +134,18 @@ def test_placement_node_pools_filter_and_unknown_names() -> None:
 
 def test_free_gpus_cap_the_layout() -> None:
     spec = make_job().hf(LLAMA_1B_CONFIG).batch(64).objective(minimize="time").build()
-    result = plan(spec, pools=[A100], free_gpus={"a100-80": 2})
+    result = plan(spec, pools=[A100], free_gpus={"a100-80": 2}, catalog=CATALOG)
     assert result.plan is not None and result.plan.world_size <= 2
 
 
 def test_entrypoint_without_profile_says_so() -> None:
-    result = plan(make_job().entrypoint().build(), pools=[L4])
+    result = plan(make_job().entrypoint().build(), pools=[L4], catalog=CATALOG)
     assert result.plan is None and "known only from a profile" in result.reasons[0]
 
 
 def test_baseline_and_savings() -> None:
     spec = make_job().hf(LLAMA_1B_CONFIG).batch(64).baseline("a100-80").build()
-    result = plan(spec, pools=catalog_pools())
+    result = plan(spec, pools=catalog_pools(CATALOG), catalog=CATALOG)
     assert result.baseline is not None and result.chosen is not None
     assert result.baseline.label.startswith("fp32 DDP on 1x8 NVIDIA-A100-SXM4-80GB")
     assert result.savings_percent == pytest.approx(
@@ -153,7 +154,7 @@ def test_baseline_and_savings() -> None:
 
 
 def test_offline_baseline_pool_comes_from_the_catalog() -> None:
-    result = plan(make_job().baseline("h100-80", nodes=1).build(), pools=[L4])
+    result = plan(make_job().baseline("h100-80", nodes=1).build(), pools=[L4], catalog=CATALOG)
     assert result.baseline is not None and result.baseline.pool == "h100-80"
 
 
@@ -161,20 +162,20 @@ def test_bad_pools_are_rejected_with_reasons_and_the_rest_planned() -> None:
     negative = GPUNodePool.model_validate({"metadata": {"name": "neg"}, "spec": {"gpu": {"product": "l4"}}})
     negative = negative.model_copy(update={"spec": negative.spec.model_copy(update={"price_per_node_hour": -1.0})})
     zero_memory = make_pool("zero", "l4", memory_mib=0)
-    result = plan(make_job().build(), pools=[negative, zero_memory, L4])
+    result = plan(make_job().build(), pools=[negative, zero_memory, L4], catalog=CATALOG)
     assert result.plan is not None and result.plan.node_pool == "l4"
     reasons = {r.pool: r.reason for r in result.rejections}
     assert "negative" in reasons["neg"] and "memoryMiB is 0" in reasons["zero"]
 
 
 def test_no_pools_at_all_is_no_fit() -> None:
-    result = plan(make_job().build(), pools=[])
+    result = plan(make_job().build(), pools=[], catalog=CATALOG)
     assert result.plan is None and result.reasons == ("no GPUNodePools to plan on",)
 
 
 def test_memory_is_within_gpu_capacity_for_every_candidate_on_the_catalog() -> None:
     spec = make_job().hf(LLAMA_7B_CONFIG, seq=4096).batch(64).max_nodes(4).build()
-    result = plan(spec, pools=catalog_pools())
+    result = plan(spec, pools=catalog_pools(CATALOG), catalog=CATALOG)
     assert result.chosen is not None
     for c in (result.chosen, *result.alternatives):
         assert c.memory.peak_bytes * 1.1 <= c.usable_bytes

@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import ast
+from dataclasses import replace
+from pathlib import Path
+
 import pytest
 from memfit.api.pool import GPUNodePool
+from memfit.catalog import CATALOG, GpuCatalog
 from memfit.planner import catalog_pools, resolve_offers
+from memfit.planner import offers as offers_module
 from memfit.planner.offers import Offer, PoolRejection, resolve_offer
 from planner_factories import GIB, make_pool
 
@@ -15,7 +21,7 @@ def _with_spec(pool: GPUNodePool, **changes: object) -> GPUNodePool:
 
 
 def test_known_product_gets_catalog_memory_price_bf16_and_host() -> None:
-    offer = resolve_offer(make_pool("l4", "NVIDIA-L4", per_node=4, price=None))
+    offer = resolve_offer(make_pool("l4", "NVIDIA-L4", per_node=4, price=None), catalog=CATALOG)
     assert isinstance(offer, Offer)
     assert offer.usable_bytes == 23034 * 1024**2
     assert offer.price_per_node_hour == pytest.approx(4 * 0.805)
@@ -25,20 +31,20 @@ def test_known_product_gets_catalog_memory_price_bf16_and_host() -> None:
 
 
 def test_t4_has_no_bf16() -> None:
-    offer = resolve_offer(make_pool("t4", "Tesla-T4"))
+    offer = resolve_offer(make_pool("t4", "Tesla-T4"), catalog=CATALOG)
     assert isinstance(offer, Offer) and not offer.supports_bf16
 
 
 def test_pool_overrides_win_over_the_catalog() -> None:
     offer = resolve_offer(make_pool("x", "a100-80", memory_mib=40000, price=1.5, host_gib=64, nvme_gib=0,
-                                    bf16_tflops=156))
+                                    bf16_tflops=156), catalog=CATALOG)
     assert isinstance(offer, Offer)
     assert (offer.usable_bytes, offer.price_per_node_hour) == (40000 * 1024**2, 1.5)
     assert offer.speed.bf16_tflops == 156 and offer.speed.fp32_tflops == pytest.approx(19.5 / 2)
 
 
 def test_unknown_product_with_memory_and_price_is_usable_with_a_note() -> None:
-    offer = resolve_offer(make_pool("mystery", "ACME-X1", memory_mib=30000, price=2.0))
+    offer = resolve_offer(make_pool("mystery", "ACME-X1", memory_mib=30000, price=2.0), catalog=CATALOG)
     assert isinstance(offer, Offer)
     assert offer.notes and "throughput unknown" in offer.notes[0]
     assert offer.host_bytes_per_node is None  # no CPU offload without a host size
@@ -57,21 +63,21 @@ REJECTED = {
 
 @pytest.mark.parametrize(("pool", "reason"), REJECTED.values(), ids=REJECTED.keys())
 def test_bad_pools_are_rejections_not_exceptions(pool: GPUNodePool, reason: str) -> None:
-    rejected = resolve_offer(pool)
+    rejected = resolve_offer(pool, catalog=CATALOG)
     assert isinstance(rejected, PoolRejection)
     assert reason in rejected.reason
 
 
 def test_no_free_gpus_rejects_and_some_free_gpus_cap_layouts() -> None:
     pool = make_pool("a100", "a100-80", per_node=8, max_nodes=4)
-    assert isinstance(resolve_offer(pool, free_gpus=0), PoolRejection)
-    offer = resolve_offer(pool, free_gpus=4)
+    assert isinstance(resolve_offer(pool, free_gpus=0, catalog=CATALOG), PoolRejection)
+    offer = resolve_offer(pool, free_gpus=4, catalog=CATALOG)
     assert isinstance(offer, Offer)
     assert [lay.world_size for lay in offer.layouts()] == [1, 2, 4]
 
 
 def test_layouts_are_partial_nodes_then_whole_nodes_priced_pro_rata() -> None:
-    offer = resolve_offer(make_pool("h", "h100-80", per_node=8, price=80.0, max_nodes=3))
+    offer = resolve_offer(make_pool("h", "h100-80", per_node=8, price=80.0, max_nodes=3), catalog=CATALOG)
     assert isinstance(offer, Offer)
     layouts = [(lay.nodes, lay.gpus_per_node, lay.price_per_hour) for lay in offer.layouts()]
     assert layouts == [(1, 1, 10.0), (1, 2, 20.0), (1, 4, 40.0), (1, 8, 80.0), (2, 8, 160.0), (3, 8, 240.0)]
@@ -80,14 +86,33 @@ def test_layouts_are_partial_nodes_then_whole_nodes_priced_pro_rata() -> None:
 
 def test_resolve_offers_sorts_and_filters() -> None:
     pools = [make_pool("b", "l4"), make_pool("a", "t4"), make_pool("c", "l4", memory_mib=0)]
-    offers, rejections = resolve_offers(pools, allowed=["a", "c", "ghost"])
+    offers, rejections = resolve_offers(pools, allowed=["a", "c", "ghost"], catalog=CATALOG)
     assert [o.pool for o in offers] == ["a"]
     assert [r.pool for r in rejections] == ["ghost", "c"]
 
 
 def test_catalog_pools_are_one_per_gpu_with_8_gpus_per_node() -> None:
-    pools = catalog_pools()
+    pools = catalog_pools(CATALOG)
     assert [p.metadata.name for p in pools] == ["t4", "l4", "a10g", "l40s", "a100-40", "a100-80", "h100-80", "h200"]
     assert {p.spec.gpu.per_node for p in pools} == {8}
-    offers, rejections = resolve_offers(pools)
+    offers, rejections = resolve_offers(pools, catalog=CATALOG)
     assert len(offers) == 8 and rejections == []
+
+
+def test_the_planner_reads_the_catalog_it_is_given() -> None:
+    """Catalog defaults come from the `catalog` argument, never from the built-in module global."""
+    l4 = CATALOG.find("l4")
+    assert l4 is not None
+    acme = replace(l4, key="acme", product="ACME-X1", usable_mib=30000, price_per_gpu_hour=0.5, aliases=())
+    pool = make_pool("acme", "ACME-X1", per_node=4, price=None)
+    assert isinstance(resolve_offer(pool, catalog=CATALOG), PoolRejection)  # unknown to the built-in one
+    offer = resolve_offer(pool, catalog=GpuCatalog((acme,)))
+    assert isinstance(offer, Offer)
+    assert (offer.usable_bytes, offer.price_per_node_hour) == (30000 * 1024**2, 4 * 0.5)
+    assert [p.metadata.name for p in catalog_pools(GpuCatalog((acme,)))] == ["acme"]
+    # No planner module imports the built-in catalog (only the types of memfit.catalog).
+    planner_dir = Path(offers_module.__file__).parent
+    for source in planner_dir.glob("*.py"):
+        for node in ast.walk(ast.parse(source.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module == "memfit.catalog":
+                assert {a.name for a in node.names} <= {"GpuCatalog", "GPUModel"}, source.name

@@ -7,6 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from memfit.api.job import MemoryOptimizedTrainingJobSpec, Minimize
 from memfit.api.pool import GPUNodePool
+from memfit.catalog import CATALOG
 from memfit.planner import plan, resolve_offers, resolve_shape, search_context
 from memfit.planner.reference import best_objective
 from memfit.planner.search import best_on_offer, objective_key
@@ -84,8 +85,8 @@ def test_planner_objective_equals_exhaustive_search(
     case: tuple[MemoryOptimizedTrainingJobSpec, list[GPUNodePool]],
 ) -> None:
     spec, pools = case
-    result = plan(spec, pools=pools)
-    expected = best_objective(spec, pools)
+    result = plan(spec, pools=pools, catalog=CATALOG)
+    expected = best_objective(spec, pools, catalog=CATALOG)
     if expected is None:
         assert result.plan is None and result.rejections
     else:
@@ -102,7 +103,7 @@ def test_planner_finds_the_whole_batch_in_one_micro_step_when_accumulating_does_
     ctx = search_context(spec, shape)
     choices, _ = strategy_choices(spec.strategy)
     probe = make_pool("probe", "l4", per_node=1)
-    offer = resolve_offers([probe])[0][0]
+    offer = resolve_offers([probe], catalog=CATALOG)[0][0]
     layout = offer.layouts(1)[0]
     # A configuration whose whole-batch step peaks below its micro-batch-1 step with accumulation.
     found = None
@@ -119,8 +120,8 @@ def test_planner_finds_the_whole_batch_in_one_micro_step_when_accumulating_does_
     # A pool whose GPU holds the whole-batch step but not micro-batch 1 with accumulation.
     usable_mib = int((one + whole) / 2 / 2**20) + 1
     tight = make_pool("tight", "l4", per_node=1, memory_mib=usable_mib)
-    result = plan(spec, pools=[tight])
-    expected = best_objective(spec, [tight])
+    result = plan(spec, pools=[tight], catalog=CATALOG)
+    expected = best_objective(spec, [tight], catalog=CATALOG)
     assert expected is not None and result.chosen is not None
     assert result.chosen.total_cost == pytest.approx(expected, rel=1e-9)
 
@@ -128,8 +129,8 @@ def test_planner_finds_the_whole_batch_in_one_micro_step_when_accumulating_does_
 def test_same_inputs_same_plan_whatever_the_pool_order() -> None:
     spec = make_job().gpt(layers=12, hidden=768, heads=12, vocab=50257, sequenceLength=1024).batch(32).build()
     pools = [make_pool(p, p, per_node=4) for p in PRODUCTS]
-    first = plan(spec, pools=pools)
-    again = plan(spec, pools=list(reversed(pools)))
+    first = plan(spec, pools=pools, catalog=CATALOG)
+    again = plan(spec, pools=list(reversed(pools)), catalog=CATALOG)
     assert first.plan == again.plan
     assert [a.describe() for a in first.alternatives] == [a.describe() for a in again.alternatives]
     assert first.rejections == again.rejections
@@ -138,7 +139,7 @@ def test_same_inputs_same_plan_whatever_the_pool_order() -> None:
 def test_ties_break_on_pool_name() -> None:
     spec = make_job().build()
     twins = [make_pool("b-pool", "l4"), make_pool("a-pool", "l4")]
-    assert plan(spec, pools=twins).plan.node_pool == "a-pool"  # type: ignore[union-attr]
+    assert plan(spec, pools=twins, catalog=CATALOG).plan.node_pool == "a-pool"  # type: ignore[union-attr]
 
 
 @settings(max_examples=6, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
@@ -148,12 +149,12 @@ def test_ranking_with_cutoffs_equals_solving_every_pool(
 ) -> None:
     spec, few = case
     pools = few + [make_pool(f"cat-{p}", p, per_node=2, max_nodes=2) for p in PRODUCTS]
-    result = plan(spec, pools=pools, max_alternatives=alternatives)
+    result = plan(spec, pools=pools, max_alternatives=alternatives, catalog=CATALOG)
     shape = resolve_shape(spec, None)
     assert not isinstance(shape, str)
     ctx = search_context(spec, shape)
     choices, _ = strategy_choices(spec.strategy)
-    offers, _ = resolve_offers(pools)
+    offers, _ = resolve_offers(pools, catalog=CATALOG)
     bests = [b for o in offers if (b := best_on_offer(ctx, o, choices).best) is not None]
     ranked = sorted(bests, key=lambda c: (*objective_key(c, spec.objective.minimize), c.pool))
     got = [c for c in (result.chosen, *result.alternatives) if c is not None]

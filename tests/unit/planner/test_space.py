@@ -19,10 +19,10 @@ def test_all_auto_space() -> None:
 
 
 PINS = {
-    "stage 1 means DeepSpeed": ({"zeroStage": 1}, lambda c: c.engine == Engine.DEEPSPEED and c.zero_stage == 1),
-    "nvme means ZeRO-3": ({"offload": "nvme"}, lambda c: (c.engine, c.zero_stage) == (Engine.DEEPSPEED, 3)),
-    "fp16 only": ({"precision": "fp16"}, lambda c: c.precision == Precision.FP16),
-    "8-bit disables offload": ({"optimizer8bit": "enabled"}, lambda c: c.optimizer8bit and c.offload == Offload.NONE),
+    "stage 1 means DeepSpeed": ({"zeroStage": 1}, lambda c: c.config.engine == Engine.DEEPSPEED and c.config.zero_stage == 1),
+    "nvme means ZeRO-3": ({"offload": "nvme"}, lambda c: (c.config.engine, c.config.zero_stage) == (Engine.DEEPSPEED, 3)),
+    "fp16 only": ({"precision": "fp16"}, lambda c: c.config.precision == Precision.FP16),
+    "8-bit disables offload": ({"optimizer8bit": "enabled"}, lambda c: c.config.optimizer8bit and c.config.offload == Offload.NONE),
 }
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from memfit.controller.observe import summarize_job, summarize_pod
+from memfit.lifecycle.observed import summarize_job, summarize_pod
 
 
 def pod(phase: str = "Running", **status: Any) -> dict[str, Any]:

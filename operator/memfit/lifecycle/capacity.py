@@ -1,33 +1,15 @@
-"""GPUNodePool status from the cluster's Nodes and Pods: nodes, ready nodes, allocatable and free GPUs."""
+"""Live GPUNodePool capacity from the cluster's Nodes and Pods (as values): nodes, ready nodes,
+allocatable, free GPUs and whole free nodes; what plans are made against and pool status shows."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from memfit.kube.common import GPU_RESOURCE
+from memfit.lifecycle.world import PoolCapacity
 
 Manifest = dict[str, Any]
 TERMINAL_PHASES = ("Succeeded", "Failed")
-
-
-@dataclass(frozen=True, slots=True)
-class PoolCapacity:
-    """Live capacity of one pool."""
-
-    nodes: int
-    ready_nodes: int
-    allocatable_gpus: int
-    free_gpus: int
-    free_whole_nodes: int  # ready nodes with every GPU free: what a multi-GPU pod per node needs
-
-    def to_status(self) -> Manifest:
-        return {
-            "nodes": self.nodes,
-            "readyNodes": self.ready_nodes,
-            "allocatableGpus": self.allocatable_gpus,
-            "freeGpus": self.free_gpus,
-        }
 
 
 def _quantity(value: Any) -> int:

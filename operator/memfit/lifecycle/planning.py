@@ -1,22 +1,24 @@
-"""The operator's side of planning: live capacity and measured peaks in, Plan and status summary out."""
+"""The lifecycle's side of planning: live capacity and measured peaks in, Plan and status summary out."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
 
-from memfit import metrics
 from memfit.api.common import Checkpointing, Engine, Offload, Precision
-from memfit.api.job import MemoryOptimizedTrainingJobSpec
+from memfit.api.job import MemoryOptimizedTrainingJobSpec, PlanSummary
 from memfit.api.plan import Plan
 from memfit.api.pool import GPUNodePool
 from memfit.api.profile import Profile
-from memfit.controller.pools import PoolCapacity
+from memfit.api.training_config import TrainingConfig
+from memfit.catalog import GpuCatalog
 from memfit.kube.names import NVME_MOUNT
 from memfit.kube.profile_cache import Observation
+from memfit.lifecycle.world import PoolCapacity
 from memfit.memory.strategy import Strategy
 from memfit.planner import MeasuredPeak, PlanResult, plan, plan_summary
+
+GIB = 2**30
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,7 +26,7 @@ class PlanOutcome:
     """A planner decision as the reconcile uses it."""
 
     plan: Plan | None
-    summary: dict[str, Any]
+    summary: PlanSummary | None
     result: PlanResult
 
     def message(self) -> str:
@@ -56,19 +58,18 @@ def strategy_of(key: str, spec: MemoryOptimizedTrainingJobSpec) -> Strategy | No
     if len(parts) != 10:
         return None
     try:
-        return Strategy(
+        config = TrainingConfig(
             engine=Engine(parts[0]),
             zero_stage=int(parts[1]),
             precision=Precision(parts[2]),
-            checkpointing=Checkpointing(parts[3]),
+            activation_checkpointing=Checkpointing(parts[3]),
             offload=Offload(parts[4]),
             optimizer8bit=parts[5] == "1",
-            optimizer=spec.training.optimizer,
-            world_size=int(parts[6]),
-            gpus_per_node=int(parts[7]),
             micro_batch_size=int(parts[8]),
-            accumulation_steps=int(parts[9]),
+            gradient_accumulation_steps=int(parts[9]),
         )
+        return Strategy(config=config, optimizer=spec.training.optimizer, world_size=int(parts[6]),
+                        gpus_per_node=int(parts[7]))
     except ValueError:
         return None
 
@@ -113,6 +114,7 @@ def plan_job(
     observations: Sequence[Observation],
     attempt: int,
     job_name: str,
+    catalog: GpuCatalog,
     ignore_capacity: bool = False,
 ) -> PlanOutcome:
     """Plan attempt `attempt` of a job on the pools not excluded by earlier capacity failures.
@@ -120,18 +122,19 @@ def plan_job(
     With `ignore_capacity` every pool counts as empty (up to maxNodes): whether the job could fit at
     all, which tells waiting for capacity apart from NoFit."""
     usable = [p for p in pools if p.metadata.name not in excluded_pools]
-    with metrics.PLAN_SECONDS.time():
-        result = plan(
-            spec,
-            pools=usable,
-            profile=profile,
-            measured_peaks=measured_peaks(observations, spec),
-            free_gpus=None if ignore_capacity else free_gpus(usable, capacity),
-        )
+    result = plan(
+        spec,
+        pools=usable,
+        catalog=catalog,
+        profile=profile,
+        measured_peaks=measured_peaks(observations, spec),
+        free_gpus=None if ignore_capacity else free_gpus(usable, capacity),
+    )
     if result.plan is None:
         if excluded_pools:
-            result = _with_note(result, f"excluded after no capacity: {', '.join(sorted(excluded_pools))}")
-        return PlanOutcome(None, {}, result)
+            note = f"excluded after no capacity: {', '.join(sorted(excluded_pools))}"
+            result = replace(result, reasons=(*result.reasons, note))
+        return PlanOutcome(None, None, result)
     chosen = result.plan.model_copy(
         update={
             "attempt": attempt,
@@ -141,39 +144,23 @@ def plan_job(
             "nvme_path": NVME_MOUNT if result.plan.offload == Offload.NVME else None,
         }
     )
-    summary = plan_summary(result)
-    return PlanOutcome(chosen, summary.to_wire() if summary else {}, result)
+    return PlanOutcome(chosen, plan_summary(result), result)
 
 
-def plan_status(
-    p: Plan, *, spec: MemoryOptimizedTrainingJobSpec, pools: Sequence[GPUNodePool]
-) -> dict[str, Any]:
-    """Status summary of a plan recovered from its ConfigMap (after an operator restart)."""
-    gib = 2**30
-    return {
-        "engine": p.engine.value,
-        "zeroStage": p.zero_stage,
-        "precision": p.precision.value,
-        "activationCheckpointing": p.activation_checkpointing.value,
-        "offload": p.offload.value,
-        "optimizer8bit": p.optimizer8bit,
-        "microBatchSize": p.micro_batch_size,
-        "gradientAccumulationSteps": p.gradient_accumulation_steps,
-        "nodePool": p.node_pool,
-        "nodes": p.nodes,
-        "gpus": p.world_size,
-        "gpuProduct": p.gpu_product,
-        "predictedPeakBytes": p.memory.peak_bytes,
-        "predictedPeak": f"{p.memory.peak_bytes / gib:.1f}Gi",
-        "gpuMemoryBytes": p.gpu_memory_bytes,
-        "costPerHour": round(p.price_per_hour, 4),
-        "costPerHourText": f"${p.price_per_hour:.2f}",
-        "estimatedHours": round(p.estimated_hours, 4),
-        "estimatedCost": round(p.estimated_cost, 4),
-    }
-
-
-def _with_note(result: PlanResult, note: str) -> PlanResult:
-    from dataclasses import replace
-
-    return replace(result, reasons=(*result.reasons, note))
+def summary_without_baseline(p: Plan) -> PlanSummary:
+    """The status summary of a Plan whose record lacks its summary (only the copy annotated on the
+    training Job survived): everything but the baseline and savings, which the Plan does not carry."""
+    return PlanSummary(
+        **p.training_config().model_dump(),
+        node_pool=p.node_pool,
+        nodes=p.nodes,
+        gpus=p.world_size,
+        gpu_product=p.gpu_product[:128],
+        predicted_peak_bytes=p.memory.peak_bytes,
+        predicted_peak=f"{p.memory.peak_bytes / GIB:.1f}Gi",
+        gpu_memory_bytes=p.gpu_memory_bytes,
+        cost_per_hour=round(p.price_per_hour, 4),
+        cost_per_hour_text=f"${p.price_per_hour:.2f}",
+        estimated_hours=round(p.estimated_hours, 4),
+        estimated_cost=round(p.estimated_cost, 4),
+    )

@@ -1,4 +1,9 @@
-"""The `memfit` command: crds, validate, catalog, plan, estimate, operator, pools, demo."""
+"""The `memfit` command: crds, validate, catalog, plan, estimate, operator, pools discover.
+
+Each subcommand lives in its own module (`plan`, `estimate`, `cluster`) and registers itself here.
+There is no `memfit demo`: the local quickstart (a cluster, simulated GPU pools, the operator) is dev
+tooling in the repository, `make demo` (hack/demo.py).
+"""
 
 from __future__ import annotations
 
@@ -12,6 +17,7 @@ import yaml
 from memfit.api.crdgen import build_crds
 from memfit.api.validation import load_file
 from memfit.catalog import CATALOG
+from memfit.cli import cluster, estimate, plan
 
 DEFAULT_CRD_DIR = Path("crds")
 
@@ -69,7 +75,7 @@ def cmd_catalog(_: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="memfit", description=__doc__)
+    parser = argparse.ArgumentParser(prog="memfit", description=__doc__.split("\n", 1)[0] if __doc__ else None)
     sub = parser.add_subparsers(dest="command", required=True)
 
     crds = sub.add_parser("crds", help="generate the CRDs from the API models")
@@ -84,14 +90,8 @@ def build_parser() -> argparse.ArgumentParser:
     catalog = sub.add_parser("catalog", help="print the built-in GPU catalog")
     catalog.set_defaults(func=cmd_catalog)
 
-    for module, hook in (("memfit.cli_plan", "add_plan_commands"), ("memfit.cli_operator", "register")):
-        try:
-            mod = __import__(module, fromlist=[hook])
-        except ImportError as error:
-            if error.name != module:
-                raise
-            continue
-        getattr(mod, hook)(sub)
+    for register in (plan.register, estimate.register, cluster.register):
+        register(sub)
     return parser
 
 
@@ -104,5 +104,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
 
 
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,9 +1,12 @@
-"""Status conditions (metav1.Condition shape): set one, keeping lastTransitionTime when unchanged."""
+"""Status conditions (metav1.Condition shape): types, CamelCase reasons, and setting one while keeping
+lastTransitionTime when its status did not change."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
-from typing import Any
+from collections.abc import Sequence
+from datetime import datetime
+
+from memfit.api.common import Condition, ConditionStatus
 
 PROFILED = "Profiled"
 PLANNED = "Planned"
@@ -36,13 +39,17 @@ REPLANNING = "Replanning"
 INVALID_PLAN = "InvalidPlan"
 NOT_YET = "NotYet"
 
+MAX_MESSAGE = 32768
 
-def now_iso(now: datetime | None = None) -> str:
-    return (now or datetime.now(UTC)).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+def status_of(value: bool | None) -> ConditionStatus:
+    if value is None:
+        return ConditionStatus.UNKNOWN
+    return ConditionStatus.TRUE if value else ConditionStatus.FALSE
 
 
 def set_condition(
-    conditions: list[dict[str, Any]],
+    conditions: Sequence[Condition],
     *,
     type_: str,
     status: bool | None,
@@ -50,44 +57,51 @@ def set_condition(
     message: str,
     generation: int | None,
     now: datetime,
-) -> list[dict[str, Any]]:
+) -> list[Condition]:
     """Return a new list with the condition set; lastTransitionTime only moves when status changes."""
-    text = "Unknown" if status is None else ("True" if status else "False")
-    out: list[dict[str, Any]] = []
+    wanted = status_of(status)
+    out: list[Condition] = []
     found = False
     for cond in conditions:
-        if cond.get("type") != type_:
+        if cond.type != type_:
             out.append(cond)
             continue
         found = True
-        transition = cond.get("lastTransitionTime") if cond.get("status") == text else now_iso(now)
-        out.append(_condition(type_, text, reason, message[:32768], generation, transition or now_iso(now)))
+        kept = cond.last_transition_time if cond.status == wanted else None
+        out.append(_condition(type_, wanted, reason, message, generation, kept or now))
     if not found:
-        out.append(_condition(type_, text, reason, message[:32768], generation, now_iso(now)))
+        out.append(_condition(type_, wanted, reason, message, generation, now))
     order = {t: i for i, t in enumerate(ALL_TYPES)}
-    return sorted(out, key=lambda c: order.get(str(c.get("type")), len(order)))
+    return sorted(out, key=lambda c: order.get(c.type, len(order)))
 
 
 def _condition(
-    type_: str, status: str, reason: str, message: str, generation: int | None, transition: str
-) -> dict[str, Any]:
-    cond: dict[str, Any] = {
-        "type": type_,
-        "status": status,
-        "reason": reason,
-        "message": message,
-        "lastTransitionTime": transition,
-    }
-    if generation is not None:
-        cond["observedGeneration"] = generation
-    return cond
+    type_: str,
+    status: ConditionStatus,
+    reason: str,
+    message: str,
+    generation: int | None,
+    transition: datetime,
+) -> Condition:
+    return Condition(
+        type=type_,
+        status=status,
+        reason=reason,
+        message=message[:MAX_MESSAGE],
+        observed_generation=generation,
+        last_transition_time=transition,
+    )
 
 
-def initial_conditions(generation: int | None, now: datetime) -> list[dict[str, Any]]:
+def initial_conditions(generation: int | None, now: datetime) -> list[Condition]:
     """Every condition Unknown on first visit (API conventions)."""
-    conds: list[dict[str, Any]] = []
+    conds: list[Condition] = []
     for type_ in ALL_TYPES:
         conds = set_condition(
             conds, type_=type_, status=None, reason=NOT_YET, message="", generation=generation, now=now
         )
     return conds
+
+
+def find(conditions: Sequence[Condition], type_: str) -> Condition | None:
+    return next((c for c in conditions if c.type == type_), None)

@@ -75,17 +75,20 @@ def cmd_operator(args: argparse.Namespace) -> int:
     if labels:
         settings = OperatorSettings.from_env(**overrides, extra_pod_labels=settings.extra_pod_labels | labels)
     _load_kube_config()
-    handlers.RUNTIME.settings = settings
-    handlers.RUNTIME.api = KubeApi.from_client()
+    runtime = handlers.Runtime(settings, KubeApi.from_client())
     if args.metrics_port:
-        metrics.serve(args.metrics_host, args.metrics_port, handlers.RUNTIME.healthy)
+        metrics.serve(args.metrics_host, args.metrics_port, runtime.healthy)
     threading.Thread(
-        target=handlers.resync_forever, args=(settings.requeue_seconds,), name="memfit-resync", daemon=True
+        target=handlers.resync_forever,
+        args=(runtime, settings.requeue_seconds),
+        name="memfit-resync",
+        daemon=True,
     ).start()
+    memo = handlers.runtime_memo(runtime)
     if args.namespace:
-        kopf.run(standalone=True, namespaces=args.namespace)
+        kopf.run(standalone=True, namespaces=args.namespace, memo=memo)
     else:
-        kopf.run(standalone=True, clusterwide=True)
+        kopf.run(standalone=True, clusterwide=True, memo=memo)
     return 0
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from memfit.controller.pools import gpus_requested_by_node, observe_pool_capacity
+from memfit.lifecycle.capacity import gpus_requested_by_node, observe_pool_capacity
 
 
 def node(name: str, gpus: int, *, ready: bool = True, pool: str = "l4") -> dict[str, Any]:

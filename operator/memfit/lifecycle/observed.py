@@ -1,21 +1,23 @@
-"""Read the world: a MOTJ's children (profiling Job, training Job, their pods) as plain summaries."""
+"""A MOTJ's children (profiling Job, training Job, their pods) as plain, typed summaries.
+
+The controller reads the manifests; these pure functions turn them into what a decision looks at."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from memfit.api.termination import (
+    KEY_PEAK_BYTES,
+    KEY_REASON,
+    TerminationReason,
+    out_of_memory_reason,
+    parse_message,
+)
 from memfit.kube.names import LABEL_ATTEMPT, LABEL_COMPONENT, LABEL_JOB
 
 Manifest = dict[str, Any]
-
-REASON_CUDA_OOM = "CUDAOutOfMemory"
-REASON_HOST_OOM = "HostOutOfMemory"
-REASON_INVALID_PLAN = "InvalidPlan"
-EXIT_OUT_OF_MEMORY = 87
-EXIT_INVALID_PLAN = 88
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,24 +28,27 @@ class PodSummary:
     phase: str
     exit_code: int | None = None
     container_reason: str = ""  # e.g. OOMKilled, Completed, Error
-    message: dict[str, Any] = field(default_factory=dict)  # parsed termination message
+    message: dict[str, object] = field(default_factory=dict)  # parsed termination message
     raw_message: str = ""
     unschedulable_since: datetime | None = None
     unschedulable_message: str = ""
     running: bool = False
 
     @property
-    def out_of_memory(self) -> str | None:
+    def out_of_memory(self) -> TerminationReason | None:
         """CUDAOutOfMemory, HostOutOfMemory or None."""
-        if self.message.get("reason") == REASON_CUDA_OOM or self.exit_code == EXIT_OUT_OF_MEMORY:
-            return REASON_CUDA_OOM
-        if self.container_reason == "OOMKilled" or self.message.get("reason") == REASON_HOST_OOM:
-            return REASON_HOST_OOM
-        return None
+        return out_of_memory_reason(
+            self.message, exit_code=self.exit_code, container_reason=self.container_reason
+        )
+
+    @property
+    def invalid_plan(self) -> bool:
+        """The trainer refused the plan (a bug or a plan from another version): re-planning cannot help."""
+        return self.message.get(KEY_REASON) == TerminationReason.INVALID_PLAN
 
     @property
     def peak_bytes(self) -> int | None:
-        value = self.message.get("peakBytes")
+        value = self.message.get(KEY_PEAK_BYTES)
         return int(value) if isinstance(value, int | float) and value >= 0 else None
 
 
@@ -60,10 +65,21 @@ class JobSummary:
     suspended: bool = False
     pods: tuple[PodSummary, ...] = ()
     annotations: dict[str, str] = field(default_factory=dict)
+    labels: dict[str, str] = field(default_factory=dict)
+    deleting: bool = False  # has a deletionTimestamp: going away
+    started_at: datetime | None = None  # status.startTime: the Job controller's first sync
+    pods_counted: bool = False  # the Job's status counts a pod (active, failed, succeeded, ...)
 
     @property
     def finished(self) -> bool:
         return self.complete or self.failed
+
+    @property
+    def never_had_pods(self) -> bool:
+        """No pod now and none ever counted: not active, failed, succeeded, ready, terminating or
+        uncounted (a pod deleted with its node counts as failed; one replaced after a pre-emption is
+        only briefly absent, and its attempt was seen Running)."""
+        return not self.pods and not self.pods_counted
 
 
 def parse_time(value: str | None) -> datetime | None:
@@ -98,13 +114,7 @@ def summarize_pod(pod: Manifest) -> PodSummary:
             exit_code = terminated.get("exitCode")
             reason = str(terminated.get("reason") or "")
             raw = str(terminated.get("message") or "")
-    message: dict[str, Any] = {}
-    if raw:
-        try:
-            parsed = json.loads(raw)
-            message = parsed if isinstance(parsed, dict) else {}
-        except ValueError:
-            message = {}
+    message = parse_message(raw)
     return PodSummary(
         name=pod["metadata"]["name"],
         phase=phase,
@@ -134,6 +144,9 @@ def summarize_job(job: Manifest | None, pods: list[Manifest], name: str) -> JobS
             failure_reason = str(cond.get("reason") or "")
             failure_message = str(cond.get("message") or "")
     ordered = sorted((summarize_pod(p) for p in pods), key=lambda p: p.name)
+    meta = job.get("metadata") or {}
+    keys = ("active", "failed", "succeeded", "ready", "terminating")
+    uncounted = any((status.get("uncountedTerminatedPods") or {}).values())
     return JobSummary(
         name=name,
         exists=True,
@@ -143,7 +156,11 @@ def summarize_job(job: Manifest | None, pods: list[Manifest], name: str) -> JobS
         failure_message=failure_message,
         suspended=bool((job.get("spec") or {}).get("suspend")),
         pods=tuple(ordered),
-        annotations=dict((job.get("metadata") or {}).get("annotations") or {}),
+        annotations=dict(meta.get("annotations") or {}),
+        labels=dict(meta.get("labels") or {}),
+        deleting=bool(meta.get("deletionTimestamp")),
+        started_at=parse_time(status.get("startTime")),
+        pods_counted=uncounted or any(status.get(k) for k in keys),
     )
 
 

@@ -7,9 +7,10 @@ from pathlib import Path
 import yaml
 from memfit.api.job import MemoryOptimizedTrainingJobSpec
 from memfit.api.pool import GPUNodePool
-from memfit.controller.planning import config_key, free_gpus, plan_job, strategy_of
-from memfit.controller.pools import PoolCapacity
+from memfit.catalog import CATALOG
 from memfit.kube.profile_cache import Observation
+from memfit.lifecycle.planning import config_key, free_gpus, plan_job, strategy_of
+from memfit.lifecycle.world import PoolCapacity
 
 REPO = Path(__file__).resolve().parents[3]
 POOLS = [
@@ -48,6 +49,7 @@ def run(s: MemoryOptimizedTrainingJobSpec, observations: tuple[Observation, ...]
         observations=observations,  # type: ignore[arg-type]
         attempt=0,
         job_name="j",
+        catalog=CATALOG,
     )
 
 
@@ -95,12 +97,8 @@ def test_config_key_round_trip() -> None:
     assert plan is not None
     strategy = strategy_of(config_key(plan), spec(24))
     assert strategy is not None
-    assert (strategy.engine, strategy.zero_stage, strategy.micro_batch_size, strategy.world_size) == (
-        plan.engine,
-        plan.zero_stage,
-        plan.micro_batch_size,
-        plan.world_size,
-    )
+    assert strategy.config == plan.training_config()
+    assert strategy.world_size == plan.world_size
     assert strategy_of("garbage", spec(24)) is None
 
 

@@ -1,4 +1,4 @@
-"""`memfit plan` and `memfit estimate` as a user runs them."""
+"""`memfit plan` as a user runs it."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from memfit.api.plan import Plan
-from memfit.cli_plan import main
+from memfit.cli import main
 
 REPO = Path(__file__).resolve().parents[3]
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -87,45 +87,3 @@ def test_bad_pools_become_reasons_and_the_good_pool_is_planned(capsys: pytest.Ca
 def test_plan_with_a_profile_uses_its_shape(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["plan", QUICKSTART, "--profile", str(FIXTURES / "gpt-profile.json")]) == 0
     assert "shape from the profile" in capsys.readouterr().out
-
-
-ESTIMATES = {
-    "builtin": (["--builtin", "gpt:layers=24,hidden=2048,heads=16,vocab=32000,seq=2048", "--engine", "deepspeed",
-                 "--stage", "3", "--world-size", "8", "--precision", "bf16", "--checkpointing", "full",
-                 "--micro-batch", "2"], "ZeRO-3 bf16 ckpt-full mbs 2x1"),
-    "hf config": (["--hf-config", str(FIXTURES / "gpt2-config.json"), "--seq", "1024", "--optimizer8bit"],
-                  "0.124 B parameters (124,439,808)"),
-    "job with gpu": (["--job", QUICKSTART, "--engine", "fsdp", "--world-size", "2", "--gpu", "l4"],
-                     "on NVIDIA-L4: step"),
-    "profile calibration": (["--builtin", "gpt:layers=2,hidden=64,heads=4,vocab=512,seq=64", "--profile",
-                             str(FIXTURES / "gpt-profile.json")], "calibrated from the profile"),
-}
-
-
-@pytest.mark.parametrize(("args", "expected"), ESTIMATES.values(), ids=ESTIMATES.keys())
-def test_estimate_prints_the_breakdown(args: list[str], expected: str, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["estimate", *args]) == 0
-    out = capsys.readouterr().out
-    assert expected in out and "peak per GPU" in out and "optimizer state" in out
-
-
-def test_estimate_json_is_a_memory_breakdown(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["estimate", "--hf-config", str(FIXTURES / "gpt2-config.json"), "--seq", "512", "--json"]) == 0
-    breakdown = json.loads(capsys.readouterr().out)
-    assert breakdown["peakBytes"] == sum(breakdown[k] for k in (
-        "parametersBytes", "gradientsBytes", "optimizerBytes", "activationsBytes", "temporariesBytes", "overheadBytes"))
-
-
-BAD_ESTIMATES = {
-    "impossible strategy": (["--builtin", "gpt:layers=2,hidden=64,heads=4", "--engine", "ddp", "--stage", "3"],
-                            "strategy: DDP does not shard"),
-    "bad builtin": (["--builtin", "gpt:layers=2,hidden=65,heads=4"], "problem.builtin.heads: 4 does not divide"),
-    "not an integer": (["--builtin", "gpt:layers=two"], "--builtin.layers: 'two' is not an integer"),
-    "unknown gpu": (["--builtin", "gpt:layers=2,hidden=64,heads=4", "--gpu", "v100"], "--gpu: 'v100'"),
-}
-
-
-@pytest.mark.parametrize(("args", "message"), BAD_ESTIMATES.values(), ids=BAD_ESTIMATES.keys())
-def test_estimate_bad_input_exits_2(args: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["estimate", *args]) == 2
-    assert message in capsys.readouterr().err

@@ -1,0 +1,143 @@
+"""The termination contract between trainer and operator: reasons, exit codes, the message schema.
+
+Kubernetes copies the file at `terminationMessagePath` (default /dev/termination-log, at most
+4096 bytes) into `status.containerStatuses[].state.terminated.message`. The trainer writes one compact
+JSON object there (`TerminationMessage`) and exits with the reason's code; the training Job's
+podFailurePolicy fails the Job at once on `FAIL_JOB_EXIT_CODES` (memfit re-plans instead of retrying),
+and the operator re-plans on `CUDAOutOfMemory`/`HostOutOfMemory`, gives up on `InvalidPlan` and
+records `Completed` peaks. This module is the one place all three read it from.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from enum import StrEnum
+
+# The kubelet truncates longer messages (k8s.io/api core/v1 Container.terminationMessagePath).
+MAX_MESSAGE_BYTES = 4096
+DEFAULT_TERMINATION_MESSAGE_PATH = "/dev/termination-log"
+
+
+class TerminationReason(StrEnum):
+    """Why the trainer stopped (CamelCase, like Kubernetes reasons)."""
+
+    COMPLETED = "Completed"
+    CUDA_OUT_OF_MEMORY = "CUDAOutOfMemory"
+    HOST_OUT_OF_MEMORY = "HostOutOfMemory"
+    INVALID_PLAN = "InvalidPlan"
+    TRAINING_ERROR = "TrainingError"
+
+
+EXIT_COMPLETED = 0
+EXIT_TRAINING_ERROR = 1
+EXIT_OUT_OF_MEMORY = 87
+EXIT_INVALID_PLAN = 88
+# Exit codes that are decisions for memfit (re-plan or give up), never pod retries.
+FAIL_JOB_EXIT_CODES = (EXIT_OUT_OF_MEMORY, EXIT_INVALID_PLAN)
+# The container's own reason when the kernel killed it for host RAM.
+CONTAINER_OOM_KILLED = "OOMKilled"
+
+EXIT_CODES: dict[TerminationReason, int] = {
+    TerminationReason.COMPLETED: EXIT_COMPLETED,
+    TerminationReason.CUDA_OUT_OF_MEMORY: EXIT_OUT_OF_MEMORY,
+    TerminationReason.HOST_OUT_OF_MEMORY: EXIT_OUT_OF_MEMORY,
+    TerminationReason.INVALID_PLAN: EXIT_INVALID_PLAN,
+    TerminationReason.TRAINING_ERROR: EXIT_TRAINING_ERROR,
+}
+
+# Wire keys of the message the operator reads.
+KEY_REASON = "reason"
+KEY_PEAK_BYTES = "peakBytes"
+KEY_STEP = "step"
+KEY_MEMORY_METER = "memoryMeter"
+KEY_MESSAGE = "message"
+
+
+@dataclass(frozen=True, slots=True)
+class TerminationMessage:
+    """The JSON object in the termination message; None fields are left out of the wire form."""
+
+    reason: TerminationReason
+    rank: int | None = None
+    step: int | None = None
+    steps: int | None = None
+    peak_bytes: int | None = None
+    requested_bytes: int | None = None
+    capacity_bytes: int | None = None
+    final_loss: float | None = None
+    resumed_from_step: int | None = None
+    memory_meter: str | None = None
+    message: str | None = None
+    extra: dict[str, object] = field(default_factory=dict)
+
+    def to_wire(self) -> dict[str, object]:
+        """camelCase keys, no None values."""
+        wire: dict[str, object] = {}
+        for key, value in asdict(self).items():
+            if key == "extra" or value is None:
+                continue
+            wire[_camel(key)] = value.value if isinstance(value, TerminationReason) else value
+        wire.update(self.extra)
+        return wire
+
+    def to_json(self) -> str:
+        """Compact JSON of at most MAX_MESSAGE_BYTES (the free-text `message` is shortened to fit)."""
+        wire = self.to_wire()
+        text = json.dumps(wire, separators=(",", ":"))
+        while len(text.encode()) > MAX_MESSAGE_BYTES and isinstance(wire.get(KEY_MESSAGE), str):
+            message = str(wire[KEY_MESSAGE])
+            wire[KEY_MESSAGE] = (
+                message[: max(0, len(message) - (len(text.encode()) - MAX_MESSAGE_BYTES) - 8)] + "…"
+            )
+            text = json.dumps(wire, separators=(",", ":"))
+            if not message:
+                break
+        return text
+
+
+def _camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(part.title() for part in rest)
+
+
+def exit_code(reason: TerminationReason) -> int:
+    """The process exit code for a reason."""
+    return EXIT_CODES[reason]
+
+
+def reason_from_json(text: str) -> TerminationReason | None:
+    """The reason of a termination message, or None if the text is not one."""
+    try:
+        value = json.loads(text).get(KEY_REASON)
+        return TerminationReason(value)
+    except (ValueError, AttributeError, TypeError):
+        return None
+
+
+def parse_message(text: str) -> dict[str, object]:
+    """The termination message as a JSON object ({} when empty or not one: a crash's free text)."""
+    if not text:
+        return {}
+    try:
+        parsed = json.loads(text)
+    except ValueError:
+        return {}
+    return parsed if isinstance(parsed, dict) else {}
+
+
+def out_of_memory_reason(
+    message: dict[str, object], *, exit_code: int | None, container_reason: str
+) -> TerminationReason | None:
+    """CUDAOutOfMemory or HostOutOfMemory when a pod ran out of memory, else None.
+
+    The message's own reason wins (both OOM reasons exit with EXIT_OUT_OF_MEMORY); without one, the
+    kernel's OOMKilled means host RAM and the exit code alone means the trainer's CUDA OOM."""
+    reason = message.get(KEY_REASON)
+    if reason == TerminationReason.CUDA_OUT_OF_MEMORY:
+        return TerminationReason.CUDA_OUT_OF_MEMORY
+    if reason == TerminationReason.HOST_OUT_OF_MEMORY or container_reason == CONTAINER_OOM_KILLED:
+        return TerminationReason.HOST_OUT_OF_MEMORY
+    if exit_code == EXIT_OUT_OF_MEMORY:
+        return TerminationReason.CUDA_OUT_OF_MEMORY
+    return None

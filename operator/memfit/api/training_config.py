@@ -1,0 +1,81 @@
+"""TrainingConfig: the one definition of a concrete training configuration (no `auto` left).
+
+Engine, ZeRO stage / FSDP sharding, precision, activation checkpointing, offload, 8-bit optimizer and
+the batch split. The Plan (operator -> trainer) and the status PlanSummary embed it inline (its fields
+sit flat on the wire, like a Go struct embedded with `json:",inline"`); the memory model's Strategy
+holds one. Its words (`describe`) and its identity without the batch split (`key`) are defined here
+and nowhere else.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from memfit.api.common import ApiModel, Checkpointing, Engine, Offload, Precision
+
+ConfigKey = tuple[Engine, int, Precision, Checkpointing, Offload, bool]
+
+_OFFLOAD_WORDS = {Offload.CPU: "CPU offload", Offload.NVME: "NVMe offload"}
+
+
+class TrainingConfig(ApiModel):
+    """How one training run is configured: engine and sharding, precision, memory savers, batch split.
+
+    `zero_stage` is the DeepSpeed ZeRO stage; for FSDP 2 means SHARD_GRAD_OP (parameters stay gathered
+    between forward and backward) and 3 FULL_SHARD; DDP is stage 0. Offload `cpu` moves the optimizer
+    state (and at stage 3 also the parameters) to host RAM; `nvme` (DeepSpeed ZeRO-3, ZeRO-Infinity)
+    moves both to local NVMe.
+    """
+
+    engine: Engine
+    zero_stage: int = Field(ge=0, le=3)
+    precision: Precision
+    activation_checkpointing: Checkpointing
+    offload: Offload
+    optimizer8bit: bool
+    micro_batch_size: int = Field(ge=1)
+    gradient_accumulation_steps: int = Field(ge=1)
+
+    def training_config(self) -> TrainingConfig:
+        """The bare configuration (a Plan or PlanSummary embeds one; this drops their other fields)."""
+        if type(self) is TrainingConfig:
+            return self
+        return TrainingConfig.model_validate({name: getattr(self, name) for name in TrainingConfig.model_fields})
+
+    def key(self) -> ConfigKey:
+        """The configuration without its batch split: what two runs must share for the memory of one to
+        speak for the other (measured peaks, caches)."""
+        return (self.engine, self.zero_stage, self.precision, self.activation_checkpointing, self.offload,
+                self.optimizer8bit)
+
+    def describe(self, *, words: bool = False, batch: bool = True) -> str:
+        """`ZeRO-2 bf16 ckpt-full offload-cpu 8-bit-optim mbs 2x4`; with `words`, for sentences:
+        `ZeRO-2, bf16, full checkpointing, CPU offload, 8-bit optimizer` (never the batch split)."""
+        if self.engine == Engine.DEEPSPEED:
+            sharding = f"ZeRO-{self.zero_stage}"
+        elif self.engine == Engine.FSDP:
+            full = self.zero_stage == 3
+            sharding = ("FSDP full shard" if full else "FSDP grad-op shard") if words else (
+                "FSDP-full-shard" if full else "FSDP-grad-op")
+        else:
+            sharding = "DDP"
+        parts = [sharding, self.precision.value]
+        ckpt = self.activation_checkpointing
+        if ckpt != Checkpointing.NONE:
+            parts.append(f"{ckpt.value} checkpointing" if words else f"ckpt-{ckpt.value}")
+        if self.offload != Offload.NONE:
+            parts.append(_OFFLOAD_WORDS.get(self.offload, self.offload.value) if words else f"offload-{self.offload.value}")
+        if self.optimizer8bit:
+            parts.append("8-bit optimizer" if words else "8-bit-optim")
+        if words:
+            return ", ".join(parts)
+        if batch:
+            parts.append(f"mbs {self.micro_batch_size}x{self.gradient_accumulation_steps}")
+        return " ".join(parts)
+
+
+# fp32 DDP, nothing saved, one sample per step: what a job runs without memfit (and the default Strategy).
+PLAIN_FP32_DDP = TrainingConfig(
+    engine=Engine.DDP, zero_stage=0, precision=Precision.FP32, activation_checkpointing=Checkpointing.NONE,
+    offload=Offload.NONE, optimizer8bit=False, micro_batch_size=1, gradient_accumulation_steps=1,
+)

@@ -1,0 +1,186 @@
+"""Read one MOTJ's snapshot: its children, pods, profile cache and the pools, as lifecycle values.
+
+Reads follow where the job stands (lifecycle.snapshot's `needs_*`): a monitored attempt reads its
+Job, plan ConfigMap and pods (the pools only to rebuild a deleted Job, the profile cache only to
+learn a measured peak); a job before launch reads the profile cache, the profiling Job, the next
+attempt's plan ConfigMap and the pools.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+from memfit.api.hashing import problem_hash
+from memfit.api.job import MemoryOptimizedTrainingJobStatus
+from memfit.api.plan import Plan
+from memfit.controller.kubeapi import KubeApi
+from memfit.controller.settings import OperatorSettings
+from memfit.controller.world import observe_world
+from memfit.kube.names import (
+    COMPONENT_PROFILER,
+    COMPONENT_TRAINER,
+    plan_config_map_name,
+    profile_cache_name,
+    profile_job_name,
+    train_job_name,
+)
+from memfit.kube.profile_cache import CachedProfile, parse_profile_cache
+from memfit.kube.train_job import parse_plan_record
+from memfit.lifecycle import AttemptChildren, JobRef, LaunchSettings, RecordedPlan, Snapshot, World
+from memfit.lifecycle.launch import ANNOTATION_PLAN_JSON
+from memfit.lifecycle.observed import JobSummary, pod_selector, summarize_job
+from memfit.lifecycle.snapshot import (
+    is_terminal,
+    monitoring,
+    needs_profile_cache_to_learn,
+    needs_profiling_job,
+    needs_world_to_monitor,
+    next_attempt_index,
+    parse_spec,
+    parse_status,
+)
+
+Manifest = dict[str, Any]
+
+
+class ChildReader(Protocol):
+    """The reads a snapshot needs (KubeApi; an in-memory store in the lifecycle unit tests)."""
+
+    def get_job(self, namespace: str, name: str) -> Manifest | None: ...
+    def get_config_map(self, namespace: str, name: str) -> Manifest | None: ...
+    def list_pods(self, namespace: str, selector: str) -> list[Manifest]: ...
+
+
+def launch_settings(settings: OperatorSettings) -> LaunchSettings:
+    return LaunchSettings(
+        trainer_image=settings.trainer_image,
+        image_pull_policy=settings.image_pull_policy,
+        extra_pod_labels=dict(settings.extra_pod_labels),
+        service_account=settings.trainer_service_account,
+        pod_group_enabled=settings.pod_group_enabled,
+    )
+
+
+def observe_snapshot(
+    api: ChildReader,
+    body: Manifest,
+    *,
+    settings: OperatorSettings,
+    world: World | None = None,
+    world_source: Callable[[], World] | None = None,
+    now: datetime | None = None,
+) -> Snapshot:
+    """Read what the next decision about this MOTJ looks at.
+
+    The pools come from `world`, else from `world_source` (the operator's shared snapshot), else from
+    the API server."""
+    meta = body["metadata"]
+    ref = JobRef(
+        name=meta["name"],
+        namespace=meta["namespace"],
+        uid=meta["uid"],
+        generation=meta.get("generation"),
+        annotations=dict(meta.get("annotations") or {}),
+    )
+    spec, problems = parse_spec(ref.name, body.get("spec"))
+    status = parse_status(body.get("status")) or MemoryOptimizedTrainingJobStatus()
+    snap = Snapshot(
+        job=ref,
+        spec=spec,
+        spec_problems=tuple(problems),
+        status=status,
+        now=(now or datetime.now(UTC)).replace(microsecond=0),
+        settings=launch_settings(settings),
+    )
+    if spec is None or problems or is_terminal(status):
+        return snap
+    pools = _Pools(api, world, world_source)
+    digest = problem_hash(spec.problem)
+    active = monitoring(status)
+    if active is not None:
+        children = _attempt_children(api, ref, active.index)
+        return replace(
+            snap,
+            attempt=children,
+            world=pools.get() if needs_world_to_monitor(children) else None,
+            profile_cache=_profile_cache(api, ref.namespace, digest)
+            if needs_profile_cache_to_learn(children.job)
+            else None,
+        )
+    world_now = pools.get()
+    if spec.profiling.node_pool != "auto" and world_now.pool(spec.profiling.node_pool) is None:
+        world_now = pools.fresh()  # the shared snapshot may predate a pool created a moment ago
+    cache = _profile_cache(api, ref.namespace, digest)
+    return replace(
+        snap,
+        world=world_now,
+        profile_cache=cache,
+        profiling=_profiling(api, ref) if needs_profiling_job(status, spec, cache) else None,
+        recorded_plan=_recorded_plan(api, ref, next_attempt_index(status)),
+    )
+
+
+class _Pools:
+    """The world, read at most once per reconcile and only when the snapshot needs it."""
+
+    def __init__(self, api: ChildReader, world: World | None, source: Callable[[], World] | None) -> None:
+        self._api, self._world, self._source = api, world, source
+
+    def get(self) -> World:
+        if self._world is None:
+            self._world = self._source() if self._source is not None else observe_world(self._kube())
+        return self._world
+
+    def fresh(self) -> World:
+        if self._source is not None:  # a world given by the caller is taken as it is
+            self._world = observe_world(self._kube())
+        return self.get()
+
+    def _kube(self) -> KubeApi:
+        assert isinstance(self._api, KubeApi), "without a world, the pools are read from the API server"
+        return self._api
+
+
+def _profile_cache(api: ChildReader, namespace: str, digest: str) -> CachedProfile | None:
+    raw = api.get_config_map(namespace, profile_cache_name(digest))
+    return parse_profile_cache((raw or {}).get("data"))
+
+
+def _profiling(api: ChildReader, ref: JobRef) -> JobSummary | None:
+    name = profile_job_name(ref.name)
+    job = api.get_job(ref.namespace, name)
+    if job is None:
+        return None
+    pods = api.list_pods(ref.namespace, pod_selector(ref.name, COMPONENT_PROFILER))
+    return summarize_job(job, pods, name)
+
+
+def _attempt_children(api: ChildReader, ref: JobRef, index: int) -> AttemptChildren:
+    name = train_job_name(ref.name, index)
+    job = api.get_job(ref.namespace, name)
+    cm = api.get_config_map(ref.namespace, plan_config_map_name(ref.name, index))
+    plan, _ = parse_plan_record((cm or {}).get("data"))
+    if plan is None and job is not None:
+        plan = _annotated_plan(job)
+    pods = api.list_pods(ref.namespace, pod_selector(ref.name, COMPONENT_TRAINER, index)) if job else []
+    return AttemptChildren(
+        index=index,
+        job=summarize_job(job, pods, name) if job is not None else None,
+        plan=plan,
+        plan_recorded=cm is not None,
+    )
+
+
+def _annotated_plan(job: Manifest) -> Plan | None:
+    raw = ((job.get("metadata") or {}).get("annotations") or {}).get(ANNOTATION_PLAN_JSON)
+    plan, _ = parse_plan_record({"plan.json": raw} if raw else None)
+    return plan
+
+
+def _recorded_plan(api: ChildReader, ref: JobRef, index: int) -> RecordedPlan | None:
+    cm = api.get_config_map(ref.namespace, plan_config_map_name(ref.name, index))
+    plan, summary = parse_plan_record((cm or {}).get("data"))
+    return RecordedPlan(plan, summary) if plan is not None else None

@@ -1,0 +1,61 @@
+"""decide(snapshot) -> Decision: the whole lifecycle of a MOTJ as one pure function.
+
+Validate, profile (or reuse a cached profile), plan and launch an attempt, monitor it, re-plan after
+an OOM or a capacity timeout (at most `recovery.maxReplans` times), and finish. The controller reads
+the snapshot, applies the decision's effects in order, then patches the status when it changed.
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+
+from memfit.api.hashing import problem_hash
+from memfit.api.job import MemoryOptimizedTrainingJobSpec
+from memfit.kube.names import train_job_name
+from memfit.lifecycle import conditions as c
+from memfit.lifecycle.draft import Draft
+from memfit.lifecycle.launch import Timer, launch_step
+from memfit.lifecycle.monitor import monitor_step
+from memfit.lifecycle.profiling import profile_step
+from memfit.lifecycle.result import Decision, Delete
+from memfit.lifecycle.snapshot import Snapshot, is_terminal
+
+
+def decide(snap: Snapshot, *, timer: Timer = nullcontext) -> Decision:
+    """The next status, the children to ensure or delete, and the events, for one snapshot.
+
+    `timer` wraps each planner run (the operator times them for its metrics); nothing else here
+    touches a clock or the cluster."""
+    draft = Draft(snap.status, generation=snap.job.generation, now=snap.now)
+    spec = snap.spec
+    if spec is None or snap.spec_problems:
+        draft.fail(c.INVALID_SPEC, "; ".join(snap.spec_problems))
+    elif not is_terminal(snap.status):  # terminal: children are kept for inspection; GC removes them
+        _advance(draft, snap, spec, timer)
+    return draft.decision()
+
+
+def _advance(draft: Draft, snap: Snapshot, spec: MemoryOptimizedTrainingJobSpec, timer: Timer) -> None:
+    digest = problem_hash(spec.problem)
+    current = draft.current
+    if current is not None and current.outcome.active:
+        monitor_step(draft, snap, spec, digest)
+        return
+    profile = profile_step(draft, snap, spec, digest)
+    if profile is None:
+        return
+    if current is not None and not current.outcome.replans:
+        return  # Succeeded or Failed attempt: the phase says the rest
+    if current is not None:
+        # The attempt's outcome is in the stored status (the snapshot read it), so its Job can go now:
+        # deleting it before the outcome was stored would let a crash in between relaunch it.
+        draft.effects.append(Delete(train_job_name(snap.job.name, current.index)))
+        replans_used = len(draft.attempts)
+        if replans_used > spec.recovery.max_replans:
+            draft.fail(
+                c.REPLANS_EXHAUSTED,
+                f"{len(draft.attempts)} attempts, last: {current.reason}; "
+                f"recovery.maxReplans is {spec.recovery.max_replans}",
+            )
+            return
+    launch_step(draft, snap, spec, profile, timer=timer)

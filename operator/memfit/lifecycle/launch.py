@@ -1,0 +1,170 @@
+"""The launch step: plan an attempt (or take the recorded plan) and build its children."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+
+from memfit.api.job import Attempt, AttemptOutcome, MemoryOptimizedTrainingJobSpec, Phase, PlanSummary
+from memfit.api.plan import Plan
+from memfit.api.profile import Profile
+from memfit.kube.common import Owner, PodSettings
+from memfit.kube.names import ANNOTATION_INJECT_OOM_ATTEMPTS, ANNOTATION_INJECT_OOM_STEP, train_job_name
+from memfit.kube.train_job import (
+    build_plan_config_map,
+    build_pod_group,
+    build_service,
+    build_training_job,
+    plan_json,
+)
+from memfit.lifecycle import conditions as c
+from memfit.lifecycle.draft import Draft
+from memfit.lifecycle.planning import PlanOutcome, plan_job, summary_without_baseline
+from memfit.lifecycle.profiling import placement_of
+from memfit.lifecycle.result import Effect, Ensure
+from memfit.lifecycle.snapshot import Snapshot
+from memfit.lifecycle.world import World
+
+ANNOTATION_PLAN_JSON = "memfit.dev/plan-json"
+Timer = Callable[[], AbstractContextManager[object]]
+
+
+def launch_step(
+    draft: Draft, snap: Snapshot, spec: MemoryOptimizedTrainingJobSpec, profile: Profile, *, timer: Timer
+) -> None:
+    """Plan attempt `len(attempts)` and launch it; wait when it only lacks free GPUs; NoFit otherwise.
+
+    A plan ConfigMap that already exists for this attempt is the record of a decision taken before a
+    crash (or before the status was lost): that decision holds, and the planner does not run."""
+    world = snap.pools()
+    index = len(draft.attempts)
+    recorded = snap.recorded_plan
+    plan: Plan
+    summary: PlanSummary | None
+    if recorded is not None:
+        plan, summary = recorded.plan, recorded.summary
+    else:
+        excluded = frozenset(a.node_pool for a in draft.attempts if a.outcome == AttemptOutcome.NO_CAPACITY)
+        observations = snap.profile_cache.observations if snap.profile_cache else ()
+
+        def plan_attempt(ignore_capacity: bool = False) -> PlanOutcome:
+            with timer():
+                return plan_job(
+                    spec=spec,
+                    profile=profile,
+                    pools=world.pools,
+                    capacity=world.capacity,
+                    excluded_pools=excluded,
+                    observations=observations,
+                    attempt=index,
+                    job_name=snap.job.name,
+                    catalog=world.catalog,
+                    ignore_capacity=ignore_capacity,
+                )
+
+        outcome = plan_attempt()
+        if outcome.plan is None:
+            _no_plan(draft, outcome, plan_attempt(ignore_capacity=True))
+            return
+        plan, summary = outcome.plan, outcome.summary
+    pool = world.pool(plan.node_pool)
+    if pool is None:
+        draft.fail(c.NO_FIT, f"planned pool {plan.node_pool} no longer exists")
+        return
+    owner = snap.job.owner()
+    summary = summary or summary_without_baseline(plan)
+    draft.effects.extend(
+        launch_effects(
+            owner=owner,
+            spec=spec,
+            plan=plan,
+            summary=summary,
+            world=world,
+            pod=snap.settings.pod(spec),
+            pod_group=spec.scheduling.pod_group and snap.settings.pod_group_enabled,
+        )
+    )
+    draft.plan = summary
+    draft.attempts.append(
+        Attempt(
+            index=index,
+            node_pool=plan.node_pool,
+            nodes=plan.nodes,
+            started_at=snap.now,
+            outcome=AttemptOutcome.LAUNCHING,
+            predicted_peak_bytes=plan.memory.peak_bytes,
+            reason=plan.describe(),
+        )
+    )
+    savings = f", {summary.savings} vs baseline" if summary.savings else ""
+    msg = (
+        f"attempt {index}: {plan.describe()} on {plan.node_pool}, "
+        f"predicted peak {summary.predicted_peak}, {summary.cost_per_hour_text}/h{savings}"
+    )
+    draft.set(c.PLANNED, True, c.PLAN_FOUND, msg)
+    draft.set(c.RUNNING, False, c.LAUNCHING, f"training Job {train_job_name(snap.job.name, index)} created")
+    draft.enter(Phase.LAUNCHING if index == 0 else Phase.REPLANNING, msg)
+    draft.event(c.PLAN_FOUND if index == 0 else c.REPLANNING, msg)
+
+
+def _no_plan(draft: Draft, outcome: PlanOutcome, someday: PlanOutcome) -> None:
+    if someday.plan is not None:
+        # It fits once GPUs free up: wait like a queue (the resync loop retries), do not fail.
+        msg = (
+            f"waiting for capacity: {someday.plan.describe()} on {someday.plan.node_pool} fits "
+            f"but its GPUs are in use; {outcome.message()}"
+        )
+        if not draft.condition_is(c.PLANNED, False) or draft.phase != Phase.PLANNING:
+            draft.event(c.WAITING_FOR_CAPACITY, msg)
+        draft.set(c.PLANNED, False, c.WAITING_FOR_CAPACITY, msg)
+        draft.enter(Phase.PLANNING, msg)
+        return
+    draft.fail(c.NO_FIT, outcome.message())
+    draft.set(c.PLANNED, False, c.NO_FIT, outcome.message())
+
+
+def launch_effects(
+    *,
+    owner: Owner,
+    spec: MemoryOptimizedTrainingJobSpec,
+    plan: Plan,
+    summary: PlanSummary | None,
+    world: World,
+    pod: PodSettings,
+    pod_group: bool,
+) -> list[Effect]:
+    """The children of an attempt, in crash-safe order: the plan record first, the training Job last."""
+    pool = world.pool(plan.node_pool)
+    if pool is None:
+        return []
+    effects: list[Effect] = [
+        Ensure(build_plan_config_map(owner=owner, plan=plan, summary=summary), record=True),
+        Ensure(build_service(owner=owner)),
+    ]
+    if pod_group:
+        effects.append(Ensure(build_pod_group(owner=owner, plan=plan)))
+    job = build_training_job(
+        owner=owner,
+        spec=spec,
+        plan=plan,
+        placement=placement_of(pool),
+        pod=pod,
+        suspend=bool(spec.scheduling.kueue_queue),
+        extra_env=fault_injection(owner.annotations, plan.attempt),
+    )
+    # The Plan travels with its Job too: a plan ConfigMap deleted under a running attempt is rebuilt.
+    job["metadata"]["annotations"][ANNOTATION_PLAN_JSON] = plan_json(plan)
+    effects.append(Ensure(job))
+    return effects
+
+
+def fault_injection(annotations: dict[str, str], attempt: int) -> dict[str, str]:
+    """Env for the trainer's OOM fault injection, from the job's annotations (tests, chaos drills)."""
+    step = annotations.get(ANNOTATION_INJECT_OOM_STEP, "")
+    try:
+        attempts = int(annotations.get(ANNOTATION_INJECT_OOM_ATTEMPTS, "1"))
+    except ValueError:
+        attempts = 1
+    if step.isdigit() and attempt < attempts:
+        return {"MEMFIT_INJECT_OOM_AT_STEP": step}
+    return {}

@@ -1,0 +1,217 @@
+"""The monitor step: follow the active attempt's training Job to Running, success, OOM re-plan,
+capacity fallback or failure."""
+
+from __future__ import annotations
+
+from memfit.api.job import AttemptOutcome, MemoryOptimizedTrainingJobSpec, Phase
+from memfit.api.plan import Plan
+from memfit.api.termination import KEY_MEMORY_METER, KEY_MESSAGE, KEY_STEP, TerminationReason
+from memfit.kube.names import train_job_name
+from memfit.kube.profile_cache import CachedProfile, Observation, build_profile_cache
+from memfit.kube.train_job import build_plan_config_map
+from memfit.lifecycle import conditions as c
+from memfit.lifecycle.draft import Draft
+from memfit.lifecycle.launch import launch_effects
+from memfit.lifecycle.observed import JobSummary
+from memfit.lifecycle.planning import config_key
+from memfit.lifecycle.result import Ensure, WriteData
+from memfit.lifecycle.snapshot import Snapshot
+
+
+def monitor_step(draft: Draft, snap: Snapshot, spec: MemoryOptimizedTrainingJobSpec, digest: str) -> None:
+    children = snap.attempt
+    assert children is not None, "the reader reads the children of an active attempt"
+    index = children.index
+    name = train_job_name(snap.job.name, index)
+    plan = children.plan
+    if plan is None:
+        # Both the plan ConfigMap and the Job (with its copy of the plan) are gone: re-plan.
+        draft.finish_attempt(AttemptOutcome.NO_CAPACITY, reason="plan record lost; re-planning")
+        return
+    job = children.job
+    if job is None:
+        # The training Job was deleted under us: rebuild it from the recorded plan.
+        draft.effects.extend(
+            launch_effects(
+                owner=snap.job.owner(),
+                spec=spec,
+                plan=plan,
+                summary=draft.plan,
+                world=snap.pools(),
+                pod=snap.settings.pod(spec),
+                pod_group=spec.scheduling.pod_group and snap.settings.pod_group_enabled,
+            )
+        )
+        return
+    if not children.plan_recorded:
+        draft.effects.append(
+            Ensure(build_plan_config_map(owner=snap.job.owner(), plan=plan, summary=draft.plan))
+        )
+    peaks = [p.peak_bytes for p in job.pods if p.peak_bytes is not None]
+    measured = max(peaks) if peaks else None
+    if job.complete:
+        _succeeded(draft, snap, plan, job, measured, digest)
+    elif job.failed or any(p.out_of_memory or p.invalid_plan for p in job.pods):
+        _failed(draft, snap, plan, job, measured, digest)
+    elif job.suspended:
+        # Created suspended for Kueue: admission (unsuspend) is Kueue's decision, not a capacity failure.
+        draft.set(
+            c.RUNNING,
+            False,
+            c.WAITING_FOR_ADMISSION,
+            f"training Job {name} is suspended until Kueue admits it (LocalQueue {spec.scheduling.kueue_queue})",
+        )
+    elif any(p.unschedulable_since is not None for p in job.pods):
+        _unschedulable(draft, snap, spec, plan, job)
+    elif not _pods_not_created(draft, snap, spec, job):
+        running = [p for p in job.pods if p.running]
+        current = draft.current
+        if len(running) >= plan.nodes and current is not None and current.outcome != AttemptOutcome.RUNNING:
+            draft.update_current(outcome=AttemptOutcome.RUNNING)
+            msg = f"{len(running)} training pod(s) running on {plan.node_pool}: {plan.describe()}"
+            draft.set(c.RUNNING, True, c.PODS_RUNNING, msg)
+            draft.enter(Phase.RUNNING, msg)
+            draft.event(c.PODS_RUNNING, msg)
+
+
+def _succeeded(
+    draft: Draft, snap: Snapshot, plan: Plan, job: JobSummary, measured: int | None, digest: str
+) -> None:
+    draft.finish_attempt(AttemptOutcome.SUCCEEDED, measured=measured, reason="training completed")
+    draft.measured_peak_bytes = measured
+    predicted = plan.memory.peak_bytes
+    meters = {str(p.message.get(KEY_MEMORY_METER, "")) for p in job.pods} - {""}
+    gpu_truth = bool(meters) and all(m.startswith("cuda") for m in meters)
+    if measured is not None and gpu_truth:
+        # Only GPU measurements calibrate GPU predictions (auto-downsizing); a CPU stand-in's
+        # tensor bytes leave out the CUDA context and allocator, so they are reported, not learned.
+        _learn(draft, snap, plan, digest, measured=measured, oom=False)
+        error = f", prediction error {100 * (predicted - measured) / measured:+.1f}%"
+        versus = f"measured peak {gib(measured)} vs predicted {gib(predicted)}{error}"
+    elif measured is not None:
+        versus = (
+            f"measured peak {mib(measured)} on {', '.join(sorted(meters)) or 'an unknown meter'} "
+            f"(CPU stand-in, not compared with the GPU prediction {gib(predicted)})"
+        )
+    else:
+        versus = f"no measured peak reported; predicted {gib(predicted)}"
+    msg = f"training succeeded on {plan.node_pool}: {versus}"
+    draft.set(c.RUNNING, False, c.TRAINING_SUCCEEDED, msg)
+    draft.set(c.SUCCEEDED, True, c.TRAINING_SUCCEEDED, msg)
+    draft.set(c.FAILED, False, c.TRAINING_SUCCEEDED, "")
+    draft.enter(Phase.SUCCEEDED, msg)
+    draft.event(c.TRAINING_SUCCEEDED, msg)
+
+
+def _failed(
+    draft: Draft, snap: Snapshot, plan: Plan, job: JobSummary, measured: int | None, digest: str
+) -> None:
+    invalid = next((p for p in job.pods if p.invalid_plan), None)
+    if invalid is not None:
+        draft.finish_attempt(AttemptOutcome.FAILED, measured=measured, reason=c.INVALID_PLAN)
+        draft.fail(c.INVALID_PLAN, str(invalid.message.get(KEY_MESSAGE, invalid.raw_message)))
+        return
+    oom = next((p for p in job.pods if p.out_of_memory), None)
+    if oom is not None:
+        kind = oom.out_of_memory or TerminationReason.CUDA_OUT_OF_MEMORY
+        peak = oom.peak_bytes or measured
+        reason = f"{kind} at step {oom.message.get(KEY_STEP)} on {plan.node_pool} (peak {gib(peak)})"
+        draft.finish_attempt(AttemptOutcome.OUT_OF_MEMORY, measured=peak, reason=reason)
+        _learn(draft, snap, plan, digest, measured=peak or 0, oom=True)
+        draft.set(c.RUNNING, False, c.OUT_OF_MEMORY, reason)
+        draft.enter(Phase.REPLANNING, f"attempt {plan.attempt}: {reason}; re-planning")
+        draft.event(c.OUT_OF_MEMORY, reason, warning=True)
+        return
+    detail = job.failure_message or job.failure_reason or "pods failed"
+    last = next((p for p in reversed(job.pods) if p.phase == "Failed"), None)
+    if last and last.raw_message:
+        detail += f"; {last.raw_message[:512]}"
+    draft.finish_attempt(AttemptOutcome.FAILED, measured=measured, reason=detail[:1024])
+    draft.fail(c.TRAINING_FAILED, f"training Job {job.name} failed: {detail}")
+
+
+def _unschedulable(
+    draft: Draft, snap: Snapshot, spec: MemoryOptimizedTrainingJobSpec, plan: Plan, job: JobSummary
+) -> None:
+    stuck = [p for p in job.pods if p.unschedulable_since is not None]
+    since = min(p.unschedulable_since for p in stuck if p.unschedulable_since)
+    waited = (snap.now - since).total_seconds()
+    timeout = spec.recovery.capacity_timeout_seconds
+    if waited >= timeout:
+        reason = (
+            f"pool {plan.node_pool} had no capacity for {int(waited)}s "
+            f"(capacityTimeoutSeconds {timeout}): {stuck[0].unschedulable_message[:300]}"
+        )
+        draft.finish_attempt(AttemptOutcome.NO_CAPACITY, reason=reason)
+        draft.set(c.RUNNING, False, c.NO_CAPACITY, reason)
+        draft.enter(Phase.REPLANNING, f"attempt {plan.attempt}: {reason}; re-planning without it")
+        draft.event(c.NO_CAPACITY, reason, warning=True)
+        return
+    draft.set(
+        c.RUNNING,
+        False,
+        c.PODS_PENDING,
+        f"{len(stuck)} pod(s) unschedulable for {int(waited)}s on {plan.node_pool}",
+    )
+
+
+def _pods_not_created(
+    draft: Draft, snap: Snapshot, spec: MemoryOptimizedTrainingJobSpec, job: JobSummary
+) -> bool:
+    """Launching, and the Job controller created no pod within the capacity timeout: Failed.
+
+    Counted from the Job controller's first sync (status.startTime): before it, the control plane has
+    not looked at the Job yet (e.g. kube-controller-manager re-listing after an API server restart)
+    and nothing has refused the pods."""
+    current = draft.current
+    if current is None or current.outcome != AttemptOutcome.LAUNCHING or not job.never_had_pods:
+        return False
+    started = job.started_at
+    if started is None:
+        return False
+    waited = (snap.now - started).total_seconds()
+    timeout = spec.recovery.capacity_timeout_seconds
+    if waited < timeout:
+        return False
+    # Nothing will change by itself: without this the job would stay Launching forever.
+    detail = (
+        f"the Job controller created no pod of training Job {job.name} in {int(waited)}s "
+        f"(capacityTimeoutSeconds {timeout}): a missing PriorityClass, a ResourceQuota or an admission "
+        f"policy refuses them; see `kubectl describe job {job.name}`"
+    )
+    draft.finish_attempt(AttemptOutcome.FAILED, reason=detail)
+    draft.fail(c.PODS_NOT_CREATED, detail)
+    return True
+
+
+def _learn(draft: Draft, snap: Snapshot, plan: Plan, digest: str, *, measured: int, oom: bool) -> None:
+    """Store the attempt's measured peak with the profile (auto-downsizing and OOM escalation)."""
+    cached = snap.profile_cache
+    if cached is None:
+        return
+    observation = Observation(
+        config_key=config_key(plan),
+        gpu_product=plan.gpu_product,
+        predicted_peak_bytes=plan.memory.peak_bytes,
+        measured_peak_bytes=measured,
+        gpu_memory_bytes=plan.gpu_memory_bytes,
+        out_of_memory=oom,
+        job=f"{snap.job.name}/{plan.attempt}",
+    )
+    if any(o.job == observation.job for o in cached.observations):
+        return
+    updated = CachedProfile(cached.profile, (*cached.observations, observation))
+    draft.effects.append(
+        WriteData(
+            build_profile_cache(namespace=snap.job.namespace, problem_hash=digest, cached=updated),
+            exists=True,
+        )
+    )
+
+
+def mib(value: int) -> str:
+    return f"{value / 2**20:.1f}Mi"
+
+
+def gib(value: int | None) -> str:
+    return "n/a" if value is None else f"{value / 2**30:.2f}Gi"

@@ -1,0 +1,192 @@
+"""The profile step: reuse a cached profile, or run the profiling Job and read its Profile."""
+
+from __future__ import annotations
+
+from pydantic import ValidationError
+
+from memfit.api.job import MemoryOptimizedTrainingJobSpec, Phase, ProfileSummary
+from memfit.api.pool import GPUNodePool
+from memfit.api.profile import Profile
+from memfit.kube.common import Placement
+from memfit.kube.names import LABEL_POOL, profile_cache_name, profile_job_name
+from memfit.kube.profile_cache import CachedProfile, build_profile_cache
+from memfit.kube.profile_job import build_profile_input, build_profile_job
+from memfit.lifecycle import conditions as c
+from memfit.lifecycle.draft import Draft
+from memfit.lifecycle.observed import JobSummary
+from memfit.lifecycle.result import Delete, Ensure, WriteData
+from memfit.lifecycle.snapshot import Snapshot
+from memfit.lifecycle.world import World
+
+
+def profile_step(
+    draft: Draft, snap: Snapshot, spec: MemoryOptimizedTrainingJobSpec, digest: str
+) -> Profile | None:
+    """The profile to plan with, or None while profiling (or after it failed).
+
+    A cached profile is used when `profiling.reuse` allows it or once this job's own measurement is in
+    the cache (condition Profiled). Otherwise the job waits for its own profiling Job to finish, even
+    when an older profile of the problem is cached."""
+    cached = snap.profile_cache
+    if cached and draft.condition_is(c.PROFILED, True):
+        return cached.profile
+    if cached and spec.profiling.reuse:
+        measured = draft.phase == Phase.PROFILING  # this job profiled it (before a restart)
+        mark_profiled(draft, digest, cached.profile, measured=measured)
+        return cached.profile
+
+    world = snap.pools()
+    placement = profiling_placement(spec, world)
+    if placement is None:
+        draft.fail(
+            c.PROFILING_FAILED,
+            f"profiling.nodePool {spec.profiling.node_pool!r} is not a GPUNodePool (pools: {world.names()})",
+        )
+        return None
+    job = snap.profiling
+    name = profile_job_name(snap.job.name)
+    if job is None or not job.exists:
+        owner = snap.job.owner()
+        draft.effects.append(
+            Ensure(build_profile_input(owner=owner, problem=spec.problem, problem_hash=digest))
+        )
+        draft.effects.append(
+            Ensure(
+                build_profile_job(
+                    owner=owner,
+                    problem_hash=digest,
+                    placement=placement,
+                    pod=snap.settings.pod(spec),
+                    timeout_seconds=spec.profiling.timeout_seconds,
+                )
+            )
+        )
+        _profiling(draft, placement.pool, name)
+        return None
+    if job.deleting:
+        return None  # a rescheduled profiling Job is still going away; the next reconcile recreates it
+    pool = job.labels.get(LABEL_POOL, placement.pool)
+    if not job.finished and _reschedule(draft, snap, spec, job, pool):
+        return None
+    if not job.finished:
+        _profiling(draft, pool, name)
+        return None
+    profile, error = profile_from(job)
+    if profile is None:
+        draft.fail(c.PROFILING_FAILED, error)
+        return None
+    fresh = CachedProfile(
+        profile.model_copy(update={"problem_hash": digest[:16]}), cached.observations if cached else ()
+    )
+    draft.effects.append(
+        WriteData(build_profile_cache(namespace=snap.job.namespace, problem_hash=digest, cached=fresh))
+    )
+    draft.profile_seconds = profile.seconds
+    mark_profiled(draft, digest, fresh.profile, measured=True)
+    return fresh.profile
+
+
+def _profiling(draft: Draft, pool: str, name: str) -> None:
+    if draft.phase != Phase.PROFILING:
+        msg = f"profiling on pool {pool} (Job {name})"
+        draft.enter(Phase.PROFILING, msg)
+        draft.set(c.PROFILED, False, c.PROFILING, msg)
+        draft.event(c.PROFILING, msg)
+
+
+def _reschedule(
+    draft: Draft, snap: Snapshot, spec: MemoryOptimizedTrainingJobSpec, job: JobSummary, pool: str
+) -> bool:
+    """A profiling pod that found no GPU (capacity changed since placement) is placed again, before
+    the Job's deadline turns a capacity wait into a profiling failure; True when it decided that (or
+    gave up)."""
+    now = snap.now
+    stuck = [p.unschedulable_since for p in job.pods if p.unschedulable_since is not None]
+    limit = min(spec.recovery.capacity_timeout_seconds, spec.profiling.timeout_seconds // 2)
+    if not stuck or (now - min(stuck)).total_seconds() < limit:
+        return False
+    since = draft.false_since(c.PROFILED) or now
+    if (now - since).total_seconds() >= spec.profiling.timeout_seconds:
+        # Placed again and again without ever getting a GPU: each new Job restarts its own
+        # deadline, so the bound on the whole profiling phase is kept here.
+        msg = (
+            f"profiling pod found no GPU for {int((now - since).total_seconds())}s "
+            f"(profiling.timeoutSeconds {spec.profiling.timeout_seconds}), last on pool {pool}: "
+            f"{job.pods[-1].unschedulable_message[:300] if job.pods else ''}"
+        )
+        draft.fail(c.PROFILING_FAILED, msg)
+        return True
+    draft.effects.append(Delete(job.name))
+    msg = f"profiling pod unschedulable on pool {pool} for {limit}s or more; placing it again"
+    draft.set(c.PROFILED, False, c.PROFILING_RESCHEDULED, msg)
+    draft.event(c.PROFILING_RESCHEDULED, msg, warning=True)
+    return True
+
+
+def mark_profiled(draft: Draft, digest: str, profile: Profile, *, measured: bool) -> None:
+    source = "measured" if measured else "cached"
+    draft.profile = ProfileSummary(
+        problem_hash=digest[:16],
+        source=source,
+        config_map=profile_cache_name(digest),
+        parameters=profile.shape.parameters if profile.shape else None,
+    )
+    reason = c.PROFILE_MEASURED if measured else c.PROFILE_CACHED
+    msg = f"profile {digest[:16]} ({source}) from ConfigMap {profile_cache_name(digest)}"
+    draft.set(c.PROFILED, True, reason, msg)
+    draft.event(reason, msg)
+
+
+def profile_from(summary: JobSummary) -> tuple[Profile | None, str]:
+    """The Profile from the profiler pod's termination message, or why there is none."""
+    for pod in reversed(summary.pods):
+        if not pod.raw_message:
+            continue
+        try:
+            profile = Profile.model_validate_json(pod.raw_message)
+        except ValidationError as error:
+            if pod.phase == "Failed" or (pod.exit_code or 0) != 0:  # a crash, not a profiler's answer
+                failed = f"; Job {summary.failure_reason}" if summary.failure_reason else ""
+                return None, (
+                    f"profiling pod {pod.name} failed (exit code {pod.exit_code}): "
+                    f"{pod.raw_message[:512]}{failed}"
+                )
+            return None, f"pod {pod.name}: termination message is not a Profile: {error.errors()[0]['msg']}"
+        if profile.error:
+            return None, f"profiler: {profile.error}"
+        if summary.complete:
+            return profile, ""
+    if summary.failed:
+        detail = summary.failure_message or summary.failure_reason
+        return None, f"profiling Job {summary.name} failed: {detail or 'no termination message'}"
+    return None, f"profiling Job {summary.name} finished without a Profile in its termination message"
+
+
+def profiling_placement(spec: MemoryOptimizedTrainingJobSpec, world: World) -> Placement | None:
+    """The pool the profiling pod runs on: the one named, else the cheapest allowed pool per GPU with a
+    free GPU now (any node when no pool is allowed); None when the named pool does not exist."""
+    if spec.profiling.node_pool != "auto":
+        pool = world.pool(spec.profiling.node_pool)
+        return placement_of(pool) if pool else None
+    allowed = [
+        p
+        for p in world.pools
+        if not spec.placement.node_pools or p.metadata.name in spec.placement.node_pools
+    ]
+    if not allowed:
+        return Placement(pool="any", node_selector={})
+
+    def rank(p: GPUNodePool) -> tuple[int, float, str]:
+        free = world.capacity.get(p.metadata.name)
+        price = p.spec.price_per_node_hour or 0.0
+        return (0 if free and free.free_gpus > 0 else 1, price / p.spec.gpu.per_node, p.metadata.name)
+
+    return placement_of(min(allowed, key=rank))
+
+
+def placement_of(pool: GPUNodePool) -> Placement:
+    return Placement(
+        pool=pool.metadata.name,
+        node_selector=dict(pool.spec.node_selector),
+        tolerations=tuple(pool.spec.tolerations),
+    )

@@ -1,0 +1,76 @@
+"""What a decision returns: the new status, the writes to make (in order) and the events."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from memfit.api.job import MemoryOptimizedTrainingJobStatus
+
+Manifest = dict[str, Any]
+
+
+class EventType(StrEnum):
+    NORMAL = "Normal"
+    WARNING = "Warning"
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """A Kubernetes Event on the MOTJ."""
+
+    type: EventType
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class Ensure:
+    """Create the child unless it exists (a 409 with our owner is success).
+
+    `record`: the child is the durable record of a decision (the plan ConfigMap); if it exists with
+    other content, that earlier decision holds and the rest of this decision must not be applied."""
+
+    manifest: Manifest
+    record: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Delete:
+    """Delete a child Job (background propagation; a 404 is success)."""
+
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class WriteData:
+    """Create the ConfigMap, or replace its data when it exists (the shared profile cache).
+
+    `exists`: the snapshot saw it, so its data is replaced straight away (one write, no create)."""
+
+    manifest: Manifest
+    exists: bool = False
+
+
+Effect = Ensure | Delete | WriteData
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """One decision: apply `effects` in order, then patch `status` (when it changed), then post events.
+
+    The order is the crash-safety contract: every write a later reconcile must see (the plan record,
+    a measured profile) comes before the status that refers to it, and a Job is deleted only once its
+    attempt's outcome is in the stored status."""
+
+    status: MemoryOptimizedTrainingJobStatus
+    effects: tuple[Effect, ...] = ()
+    events: tuple[Event, ...] = ()
+    profile_seconds: float | None = None  # the profiler's wall time, when this decision read its result
+
+    def changed(self, old: MemoryOptimizedTrainingJobStatus | None) -> bool:
+        return old != self.status
+
+    def reasons(self) -> list[str]:
+        return [e.reason for e in self.events]

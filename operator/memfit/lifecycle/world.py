@@ -1,0 +1,45 @@
+"""What a plan needs from the cluster, as values: the GPUNodePools and their live capacity."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from memfit.api.pool import GPUNodePool
+from memfit.catalog import CATALOG, GpuCatalog
+
+
+@dataclass(frozen=True, slots=True)
+class PoolCapacity:
+    """Live capacity of one pool."""
+
+    nodes: int
+    ready_nodes: int
+    allocatable_gpus: int
+    free_gpus: int
+    free_whole_nodes: int  # ready nodes with every GPU free: what a multi-GPU pod per node needs
+
+    def to_status(self) -> dict[str, Any]:
+        return {
+            "nodes": self.nodes,
+            "readyNodes": self.ready_nodes,
+            "allocatableGpus": self.allocatable_gpus,
+            "freeGpus": self.free_gpus,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class World:
+    """Cluster-wide inputs of a reconcile: pools (sorted by name), their live capacity, and the GPU
+    catalog the planner fills a pool's unstated GPU facts from (the built-in one unless given)."""
+
+    pools: tuple[GPUNodePool, ...] = ()
+    capacity: Mapping[str, PoolCapacity] = field(default_factory=dict)
+    catalog: GpuCatalog = CATALOG
+
+    def pool(self, name: str) -> GPUNodePool | None:
+        return next((p for p in self.pools if p.metadata.name == name), None)
+
+    def names(self) -> str:
+        return ", ".join(p.metadata.name for p in self.pools) or "none"

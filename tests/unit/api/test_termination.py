@@ -1,0 +1,51 @@
+"""The termination contract: one definition read by the trainer, the Job builder and the observer."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from factories import OWNER, PLACEMENT, POD, make_plan, make_spec
+from memfit.api.termination import (
+    EXIT_INVALID_PLAN,
+    EXIT_OUT_OF_MEMORY,
+    TerminationMessage,
+    TerminationReason,
+    out_of_memory_reason,
+    parse_message,
+)
+from memfit.kube.train_job import build_training_job
+
+OOM_CASES = {
+    "CUDA OOM message": ({"reason": "CUDAOutOfMemory"}, 1, "", TerminationReason.CUDA_OUT_OF_MEMORY),
+    "exit code 87 without a message": ({}, 87, "Error", TerminationReason.CUDA_OUT_OF_MEMORY),
+    "kernel OOMKilled": ({}, 137, "OOMKilled", TerminationReason.HOST_OUT_OF_MEMORY),
+    "host OOM message with exit 87": (
+        {"reason": "HostOutOfMemory"},
+        87,
+        "",
+        TerminationReason.HOST_OUT_OF_MEMORY,
+    ),
+    "invalid plan is no OOM": ({"reason": "InvalidPlan"}, 88, "Error", None),
+    "plain crash is no OOM": ({}, 1, "Error", None),
+}
+
+
+@pytest.mark.parametrize("case", OOM_CASES, ids=list(OOM_CASES))
+def test_out_of_memory_reason(case: str) -> None:
+    message, code, container_reason, expected = OOM_CASES[case]
+    assert out_of_memory_reason(message, exit_code=code, container_reason=container_reason) == expected
+
+
+def test_training_job_fails_at_once_on_the_contract_exit_codes() -> None:
+    job = build_training_job(owner=OWNER, spec=make_spec(), plan=make_plan(), placement=PLACEMENT, pod=POD)
+    rules = job["spec"]["podFailurePolicy"]["rules"]
+    fail_job = next(r for r in rules if r["action"] == "FailJob")
+    assert fail_job["onExitCodes"]["values"] == [EXIT_OUT_OF_MEMORY, EXIT_INVALID_PLAN] == [87, 88]
+
+
+def test_message_round_trips_through_the_observer_parser() -> None:
+    wire = TerminationMessage(TerminationReason.CUDA_OUT_OF_MEMORY, rank=1, step=3, peak_bytes=7).to_json()
+    assert parse_message(wire) == {"reason": "CUDAOutOfMemory", "rank": 1, "step": 3, "peakBytes": 7}
+    assert parse_message("Traceback (most recent call last)") == {}
+    assert parse_message(json.dumps([1])) == {}

@@ -1,0 +1,107 @@
+"""`memfit estimate` as a user runs it, and the memory model's reading of `auto` that it prints."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from memfit.api.common import Checkpointing, Engine, Offload, Precision
+from memfit.api.job import OptimizerKind, StrategySpec
+from memfit.cli import main
+from memfit.memory.strategy import strategy_from_pins
+
+REPO = Path(__file__).resolve().parents[3]
+FIXTURES = Path(__file__).parent / "fixtures"
+QUICKSTART = str(REPO / "examples" / "quickstart.yaml")
+
+
+ESTIMATES = {
+    "builtin": (["--builtin", "gpt:layers=24,hidden=2048,heads=16,vocab=32000,seq=2048", "--engine", "deepspeed",
+                 "--stage", "3", "--world-size", "8", "--precision", "bf16", "--checkpointing", "full",
+                 "--micro-batch", "2"], "ZeRO-3 bf16 ckpt-full mbs 2x1"),
+    "hf config": (["--hf-config", str(FIXTURES / "gpt2-config.json"), "--seq", "1024", "--optimizer8bit"],
+                  "0.124 B parameters (124,439,808)"),
+    "job with gpu": (["--job", QUICKSTART, "--engine", "fsdp", "--world-size", "2", "--gpu", "l4"],
+                     "on NVIDIA-L4: step"),
+    "profile calibration": (["--builtin", "gpt:layers=2,hidden=64,heads=4,vocab=512,seq=64", "--profile",
+                             str(FIXTURES / "gpt-profile.json")], "calibrated from the profile"),
+}
+
+
+@pytest.mark.parametrize(("args", "expected"), ESTIMATES.values(), ids=ESTIMATES.keys())
+def test_estimate_prints_the_breakdown(args: list[str], expected: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["estimate", *args]) == 0
+    out = capsys.readouterr().out
+    assert expected in out and "peak per GPU" in out and "optimizer state" in out
+
+
+def test_estimate_json_is_a_memory_breakdown(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["estimate", "--hf-config", str(FIXTURES / "gpt2-config.json"), "--seq", "512", "--json"]) == 0
+    breakdown = json.loads(capsys.readouterr().out)
+    assert breakdown["peakBytes"] == sum(breakdown[k] for k in (
+        "parametersBytes", "gradientsBytes", "optimizerBytes", "activationsBytes", "temporariesBytes", "overheadBytes"))
+
+
+BAD_ESTIMATES = {
+    "impossible strategy": (["--builtin", "gpt:layers=2,hidden=64,heads=4", "--engine", "ddp", "--stage", "3"],
+                            "strategy: DDP does not shard"),
+    "bad builtin": (["--builtin", "gpt:layers=2,hidden=65,heads=4"], "problem.builtin.heads: 4 does not divide"),
+    "not an integer": (["--builtin", "gpt:layers=two"], "--builtin.layers: 'two' is not an integer"),
+    "unknown gpu": (["--builtin", "gpt:layers=2,hidden=64,heads=4", "--gpu", "v100"], "--gpu: 'v100'"),
+}
+
+
+@pytest.mark.parametrize(("args", "message"), BAD_ESTIMATES.values(), ids=BAD_ESTIMATES.keys())
+def test_estimate_bad_input_exits_2(args: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["estimate", *args]) == 2
+    assert message in capsys.readouterr().err
+
+
+AUTO = {
+    "everything auto": ({}, (Engine.DDP, 0, Precision.BF16, Checkpointing.NONE, Offload.NONE, False, 1, 4)),
+    "deepspeed means ZeRO-2": ({"engine": "deepspeed"}, (Engine.DEEPSPEED, 2, Precision.BF16, Checkpointing.NONE,
+                                                          Offload.NONE, False, 1, 4)),
+    "fsdp means full shard": ({"engine": "fsdp"}, (Engine.FSDP, 3, Precision.BF16, Checkpointing.NONE, Offload.NONE,
+                                                   False, 1, 4)),
+    "pins are kept": ({"engine": "deepspeed", "zeroStage": 3, "precision": "fp16", "offload": "cpu",
+                       "activationCheckpointing": "full", "optimizer8bit": "enabled", "microBatchSize": 2},
+                      (Engine.DEEPSPEED, 3, Precision.FP16, Checkpointing.FULL, Offload.CPU, True, 2, 2)),
+}
+
+
+@pytest.mark.parametrize(("pins", "expected"), AUTO.values(), ids=AUTO.keys())
+def test_auto_reads_as_the_usual_setup(pins: dict[str, object], expected: tuple[object, ...]) -> None:
+    """`auto` in an estimate: DDP (DeepSpeed ZeRO-2, FSDP full shard), bf16, nothing saved, micro-batch 1,
+    and the accumulation that keeps the global batch (16 samples on 4 GPUs: 16 / (4 x micro-batch))."""
+    s = strategy_from_pins(StrategySpec.model_validate(pins), optimizer=OptimizerKind.ADAMW, world_size=4,
+                           global_batch_size=16)
+    c = s.config
+    assert (c.engine, c.zero_stage, c.precision, c.activation_checkpointing, c.offload, c.optimizer8bit,
+            c.micro_batch_size, c.gradient_accumulation_steps) == expected
+    assert (s.world_size, s.gpus_per_node) == (4, 4)
+
+
+def test_auto_without_a_global_batch_accumulates_once_and_caps_gpus_per_node() -> None:
+    s = strategy_from_pins(StrategySpec(), optimizer=OptimizerKind.SGD, world_size=16)
+    assert (s.config.gradient_accumulation_steps, s.gpus_per_node, s.optimizer) == (1, 8, OptimizerKind.SGD)
+    pinned = strategy_from_pins(StrategySpec(), optimizer=OptimizerKind.ADAMW, world_size=2, accumulation_steps=3)
+    assert pinned.config.gradient_accumulation_steps == 3
+
+
+def test_estimate_with_a_profile_works_for_entrypoint_jobs(capsys: pytest.CaptureFixture[str]) -> None:
+    job, profile = str(FIXTURES / "cnn-entrypoint-job.yaml"), str(FIXTURES / "cnn-profile.json")
+    assert main(["estimate", "--job", job, "--profile", profile, "--device", "cpu", "--json"]) == 0
+    breakdown = json.loads(capsys.readouterr().out)
+    assert breakdown["sources"]["activations"] == "measured"
+    # The fixture's bare fp32/none curve: 18,724,760 B above the resident state at micro-batch 16.
+    assert breakdown["activationsBytes"] + breakdown["temporariesBytes"] == pytest.approx(18_724_760, rel=0.01)
+    assert main(["estimate", "--job", job, "--profile", profile]) == 0
+    assert "sources: parameters analytic, optimizer analytic, activations measured" in capsys.readouterr().out
+
+
+def test_estimate_of_an_entrypoint_job_without_a_profile_says_what_is_missing(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["estimate", "--job", str(FIXTURES / "cnn-entrypoint-job.yaml")]) == 2
+    assert "pass --profile" in capsys.readouterr().err

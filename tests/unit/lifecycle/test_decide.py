@@ -1,0 +1,507 @@
+"""decide(snapshot): every lifecycle transition, without a cluster (tests/unit/lifecycle/lifecycle_harness.py)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from datetime import timedelta
+
+import pytest
+from lifecycle_harness import T0, Harness, busy_world, profile_message, quickstart, terminated
+from memfit.api.job import AttemptOutcome, Phase
+from memfit.lifecycle import Delete, Ensure, WriteData
+
+PROFILE_JOB = "Job/j-profile"
+TRAIN_CHILDREN = {"ConfigMap/j-plan-0", "Service/j", "Job/j-train-0"}
+OOM = json.dumps({"reason": "CUDAOutOfMemory", "peakBytes": 15 * 2**30, "step": 3, "rank": 0})
+
+
+def launched(**spec: object) -> Harness:
+    """A job with a cached profile, reconciled once: attempt 0 Launching."""
+    h = Harness(spec=quickstart(**spec))
+    h.seed_profile()
+    h.reconcile()
+    assert h.stored.phase == Phase.LAUNCHING
+    return h
+
+
+def running(**spec: object) -> Harness:
+    h = launched(**spec)
+    h.start("j-train-0")
+    h.add_pod("j-train-0")
+    h.reconcile()
+    assert h.stored.phase == Phase.RUNNING
+    return h
+
+
+def assert_idempotent(h: Harness) -> None:
+    """A second reconcile of the same world writes nothing and changes nothing."""
+    before = (h.status, h.children(), len(h.writes))
+    decision = h.reconcile()
+    assert decision.effects == () and decision.events == ()
+    assert (h.status, h.children(), len(h.writes)) == before
+
+
+# --- profiling ---------------------------------------------------------------------------------------
+def test_new_job_profiles_first() -> None:
+    h = Harness()
+    decision = h.reconcile()
+    assert [type(e) for e in decision.effects] == [Ensure, Ensure]
+    assert h.children() == {"ConfigMap/j-profile", PROFILE_JOB}
+    assert h.stored.phase == Phase.PROFILING
+    assert h.condition("Profiled") == ("False", "Profiling", "profiling on pool t4-spot (Job j-profile)")
+    assert decision.reasons() == ["Profiling"]
+    pool = h.job("j-profile")["spec"]["template"]["spec"]["nodeSelector"]
+    assert pool == {"memfit.dev/pool": "t4-spot"}  # the cheapest pool per GPU with a free GPU
+    assert_idempotent(h)
+
+
+def test_finished_profiling_is_cached_and_launches_in_the_same_pass() -> None:
+    h = Harness()
+    h.reconcile()
+    h.add_pod("j-profile", phase="Succeeded", **terminated(0, profile_message(h.spec), "Completed"))
+    h.finish("j-profile")
+    decision = h.reconcile()
+    writes = [e for e in decision.effects if isinstance(e, WriteData)]
+    assert [w.manifest["metadata"]["name"] for w in writes] == [h.stored.profile.config_map]  # type: ignore[union-attr]
+    assert decision.profile_seconds == 12.5
+    assert decision.reasons() == ["ProfileMeasured", "PlanFound"]
+    assert h.stored.profile is not None and h.stored.profile.source == "measured"
+    assert h.stored.phase == Phase.LAUNCHING and h.children() >= TRAIN_CHILDREN
+    assert_idempotent(h)
+
+
+FAILED_PROFILING: dict[str, tuple[Callable[[Harness], None], str]] = {
+    "profiler reports an error": (
+        lambda h: (
+            h.add_pod(
+                "j-profile",
+                phase="Failed",
+                **terminated(3, json.dumps({"problemHash": "x", "error": "no such model"})),
+            ),
+            h.finish("j-profile", failed=True, reason="BackoffLimitExceeded"),
+        ),
+        "profiler: no such model",
+    ),
+    "profiler crashes without a Profile": (
+        lambda h: (
+            h.add_pod("j-profile", phase="Failed", **terminated(1, "Traceback: boom")),
+            h.finish("j-profile", failed=True, reason="BackoffLimitExceeded"),
+        ),
+        "profiling pod j-profile-0 failed (exit code 1): Traceback: boom; Job BackoffLimitExceeded",
+    ),
+    "profiling Job hits its deadline": (
+        lambda h: h.finish(
+            "j-profile",
+            failed=True,
+            reason="DeadlineExceeded",
+            message="Job was active longer than specified deadline",
+        ),
+        "profiling Job j-profile failed: Job was active longer than specified deadline",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", FAILED_PROFILING, ids=list(FAILED_PROFILING))
+def test_profiling_failure_fails_the_job(case: str) -> None:
+    fail, message = FAILED_PROFILING[case]
+    h = Harness()
+    h.reconcile()
+    fail(h)
+    decision = h.reconcile()
+    assert h.stored.phase == Phase.FAILED
+    assert h.condition("Failed") == ("True", "ProfilingFailed", message)
+    assert decision.reasons() == ["ProfilingFailed"]
+    assert not any(c.startswith("Job/j-train") for c in h.children())
+    assert_idempotent(h)
+
+
+def test_unschedulable_profiling_pod_is_placed_again_then_times_out() -> None:
+    h = Harness(
+        spec=quickstart(
+            profiling={"timeoutSeconds": 300}, recovery={"maxReplans": 3, "capacityTimeoutSeconds": 60}
+        )
+    )
+    h.reconcile()
+    h.unschedulable("j-profile", since=T0)
+    h.later(59)
+    assert h.reconcile().effects == ()  # under min(capacityTimeout, profiling timeout / 2)
+    h.later(1)
+    decision = h.reconcile()
+    assert decision.effects == (Delete("j-profile"),)
+    assert decision.reasons() == ["ProfilingRescheduled"]
+    assert PROFILE_JOB not in h.children()
+    h.reconcile()  # placed again
+    assert PROFILE_JOB in h.children()
+    h.unschedulable("j-profile", since=h.now)
+    h.later(300)
+    decision = h.reconcile()
+    status, reason, message = h.condition("Failed")
+    assert (status, reason) == ("True", "ProfilingFailed")
+    assert message.startswith("profiling pod found no GPU for 360s (profiling.timeoutSeconds 300)")
+
+
+def test_named_profiling_pool_that_does_not_exist_fails() -> None:
+    h = Harness(spec=quickstart(profiling={"nodePool": "h100-nope"}))
+    decision = h.reconcile()
+    assert h.condition("Failed")[:2] == ("True", "ProfilingFailed")
+    assert (
+        "'h100-nope' is not a GPUNodePool (pools: a100-80-ondemand, l4-ondemand, t4-spot)"
+        in h.condition("Failed")[2]
+    )
+    assert decision.effects == ()
+
+
+CACHED: dict[str, tuple[dict[str, object], str, list[str]]] = {
+    "reuse allowed: straight to launch": ({}, "cached", ["ProfileCached", "PlanFound"]),
+    "reuse off: profiles anyway": ({"profiling": {"reuse": False}}, "", ["Profiling"]),
+}
+
+
+@pytest.mark.parametrize("case", CACHED, ids=list(CACHED))
+def test_cached_profile_reuse(case: str) -> None:
+    spec, source, reasons = CACHED[case]
+    h = Harness(spec=quickstart(**spec))
+    h.seed_profile()
+    decision = h.reconcile()
+    assert decision.reasons() == reasons
+    if source:
+        assert h.stored.profile is not None and h.stored.profile.source == source
+        assert h.children() >= TRAIN_CHILDREN and PROFILE_JOB not in h.children()
+    else:
+        assert h.stored.phase == Phase.PROFILING and PROFILE_JOB in h.children()
+
+
+# --- planning and launch -----------------------------------------------------------------------------
+def test_launch_builds_the_children_in_crash_safe_order() -> None:
+    h = Harness()
+    h.seed_profile()
+    decision = h.reconcile()
+    ensured = [
+        f"{e.manifest['kind']}/{e.manifest['metadata']['name']}"
+        for e in decision.effects
+        if isinstance(e, Ensure)
+    ]
+    assert ensured == ["ConfigMap/j-plan-0", "Service/j", "Job/j-train-0"]  # the plan record first
+    assert [e.record for e in decision.effects if isinstance(e, Ensure)] == [True, False, False]
+    status = h.stored
+    assert status.plan is not None and status.plan.node_pool == h.plan_json(0)["nodePool"]
+    assert status.plan.savings is not None and status.plan.baseline_cost_per_hour is not None
+    attempt = status.attempts[0]
+    assert (attempt.index, attempt.outcome, attempt.started_at) == (0, AttemptOutcome.LAUNCHING, T0)
+    assert h.condition("Planned")[:2] == ("True", "PlanFound")
+    assert h.condition("Running") == ("False", "Launching", "training Job j-train-0 created")
+    assert_idempotent(h)
+
+
+def test_busy_pools_wait_for_capacity_without_children() -> None:
+    h = Harness(world=busy_world())
+    h.seed_profile()
+    decision = h.reconcile()
+    assert h.stored.phase == Phase.PLANNING
+    status, reason, message = h.condition("Planned")
+    assert (status, reason) == ("False", "WaitingForCapacity") and "fits but its GPUs are in use" in message
+    assert decision.reasons() == ["ProfileCached", "WaitingForCapacity"]
+    assert not any("train" in c for c in h.children())
+    assert_idempotent(h)  # no second WaitingForCapacity event while still waiting
+    h.world = Harness().world
+    h.reconcile()
+    assert h.stored.phase == Phase.LAUNCHING
+
+
+def test_no_fit_fails_with_a_reason_per_pool() -> None:
+    huge = {
+        "builtin": {
+            "kind": "gpt",
+            "layers": 80,
+            "hidden": 8192,
+            "heads": 64,
+            "vocab": 32000,
+            "sequenceLength": 4096,
+        }
+    }
+    h = Harness(
+        spec=quickstart(
+            problem=huge,
+            placement={"maxNodes": 1, "baseline": {"nodePool": "a100-80-ondemand"}},
+            strategy={"precision": "fp32", "offload": "none", "activationCheckpointing": "none"},
+        )
+    )
+    h.seed_profile()
+    h.reconcile()
+    status, reason, message = h.condition("Failed")
+    assert (status, reason) == ("True", "NoFit")
+    assert all(pool in message for pool in ("t4-spot", "l4-ondemand", "a100-80-ondemand"))
+    assert h.condition("Planned")[:2] == ("False", "NoFit")
+    assert not any("train" in c for c in h.children())
+
+
+def test_kueue_job_is_created_suspended_and_waits_for_admission() -> None:
+    h = launched(scheduling={"kueueQueue": "team-a"})
+    assert h.job("j-train-0")["spec"]["suspend"] is True
+    h.reconcile()
+    status, reason, message = h.condition("Running")
+    assert (status, reason) == ("False", "WaitingForAdmission") and "LocalQueue team-a" in message
+
+
+# --- monitoring --------------------------------------------------------------------------------------
+def test_all_pods_running_is_running() -> None:
+    h = running()
+    assert h.stored.attempts[-1].outcome == AttemptOutcome.RUNNING
+    assert h.condition("Running")[:2] == ("True", "PodsRunning")
+    assert_idempotent(h)
+
+
+def test_success_records_the_measured_peak() -> None:
+    h = running()
+    done = json.dumps({"reason": "Completed", "peakBytes": 3 * 2**20, "memoryMeter": "cpu-tensors"})
+    h.pods["j-train-0-0"]["status"] = {"phase": "Succeeded", **terminated(0, done, "Completed")}
+    h.finish("j-train-0")
+    decision = h.reconcile()
+    status = h.stored
+    assert status.phase == Phase.SUCCEEDED and status.measured_peak_bytes == 3 * 2**20
+    assert status.attempts[-1].outcome == AttemptOutcome.SUCCEEDED
+    assert h.condition("Succeeded")[:2] == ("True", "TrainingSucceeded")
+    assert "measured peak 3.0Mi on cpu-tensors (CPU stand-in" in h.condition("Succeeded")[2]
+    assert decision.reasons() == ["TrainingSucceeded"]
+    assert decision.effects == ()  # a CPU stand-in's peak is reported, not learned
+    assert_idempotent(h)
+
+
+def test_gpu_measured_peak_is_learned() -> None:
+    h = running()
+    done = json.dumps({"reason": "Completed", "peakBytes": 2**30, "memoryMeter": "cuda"})
+    h.pods["j-train-0-0"]["status"] = {"phase": "Succeeded", **terminated(0, done, "Completed")}
+    h.finish("j-train-0")
+    decision = h.reconcile()
+    (write,) = decision.effects
+    assert isinstance(write, WriteData) and write.exists
+    observations = json.loads(write.manifest["data"]["observations.json"])
+    assert [(o["job"], o["measuredPeakBytes"], o["outOfMemory"]) for o in observations] == [
+        ("j/0", 2**30, False)
+    ]
+
+
+def oom(h: Harness) -> None:
+    h.pods["j-train-0-0"]["status"] = {"phase": "Failed", **terminated(87, OOM)}
+    h.finish("j-train-0", failed=True, reason="PodFailurePolicy")
+
+
+def test_oom_replans_with_escalation() -> None:
+    h = running()
+    first = h.plan_json(0)
+    oom(h)
+    decision = h.reconcile()
+    status = h.stored
+    assert status.phase == Phase.REPLANNING
+    assert status.attempts[0].outcome == AttemptOutcome.OUT_OF_MEMORY
+    assert status.attempts[0].measured_peak_bytes == 15 * 2**30
+    assert status.attempts[0].reason == f"CUDAOutOfMemory at step 3 on {first['nodePool']} (peak 15.00Gi)"
+    assert decision.reasons() == ["OutOfMemory"]
+    assert [type(e) for e in decision.effects] == [WriteData]  # the OOM is learned; the Job stays for now
+    assert "Job/j-train-0" in h.children()
+    decision = h.reconcile()  # the re-plan: outcome stored, so attempt 0's Job goes first
+    assert decision.effects[0] == Delete("j-train-0")
+    assert decision.reasons() == ["Replanning"]
+    assert {"ConfigMap/j-plan-1", "Job/j-train-1"} <= h.children() and "Job/j-train-0" not in h.children()
+    second = h.plan_json(1)
+    config = (
+        "engine",
+        "zeroStage",
+        "precision",
+        "activationCheckpointing",
+        "offload",
+        "microBatchSize",
+        "nodePool",
+    )
+    assert [first[k] for k in config] != [second[k] for k in config]  # not the configuration that ran out
+    assert h.stored.attempts[1].outcome == AttemptOutcome.LAUNCHING and h.stored.phase == Phase.REPLANNING
+    assert_idempotent(h)
+
+
+def test_replans_exhausted_fails() -> None:
+    h = running(recovery={"maxReplans": 0, "capacityTimeoutSeconds": 60})
+    oom(h)
+    h.reconcile()
+    decision = h.reconcile()
+    status, reason, message = h.condition("Failed")
+    assert (status, reason) == ("True", "ReplansExhausted")
+    assert message.startswith("1 attempts, last: CUDAOutOfMemory at step 3") and message.endswith(
+        "recovery.maxReplans is 0"
+    )
+    assert decision.effects == (Delete("j-train-0"),)
+    assert "Job/j-train-1" not in h.children()
+
+
+def test_host_oom_killed_is_an_oom_too() -> None:
+    h = running()
+    h.pods["j-train-0-0"]["status"] = {"phase": "Failed", **terminated(137, "", "OOMKilled")}
+    h.finish("j-train-0", failed=True)
+    h.reconcile()
+    assert h.stored.attempts[0].outcome == AttemptOutcome.OUT_OF_MEMORY
+    assert h.stored.attempts[0].reason.startswith("HostOutOfMemory at step None")
+
+
+CAPACITY: dict[str, tuple[int, str, str]] = {
+    "pending under the capacity timeout": (59, "PodsPending", "1 pod(s) unschedulable for 59s on"),
+    "capacity timeout falls back": (60, "NoCapacity", "had no capacity for 60s (capacityTimeoutSeconds 60)"),
+}
+
+
+@pytest.mark.parametrize("case", CAPACITY, ids=list(CAPACITY))
+def test_unschedulable_training_pods(case: str) -> None:
+    waited, reason, message = CAPACITY[case]
+    h = launched()
+    h.start("j-train-0")
+    h.unschedulable("j-train-0", since=T0)
+    h.later(waited)
+    h.reconcile()
+    assert h.condition("Running")[:2] == ("False", reason) and message in h.condition("Running")[2]
+
+
+def test_capacity_fallback_replans_without_the_pool() -> None:
+    h = launched()
+    first_pool = h.plan_json(0)["nodePool"]
+    h.start("j-train-0")
+    h.unschedulable("j-train-0", since=T0)
+    h.later(60)
+    decision = h.reconcile()
+    assert decision.reasons() == ["NoCapacity"] and h.stored.phase == Phase.REPLANNING
+    assert h.stored.attempts[0].outcome == AttemptOutcome.NO_CAPACITY
+    h.reconcile()
+    assert h.plan_json(1)["nodePool"] != first_pool
+    assert h.stored.attempts[1].node_pool != first_pool
+
+
+def test_job_controller_creating_no_pods_fails() -> None:
+    h = launched()
+    h.reconcile()
+    h.start("j-train-0")
+    h.later(59)
+    assert h.reconcile().effects == () and h.stored.phase == Phase.LAUNCHING
+    h.later(1)
+    h.reconcile()
+    status, reason, message = h.condition("Failed")
+    assert (status, reason) == ("True", "PodsNotCreated")
+    assert "created no pod of training Job j-train-0 in 60s" in message
+    assert h.stored.attempts[0].outcome == AttemptOutcome.FAILED
+
+
+def test_no_start_time_means_no_pods_not_created_yet() -> None:
+    h = launched()
+    h.later(3600)  # the Job controller has not synced the Job (e.g. re-listing after a restart)
+    h.reconcile()
+    assert h.stored.phase == Phase.LAUNCHING
+
+
+def test_invalid_plan_fails_without_replanning() -> None:
+    h = running()
+    refused = json.dumps({"reason": "InvalidPlan", "message": "zeroStage 3 needs deepspeed"})
+    h.pods["j-train-0-0"]["status"] = {"phase": "Failed", **terminated(88, refused)}
+    h.finish("j-train-0", failed=True)
+    h.reconcile()
+    assert h.condition("Failed") == ("True", "InvalidPlan", "zeroStage 3 needs deepspeed")
+    assert h.stored.attempts[0].outcome == AttemptOutcome.FAILED
+
+
+def test_training_failure_fails_with_the_pod_message() -> None:
+    h = running()
+    h.pods["j-train-0-0"]["status"] = {"phase": "Failed", **terminated(1, "Traceback: nan loss")}
+    h.finish(
+        "j-train-0",
+        failed=True,
+        reason="BackoffLimitExceeded",
+        message="Job has reached the specified backoff limit",
+    )
+    h.reconcile()
+    status, reason, message = h.condition("Failed")
+    assert (status, reason) == ("True", "TrainingFailed")
+    assert (
+        message
+        == "training Job j-train-0 failed: Job has reached the specified backoff limit; Traceback: nan loss"
+    )
+
+
+# --- invalid specs, terminal jobs, lost children and lost status --------------------------------------
+def test_invalid_spec_fails_without_children() -> None:
+    h = Harness(spec=quickstart(strategy={"engine": "ddp", "zeroStage": 3}))
+    decision = h.reconcile()
+    status, reason, message = h.condition("Failed")
+    assert (status, reason) == ("True", "InvalidSpec") and "spec.strategy.zeroStage" in message
+    assert decision.effects == () and h.children() == set()
+    assert decision.reasons() == ["InvalidSpec"]
+    assert_idempotent(h)
+
+
+def test_name_too_long_is_an_invalid_spec() -> None:
+    h = Harness(name="x" * 41)
+    h.reconcile()
+    assert h.condition("Failed")[:2] == ("True", "InvalidSpec")
+    assert h.children() == set()
+
+
+def test_terminal_job_decides_nothing() -> None:
+    h = running()
+    h.finish("j-train-0")
+    h.reconcile()
+    assert h.stored.phase == Phase.SUCCEEDED
+    h.finish("j-train-0", failed=True)  # whatever happens to the children now
+    assert_idempotent(h)
+
+
+def test_deleted_training_job_is_rebuilt_from_the_plan_record() -> None:
+    h = running()
+    del h.objects[("Job", "j-train-0")]
+    h.pods.clear()
+    decision = h.reconcile()
+    assert "Job/j-train-0" in h.children()
+    assert json.loads(h.job("j-train-0")["metadata"]["annotations"]["memfit.dev/plan-json"]) == h.plan_json(0)
+    assert decision.reasons() == []
+
+
+def test_lost_plan_record_and_job_replans() -> None:
+    h = running()
+    del h.objects[("Job", "j-train-0")]
+    del h.objects[("ConfigMap", "j-plan-0")]
+    h.reconcile()
+    attempt = h.stored.attempts[0]
+    assert (attempt.outcome, attempt.reason) == (AttemptOutcome.NO_CAPACITY, "plan record lost; re-planning")
+
+
+RESTARTS: dict[str, Callable[[], Harness]] = {
+    "status lost while profiling": lambda: _profiling(),
+    "status lost after launch": launched,
+    "status lost while running": running,
+}
+
+
+def _profiling() -> Harness:
+    h = Harness()
+    h.reconcile()
+    return h
+
+
+@pytest.mark.parametrize("case", RESTARTS, ids=list(RESTARTS))
+def test_lost_status_leads_to_the_same_decisions_without_duplicates(case: str) -> None:
+    h = RESTARTS[case]()
+    before = h.stored
+    children, writes = h.children(), len(h.writes)
+    plan_record = h.objects.get(("ConfigMap", "j-plan-0"))
+    h.status = {}  # e.g. restored from a backup without status, or an operator that lost its write
+    h.reconcile()
+    assert h.children() == children and len(h.writes) == writes  # nothing created twice
+    after = h.stored
+    assert after.plan == before.plan  # rebuilt from the stored plan record: baseline and savings too
+    if before.attempts:
+        assert [(a.index, a.node_pool, a.nodes) for a in after.attempts] == [
+            (a.index, a.node_pool, a.nodes) for a in before.attempts
+        ]
+        assert h.objects[("ConfigMap", "j-plan-0")] == plan_record
+
+
+def test_clock_is_the_only_time_source() -> None:
+    h = launched()
+    assert h.stored.attempts[0].started_at == T0
+    h.later(0.9)  # sub-second clocks are truncated: a reconcile a moment later changes nothing
+    assert h.now - T0 < timedelta(seconds=1)
+    assert_idempotent(h)
