@@ -60,11 +60,14 @@ def _env() -> dict[str, str]:
 def measure_truth(cases: list[Case], workdir: Path, *, device: str = "cpu") -> dict[str, dict[str, Any]]:
     """Run every case for real, one launch per world size; per-case truth and per-rank details."""
     results: dict[str, dict[str, Any]] = {}
-    for world in sorted({c.world_size for c in cases}):
-        group = [c for c in cases if c.world_size == world]
-        spec = workdir / f"cases-w{world}.json"
+    # One launch per world size and section: a training job runs in its own process, and state that
+    # earlier cases leave in a shared worker (library flags set by DeepSpeed/FSDP runs) changed the
+    # entrypoint section's truths by up to 20 % (encoder-decoder attention) when they shared one.
+    for world, section in sorted({(c.world_size, section_of(c.family)) for c in cases}):
+        group = [c for c in cases if c.world_size == world and section_of(c.family) == section]
+        spec = workdir / f"cases-w{world}-{section}.json"
         spec.write_text(json.dumps([{"id": c.id, "plan": c.plan_wire()} for c in group]))
-        out = workdir / f"truth-w{world}"
+        out = workdir / f"truth-w{world}-{section}"
         if world == 1:
             command = [sys.executable, str(WORKER), str(spec), str(out), "--device", device]
         else:
@@ -74,7 +77,7 @@ def measure_truth(cases: list[Case], workdir: Path, *, device: str = "cpu") -> d
             ]  # fmt: skip
         started = time.perf_counter()
         proc = subprocess.run(command, env=_env(), capture_output=True, text=True, timeout=3600)
-        print(f"truth: {len(group)} cases at world size {world} in {time.perf_counter() - started:.0f} s")
+        print(f"truth: {len(group)} {section} cases at world size {world} in {time.perf_counter() - started:.0f} s")
         if proc.returncode != 0:
             print(proc.stdout[-2000:], proc.stderr[-4000:], file=sys.stderr)
         for case in group:
