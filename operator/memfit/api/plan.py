@@ -7,7 +7,7 @@ from typing import Literal
 from pydantic import Field
 
 from memfit.api.common import ApiModel
-from memfit.api.job import TrainingSpec
+from memfit.api.job import PlanSummary, TrainingSpec
 from memfit.api.problem import Problem
 from memfit.api.training_config import TrainingConfig
 
@@ -66,3 +66,27 @@ class Plan(TrainingConfig):
     def describe(self, *, words: bool = False, batch: bool = True) -> str:
         """The GPUs, then the configuration: `4xL4 ZeRO-2 bf16 ckpt-full 8-bit-optim mbs 2x4`."""
         return f"{self.world_size}x{self.gpu_product} {super().describe(words=words, batch=batch)}"
+
+    def summary(self, *, baseline_cost_per_hour: float | None = None, baseline_cost: float | None = None,
+                savings_percent: float | None = None) -> PlanSummary:
+        """The status summary (`kubectl get motj` columns); the baseline and savings are not part of
+        the Plan and come from the planner's result (or the stored record)."""
+        gib = 1024**3
+        return PlanSummary(
+            **self.training_config().model_dump(),
+            node_pool=self.node_pool,
+            nodes=self.nodes,
+            gpus=self.world_size,
+            gpu_product=self.gpu_product[:128],
+            predicted_peak_bytes=self.memory.peak_bytes,
+            predicted_peak=f"{self.memory.peak_bytes / gib:.1f}Gi",
+            gpu_memory_bytes=self.gpu_memory_bytes,
+            cost_per_hour=round(self.price_per_hour, 4),
+            cost_per_hour_text=f"${self.price_per_hour:.2f}",
+            estimated_hours=round(self.estimated_hours, 4),
+            estimated_cost=round(self.estimated_cost, 4),
+            baseline_cost_per_hour=baseline_cost_per_hour,
+            baseline_cost=baseline_cost,
+            savings_percent=savings_percent,
+            savings=f"{-savings_percent:+.0f}%" if savings_percent is not None else None,
+        )

@@ -19,7 +19,7 @@ from memfit.kube.train_job import (
 )
 from memfit.lifecycle import conditions as c
 from memfit.lifecycle.draft import Draft
-from memfit.lifecycle.planning import PlanOutcome, plan_job, summary_without_baseline
+from memfit.lifecycle.planning import PlanOutcome, plan_job
 from memfit.lifecycle.profiling import placement_of
 from memfit.lifecycle.result import Effect, Ensure
 from memfit.lifecycle.snapshot import Snapshot
@@ -72,7 +72,7 @@ def launch_step(
         draft.fail(c.NO_FIT, f"planned pool {plan.node_pool} no longer exists")
         return
     owner = snap.job.owner()
-    summary = summary or summary_without_baseline(plan)
+    summary = summary or plan.summary()  # only the Plan survived: no baseline, no savings
     draft.effects.extend(
         launch_effects(
             owner=owner,

@@ -18,8 +18,6 @@ from memfit.lifecycle.world import PoolCapacity
 from memfit.memory.strategy import Strategy
 from memfit.planner import MeasuredPeak, PlanResult, plan, plan_summary
 
-GIB = 2**30
-
 
 @dataclass(frozen=True, slots=True)
 class PlanOutcome:
@@ -145,22 +143,3 @@ def plan_job(
         }
     )
     return PlanOutcome(chosen, plan_summary(result), result)
-
-
-def summary_without_baseline(p: Plan) -> PlanSummary:
-    """The status summary of a Plan whose record lacks its summary (only the copy annotated on the
-    training Job survived): everything but the baseline and savings, which the Plan does not carry."""
-    return PlanSummary(
-        **p.training_config().model_dump(),
-        node_pool=p.node_pool,
-        nodes=p.nodes,
-        gpus=p.world_size,
-        gpu_product=p.gpu_product[:128],
-        predicted_peak_bytes=p.memory.peak_bytes,
-        predicted_peak=f"{p.memory.peak_bytes / GIB:.1f}Gi",
-        gpu_memory_bytes=p.gpu_memory_bytes,
-        cost_per_hour=round(p.price_per_hour, 4),
-        cost_per_hour_text=f"${p.price_per_hour:.2f}",
-        estimated_hours=round(p.estimated_hours, 4),
-        estimated_cost=round(p.estimated_cost, 4),
-    )

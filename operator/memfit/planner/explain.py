@@ -132,28 +132,12 @@ class OfferFailures:
 
 def plan_summary(result: PlanResult) -> PlanSummary | None:
     """The status summary (`kubectl get motj` columns) of a plan, None for NoFit."""
-    c = result.chosen
-    if c is None:
+    if result.plan is None:
         return None
-    s = c.strategy
-    base = result.baseline
-    savings = result.savings_percent
-    return PlanSummary(
-        **dict(s.config),
-        node_pool=c.pool,
-        nodes=c.nodes,
-        gpus=c.gpus,
-        gpu_product=c.product[:128],
-        predicted_peak_bytes=c.memory.peak_bytes,
-        predicted_peak=f"{c.memory.peak_bytes / GIB:.1f}Gi",
-        gpu_memory_bytes=c.usable_bytes,
-        cost_per_hour=round(c.price_per_hour, 4),
-        cost_per_hour_text=f"${c.price_per_hour:.2f}",
-        estimated_hours=round(c.hours, 4),
-        estimated_cost=round(c.total_cost, 4),
+    base, savings = result.baseline, result.savings_percent
+    return result.plan.summary(
         baseline_cost_per_hour=round(base.price_per_hour, 4) if base else None,
         baseline_cost=round(base.total_cost, 4) if base else None,
         savings_percent=round(savings, 1) if savings is not None else None,
-        savings=f"{-savings:+.0f}%" if savings is not None else None,
     )
 
