@@ -9,9 +9,8 @@ from pathlib import Path
 import pytest
 from memfit.api.profile import Profile
 from memfit.memory import Shape, calibrate
-from profiler_support import write_problem
-
 from memfit_trainer.profiler.cli import main
+from profiler_support import write_problem
 
 ZOO = Path(__file__).resolve().parents[3] / "benchmarks" / "entrypoints"
 EXIT_INVALID = 2

@@ -9,7 +9,6 @@ from memfit.api.profile import ActivationCurve, Measurement, Profile
 from memfit.api.training_config import TrainingConfig
 from memfit.memory import Device, Shape, Strategy, calibrate, memory_terms, predict_memory
 from memfit.memory.curves import fit_curve
-
 from memory_factories import model_shape
 
 MIB = 2**20

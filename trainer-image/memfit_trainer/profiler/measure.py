@@ -351,9 +351,8 @@ class _Session:
             return t
 
         batch = batch_for(self.problem, micro_batch_size=micro_batch_size, step=0, device=self.options.device)
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            with autocast(precision, self.options.device):
-                loss = self.problem.loss_fn(self.problem.model, batch)
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), autocast(precision, self.options.device):
+            loss = self.problem.loss_fn(self.problem.model, batch)
         del loss, batch
         params = {p.untyped_storage().data_ptr() for p in self.problem.model.parameters()}
         return sum(n for ptr, n in storages.items() if ptr not in params)

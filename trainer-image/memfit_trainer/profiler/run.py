@@ -20,8 +20,8 @@ from memfit_trainer.profiler.measure import (
     CurveResult,
     ElisionUnsafe,
     MeasureOptions,
-    ModelStepError,
     MeasureRun,
+    ModelStepError,
     measure_configs,
 )
 from memfit_trainer.profiler.shape import model_shape
