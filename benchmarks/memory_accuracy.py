@@ -34,7 +34,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
 
-from memory_accuracy_cases import PROBLEMS, Case, full_cases, quick_cases  # noqa: E402
+from memory_accuracy_cases import PROBLEMS, Case, full_cases, held_out, quick_cases, section_of  # noqa: E402
 from provenance import stamp  # noqa: E402
 
 DEFAULT_OUT = ROOT / "results" / "memory_accuracy.json"
@@ -52,17 +52,22 @@ def _env() -> dict[str, str]:
     env = dict(os.environ)
     env.setdefault("TORCH_EXTENSIONS_DIR", str(Path.home() / ".cache" / "memfit" / "torch_extensions"))
     env["OMP_NUM_THREADS"] = "1"
+    # The entrypoint section's user code, importable as `memfit_zoo` in the profiler and the truth.
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "entrypoints"), env.get("PYTHONPATH")]))
     return env
 
 
 def measure_truth(cases: list[Case], workdir: Path, *, device: str = "cpu") -> dict[str, dict[str, Any]]:
     """Run every case for real, one launch per world size; per-case truth and per-rank details."""
     results: dict[str, dict[str, Any]] = {}
-    for world in sorted({c.world_size for c in cases}):
-        group = [c for c in cases if c.world_size == world]
-        spec = workdir / f"cases-w{world}.json"
+    # One launch per world size and section: a training job runs in its own process, and state that
+    # earlier cases leave in a shared worker (library flags set by DeepSpeed/FSDP runs) changed the
+    # entrypoint section's truths by up to 20 % (encoder-decoder attention) when they shared one.
+    for world, section in sorted({(c.world_size, section_of(c.family)) for c in cases}):
+        group = [c for c in cases if c.world_size == world and section_of(c.family) == section]
+        spec = workdir / f"cases-w{world}-{section}.json"
         spec.write_text(json.dumps([{"id": c.id, "plan": c.plan_wire()} for c in group]))
-        out = workdir / f"truth-w{world}"
+        out = workdir / f"truth-w{world}-{section}"
         if world == 1:
             command = [sys.executable, str(WORKER), str(spec), str(out), "--device", device]
         else:
@@ -72,7 +77,7 @@ def measure_truth(cases: list[Case], workdir: Path, *, device: str = "cpu") -> d
             ]  # fmt: skip
         started = time.perf_counter()
         proc = subprocess.run(command, env=_env(), capture_output=True, text=True, timeout=3600)
-        print(f"truth: {len(group)} cases at world size {world} in {time.perf_counter() - started:.0f} s")
+        print(f"truth: {len(group)} {section} cases at world size {world} in {time.perf_counter() - started:.0f} s")
         if proc.returncode != 0:
             print(proc.stdout[-2000:], proc.stderr[-4000:], file=sys.stderr)
         for case in group:
@@ -98,15 +103,24 @@ def _max_known(values: list[int | None]) -> int | None:
     return max(known) if known else None
 
 
-def profile_problems(families: set[str], workdir: Path, *, extra: tuple[str, ...] = ()) -> dict[str, Any]:
-    """`memfit-trainer profile` once per problem, as the operator's profiling Job runs it."""
+def profile_key(case: Case) -> str:
+    """Which profile predicts a case: per problem, and for user code per optimizer (the profiling Job
+    runs the job's optimizer; builtin problems keep the AdamW profile their calibration was built on)."""
+    if section_of(case.family) == "entrypoint":
+        return f"{case.family}:{case.optimizer}"
+    return f"{case.family}:adamw"
+
+
+def profile_problems(keys: set[str], workdir: Path, *, extra: tuple[str, ...] = ()) -> dict[str, Any]:
+    """`memfit-trainer profile` once per problem (and optimizer), as the operator's profiling Job runs it."""
     from memfit.api.profile import Profile
 
     profiles: dict[str, Any] = {}
-    for family in sorted(families):
+    for key in sorted(keys):
+        family, optimizer = key.split(":")
         problem = workdir / f"problem-{family}.json"
         problem.write_text(json.dumps(PROBLEMS[family]))
-        out = workdir / f"profile-{family}.json"
+        out = workdir / f"profile-{family}-{optimizer}.json"
         started = time.perf_counter()
         proc = subprocess.run(
             [
@@ -118,6 +132,8 @@ def profile_problems(families: set[str], workdir: Path, *, extra: tuple[str, ...
                 str(problem),
                 "--out",
                 str(out),
+                "--optimizer",
+                optimizer,
             ],
             env={**_env(), "MEMFIT_TERMINATION_MESSAGE_PATH": str(workdir / f"termination-{family}")},
             capture_output=True,
@@ -126,9 +142,9 @@ def profile_problems(families: set[str], workdir: Path, *, extra: tuple[str, ...
         )
         wall = time.perf_counter() - started
         if proc.returncode != 0:
-            raise RuntimeError(f"profiling {family} failed ({proc.returncode}): {proc.stderr[-2000:]}")
-        profiles[family] = {"profile": Profile.model_validate_json(out.read_text()), "wall_seconds": wall}
-        print(f"profile: {family} in {wall:.1f} s wall")
+            raise RuntimeError(f"profiling {key} failed ({proc.returncode}): {proc.stderr[-2000:]}")
+        profiles[key] = {"profile": Profile.model_validate_json(out.read_text()), "wall_seconds": wall}
+        print(f"profile: {key} in {wall:.1f} s wall")
     return profiles
 
 
@@ -137,12 +153,15 @@ def predict_all(cases: list[Case], profiles: dict[str, Any]) -> dict[str, dict[s
     from memory_accuracy_peers import PEERS, Prediction, memfit_predictor
 
     out: dict[str, dict[str, Any]] = {"memfit": {}}
-    memfit = {family: memfit_predictor(p["profile"]) for family, p in profiles.items()}
+    memfit = {key: memfit_predictor(p["profile"]) for key, p in profiles.items()}
     for case in cases:
-        out["memfit"][case.id] = memfit[case.family](case)
+        out["memfit"][case.id] = memfit[profile_key(case)](case)
     for name, peer in PEERS.items():
         out[name] = {}
         for case in cases:
+            if section_of(case.family) == "entrypoint":  # peers need an analytic or builtin model
+                out[name][case.id] = Prediction(None, 0.0)
+                continue
             try:
                 out[name][case.id] = peer(case)
             except Exception as error:  # a peer crashing on a case is a case it cannot handle
@@ -190,6 +209,20 @@ def build_report(
                 pairs.append((truth[case.id]["truth_bytes"], p.bytes))
                 seconds.append(p.seconds)
         predictors[name] = summarise(pairs, seconds)
+    sections: dict[str, Any] = {}
+    groups = {
+        "transformer": [c for c in measured if section_of(c.family) == "transformer"],
+        "entrypoint": [c for c in measured if section_of(c.family) == "entrypoint"],
+        "entrypoint-in-sample": [c for c in measured if section_of(c.family) == "entrypoint" and not held_out(c.family)],
+        "entrypoint-held-out": [c for c in measured if section_of(c.family) == "entrypoint" and held_out(c.family)],
+    }
+    for section, members in groups.items():
+        pairs = [(truth[c.id]["truth_bytes"], predictions["memfit"][c.id].bytes) for c in members
+                 if predictions["memfit"][c.id].bytes is not None]
+        if pairs:
+            summary = summarise(pairs, [])
+            sections[section] = {"mape": summary["mape"], "p95_abs_pct": summary["p95_abs_pct"],
+                                 "max_under_pct": summary["max_under_pct"], "cases": len(pairs)}
     versus: dict[str, Any] = {}
     for name in predictions:
         if name.startswith("memfit"):
@@ -221,6 +254,7 @@ def build_report(
             for f, p in profiles.items()
         },
         "predictors": predictors,
+        "sections": sections,
         "versus_peers": versus,
         "cases": [
             {
@@ -294,6 +328,9 @@ def print_table(report: dict[str, Any]) -> None:
             f"{name:<16} {s['mape']:8.2f} {s['p95_abs_pct']:8.2f} {s['max_under_pct']:12.2f} {s['coverage']:6d}"
             f" {s['seconds_per_prediction']:13.2e}"
         )
+    print(f"\n{'memfit section':<22} {'MAPE %':>8} {'P95 %':>8} {'max under %':>12} {'cases':>6}")
+    for name, s in report["sections"].items():
+        print(f"{name:<22} {s['mape']:8.2f} {s['p95_abs_pct']:8.2f} {s['max_under_pct']:12.2f} {s['cases']:6d}")
     print(
         f"\n{'memfit vs peer':<16} {'cases':>6} {'memfit MAPE':>12} {'peer MAPE':>10} {'diff pp':>8} {'speedup':>9}"
     )
@@ -311,15 +348,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="8 single-rank cases, under a minute")
     parser.add_argument("--json", type=Path, default=None, help="output JSON (default: benchmarks/results/)")
     parser.add_argument("--cases", default="", help="comma-separated case ids to run (default: all)")
+    parser.add_argument("--section", choices=("all", "transformer", "entrypoint"), default="all",
+                        help="run only one section's cases")
     args = parser.parse_args(argv)
     cases = quick_cases() if args.quick else full_cases()
+    if args.section != "all":
+        cases = [c for c in cases if section_of(c.family) == args.section]
     if args.cases:
         wanted = set(args.cases.split(","))
         cases = [c for c in cases if c.id in wanted]
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="memfit-accuracy-") as tmp:
         workdir = Path(tmp)
-        profiles = profile_problems({c.family for c in cases}, workdir)
+        profiles = profile_problems({profile_key(c) for c in cases}, workdir)
         truth = measure_truth(cases, workdir)
     predictions = predict_all(cases, profiles)
     report = build_report(cases, truth, predictions, profiles)

@@ -69,7 +69,7 @@ def memfit_predictor(profile: Profile) -> Callable[[Case], Prediction]:
 
     assert profile.shape is not None
     shape = Shape.of(profile.shape)
-    calibration = calibrate(profile, shape, optimizer=OptimizerKind.ADAMW)
+    calibration = calibrate(profile, shape)  # with the optimizer the profile ran
 
     def predict(case: Case) -> Prediction:
         strategy = _strategy(case)

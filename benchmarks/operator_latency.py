@@ -21,15 +21,11 @@ from pathlib import Path
 
 import yaml
 from kubernetes import client, config
-from memfit.api.hashing import problem_hash
-from memfit.api.job import MemoryOptimizedTrainingJobSpec
-from memfit.api.profile import Profile
 from memfit.controller.kubeapi import KubeApi
-from memfit.kube.profile_cache import CachedProfile, build_profile_cache
-from memfit.memory.problems import shape_from_problem
 from memfit_testbed import kwok_pools, testcluster
 from memfit_testbed.cluster_helpers import Kube
 from memfit_testbed.operator_helpers import apply_pools, create_job, operator_process, quickstart
+from memfit_testbed.profiles import seed_profile
 from provenance import stamp
 
 REPO = Path(__file__).resolve().parent.parent
@@ -62,8 +58,12 @@ def main(argv: list[str] | None = None) -> int:
         kwok_pools.apply_pools(str(cluster.kubeconfig))
         api_client = config.new_client_from_config(config_file=str(cluster.kubeconfig))
         kube = Kube(api_client=api_client, logs=lambda: cluster.log_tail(20))
-        os.system(f"KUBECONFIG={cluster.kubeconfig} kubectl apply --server-side -f {REPO / 'crds'} >/dev/null")
-        os.system(f"KUBECONFIG={cluster.kubeconfig} kubectl wait --for=condition=Established crd --all >/dev/null")
+        os.system(
+            f"KUBECONFIG={cluster.kubeconfig} kubectl apply --server-side -f {REPO / 'crds'} >/dev/null"
+        )
+        os.system(
+            f"KUBECONFIG={cluster.kubeconfig} kubectl wait --for=condition=Established crd --all >/dev/null"
+        )
         apply_pools(kube)
         # Room for every job on the cheapest pool, so this measures the operator, not a capacity wait.
         pools = kwok_pools.load_pools()
@@ -74,12 +74,7 @@ def main(argv: list[str] | None = None) -> int:
         namespace = "bench"
         kube.core.create_namespace({"metadata": {"name": namespace}})
         doc = quickstart("seed")
-        spec = MemoryOptimizedTrainingJobSpec.model_validate(doc["spec"])
-        digest = problem_hash(spec.problem)
-        profile = Profile(problem_hash=digest[:16], shape=shape_from_problem(spec.problem))
-        KubeApi.from_client(api_client).ensure(
-            build_profile_cache(namespace=namespace, problem_hash=digest, cached=CachedProfile(profile, ()))
-        )
+        seed_profile(KubeApi.from_client(api_client), namespace, doc)
         batch = client.BatchV1Api(api_client)
         latencies: list[float] = []
         with operator_process(cluster.kubeconfig, work / "operator.log") as (_, _port):

@@ -5,20 +5,15 @@ from __future__ import annotations
 
 import copy
 import time
-from typing import Any
 
 import pytest
 from kubernetes import client
-from memfit.api.hashing import problem_hash
-from memfit.api.job import MemoryOptimizedTrainingJobSpec
-from memfit.api.profile import Profile
 from memfit.controller.kubeapi import KubeApi
 from memfit.controller.reconcile import reconcile_job
 from memfit.controller.settings import OperatorSettings
-from memfit.kube.profile_cache import CachedProfile, build_profile_cache
-from memfit.memory.problems import shape_from_problem
 from memfit_testbed.cluster_helpers import Kube
 from memfit_testbed.operator_helpers import GROUP, VERSION, apply_pools, create_job, get_job, quickstart
+from memfit_testbed.profiles import seed_profile
 from prometheus_client import REGISTRY
 
 pytestmark = pytest.mark.cluster
@@ -45,16 +40,6 @@ def children(kube: Kube, namespace: str) -> dict[str, str]:
     return out
 
 
-def seed_profile(api: KubeApi, namespace: str, doc: dict[str, Any]) -> None:
-    """An analytic profile in the cache, as an earlier run of the same problem would have left."""
-    spec = MemoryOptimizedTrainingJobSpec.model_validate(doc["spec"])
-    digest = problem_hash(spec.problem)
-    profile = Profile(problem_hash=digest[:16], shape=shape_from_problem(spec.problem))
-    api.ensure(
-        build_profile_cache(namespace=namespace, problem_hash=digest, cached=CachedProfile(profile, ()))
-    )
-
-
 def test_second_reconcile_writes_nothing(kube: Kube, namespace: str, api: KubeApi) -> None:
     create_job(kube, namespace, quickstart("idem"))
     first = reconcile_job(api, get_job(kube, namespace, "idem"), settings=SETTINGS)  # type: ignore[arg-type]
@@ -76,7 +61,9 @@ def test_cached_profile_goes_straight_to_launch(kube: Kube, namespace: str, api:
     plans_before = REGISTRY.get_sample_value("memfit_plan_duration_seconds_count") or 0.0
     decision = reconcile_job(api, get_job(kube, namespace, "cached"), settings=SETTINGS)  # type: ignore[arg-type]
     assert decision is not None and decision.status["phase"] == "Launching"
-    assert REGISTRY.get_sample_value("memfit_plan_duration_seconds_count") == plans_before + 1  # planner timed
+    assert (
+        REGISTRY.get_sample_value("memfit_plan_duration_seconds_count") == plans_before + 1
+    )  # planner timed
     made = children(kube, namespace)
     assert {"cm/cached-plan-0", "job/cached-train-0", "svc/cached"} <= set(made)
     assert "job/cached-profile" not in made

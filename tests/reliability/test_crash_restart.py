@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 from kubernetes import client
-from memfit_testbed.reliability.chaos import GROUP, MOTJ, VERSION, ChaosCluster, new_namespace, seed_profile
+from memfit_testbed.profiles import seed_profile
+from memfit_testbed.reliability.chaos import GROUP, MOTJ, VERSION, ChaosCluster, new_namespace
 from memfit_testbed.reliability.crash import EXPECTED, Campaign, lifecycle_doc, make_roomy, run_campaign
 from memfit_testbed.reliability.crashpoints import Run, count_writes, crashing, drive
 from memfit_testbed.reliability.invariants import JobRecorder, check_world

@@ -24,7 +24,6 @@ from memfit.api.hashing import problem_hash
 from memfit.api.job import MemoryOptimizedTrainingJobSpec
 from memfit.api.profile import Profile
 from memfit.controller.kubeapi import KubeApi
-from memfit.kube.profile_cache import CachedProfile, build_profile_cache
 from memfit.memory.problems import shape_from_problem
 
 from memfit_testbed import kwok_pools, testcluster
@@ -50,16 +49,7 @@ def quickstart(name: str, annotations: dict[str, str] | None = None, **spec: Any
 def profile_of(doc: dict[str, Any]) -> Profile:
     """The analytic profile of a MOTJ's problem, as a profiling run would have recorded it."""
     spec = MemoryOptimizedTrainingJobSpec.model_validate(doc["spec"])
-    digest = problem_hash(spec.problem)
-    return Profile(problem_hash=digest[:16], shape=shape_from_problem(spec.problem))
-
-
-def seed_profile(api: KubeApi, namespace: str, doc: dict[str, Any]) -> None:
-    """Put the problem's profile in the namespace's cache, so the job skips profiling."""
-    spec = MemoryOptimizedTrainingJobSpec.model_validate(doc["spec"])
-    digest = problem_hash(spec.problem)
-    cached = CachedProfile(profile_of(doc), ())
-    api.ensure(build_profile_cache(namespace=namespace, problem_hash=digest, cached=cached))
+    return Profile(problem_hash=problem_hash(spec.problem), shape=shape_from_problem(spec.problem))
 
 
 def install_crds(kubeconfig: Path) -> None:

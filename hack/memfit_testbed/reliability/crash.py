@@ -21,6 +21,7 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from memfit_testbed.profiles import seed_profile
 from memfit_testbed.reliability.chaos import (
     GROUP,
     MOTJ,
@@ -28,7 +29,6 @@ from memfit_testbed.reliability.chaos import (
     ChaosCluster,
     OperatorProcess,
     quickstart,
-    seed_profile,
 )
 from memfit_testbed.reliability.fault_kit import finish_pods
 from memfit_testbed.reliability.invariants import TERMINAL, JobRecorder, Report, check_world, leftovers

@@ -14,13 +14,13 @@ from collections.abc import Callable
 from kubernetes.client.exceptions import ApiException
 
 from memfit_testbed import kwok_pools
+from memfit_testbed.profiles import seed_profile
 from memfit_testbed.reliability.chaos import (
     GROUP,
     VERSION,
     ChaosCluster,
     apply_gpunodepools,
     quickstart,
-    seed_profile,
 )
 from memfit_testbed.reliability.chaos_stages import CRASH_PROFILER, LONG_RUN, SLOW_PROFILER
 from memfit_testbed.reliability.fault_kit import (

@@ -12,6 +12,7 @@ from typing import Any
 
 from kubernetes import client
 
+from memfit_testbed.profiles import seed_profile
 from memfit_testbed.reliability.chaos import (
     GROUP,
     MOTJ,
@@ -19,7 +20,6 @@ from memfit_testbed.reliability.chaos import (
     ChaosCluster,
     OperatorProcess,
     quickstart,
-    seed_profile,
 )
 from memfit_testbed.reliability.chaos_stages import LONG_RUN
 from memfit_testbed.reliability.crash import make_roomy

@@ -30,6 +30,7 @@ from memfit.lifecycle.planning import plan_job
 from memfit.memory.problems import shape_from_problem
 
 from memfit_testbed.paths import REPO
+from memfit_testbed.profiles import seed_profile
 from memfit_testbed.reliability.chaos import (
     GROUP,
     MOTJ,
@@ -37,7 +38,6 @@ from memfit_testbed.reliability.chaos import (
     ChaosCluster,
     operator_for,
     quickstart,
-    seed_profile,
 )
 from memfit_testbed.reliability.hostile_specs import QUICKSTART
 

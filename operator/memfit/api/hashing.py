@@ -24,3 +24,24 @@ def problem_hash(problem: Problem) -> str:
     """
     digest = hashlib.sha256(canonical_problem_json(problem).encode("utf-8")).hexdigest()
     return digest[:HASH_HEX_DIGITS]
+
+
+def profile_cache_key(
+    problem: Problem, *, optimizer: str, optimizer8bit: str, image: str, gpu_product: str
+) -> str:
+    """The profile cache key: the problem and everything else a profile's numbers depend on.
+
+    A profile measures the problem with the job's optimizer (its state and step scratch) and 8-bit
+    choice (`auto`/`on`/`off`; `off` skips the bitsandbytes points), in the trainer image (torch and
+    library versions change what is allocated), on one GPU product. Jobs that differ in any of them
+    must not share a profile. 16 hex digits of SHA-256, like `problem_hash`.
+    """
+    key = {
+        "problem": problem_config(problem),
+        "optimizer": optimizer,
+        "optimizer8bit": optimizer8bit,
+        "image": image,
+        "gpuProduct": gpu_product,
+    }
+    text = json.dumps(key, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:HASH_HEX_DIGITS]

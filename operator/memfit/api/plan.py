@@ -46,6 +46,15 @@ class Plan(TrainingConfig):
     estimated_cost: float = Field(ge=0)
     problem: Problem | None = None
     training: TrainingSpec | None = None
+    memory_sources: dict[str, Literal["measured", "analytic"]] | None = Field(
+        default=None, max_length=8,
+        description="Per memory term (parameters, optimizer, activations, step, fragmentation): from the "
+        "profile's measurements or from the analytic model.",
+    )
+    find_unused_parameters: bool = Field(
+        default=False,
+        description="DDP find_unused_parameters: the profile saw trainable parameters without a gradient.",
+    )
     attempt: int = Field(default=0, ge=0)
     checkpoint_dir: str | None = Field(default=None, max_length=1024)
     nvme_path: str | None = Field(default=None, max_length=1024)

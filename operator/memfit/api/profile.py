@@ -34,6 +34,11 @@ class ModelShape(ApiModel):
     separate_qkv: bool = Field(
         default=False, description="Q, K, V (and gate/up) are separate Linear layers, not one fused matmul."
     )
+    small_parameters: int | None = Field(
+        default=None, ge=0,
+        description="Trainable parameters in tensors under 4096 elements (32-bit state under 8-bit optimizers), "
+        "counted on the built model; default: estimated from the dimensions.",
+    )
 
     @property
     def trainable(self) -> int:
@@ -54,6 +59,24 @@ class Measurement(ApiModel):
     step_seconds: float = Field(ge=0)
 
 
+class ActivationCurve(ApiModel):
+    """Forward+backward peaks above the bytes allocated at the step's start, at several micro-batches.
+
+    Measured for one (precision, checkpointing) on the model as the trainer runs it: `gradientsHeld`
+    false is the bare model (world size 1: backward creates the gradients), true the model under DDP
+    with `gradient_as_bucket_view` (world size 2+, or accumulation: the gradients exist before forward
+    and are part of the start). `savedBytesPerSample` is what autograd saves for backward per sample
+    (saved-tensor hooks, unique storages): a cross-check of the fitted slope.
+    """
+
+    precision: Precision
+    checkpointing: Checkpointing
+    gradients_held: bool = False
+    micro_batch_sizes: list[int] = Field(max_length=8)
+    peak_bytes: list[int] = Field(max_length=8, description="Peak minus start-of-step allocated bytes.")
+    saved_bytes_per_sample: int | None = Field(default=None, ge=0)
+
+
 class Profile(ApiModel):
     """A problem's measured memory and compute, from one short profiling run."""
 
@@ -65,6 +88,20 @@ class Profile(ApiModel):
     achieved_tflops: float | None = Field(default=None, ge=0, description="Measured on the profiling device.")
     mfu: float | None = Field(default=None, ge=0, le=1, description="Model FLOPs utilisation measured.")
     measurements: list[Measurement] = Field(default_factory=list, max_length=16)
+    activation_curves: list[ActivationCurve] = Field(
+        default_factory=list, max_length=8,
+        description="Per-sample activation terms measured directly (user models without an analytic form).",
+    )
+    optimizer: str | None = Field(default=None, max_length=16, description="The optimizer the steps ran with.")
+    compute: Literal["full", "elided"] | None = Field(
+        default=None, description="Real arithmetic or elided (shape-exact) steps."
+    )
+    compute_reason: str | None = Field(
+        default=None, max_length=256, description="Why the profiler fell back to real arithmetic."
+    )
+    unused_parameters: bool = Field(
+        default=False, description="Trainable parameters got no gradient: DDP needs find_unused_parameters."
+    )
     seconds: float = Field(default=0.0, ge=0, description="Wall time of the profiling run.")
     error: str | None = Field(default=None, max_length=1024, description="Why profiling failed.")
 

@@ -59,13 +59,17 @@ def parse_builtin(text: str) -> BuiltinProblem:
         raise InputError([str(v) for v in violations_from(error, "--builtin")]) from None
 
 
-def _estimate_shape(args: argparse.Namespace) -> tuple[ModelShape, MemoryOptimizedTrainingJob | None]:
+def _estimate_shape(args: argparse.Namespace) -> tuple[ModelShape | None, MemoryOptimizedTrainingJob | None]:
+    """The analytic shape of the problem; None for user code when a profile will give it."""
     if args.job:
         job = load_job(Path(args.job))
         try:
             return shape_from_problem(job.spec.problem), job
         except ShapeError as error:
-            raise InputError([f"{args.job}: spec.{error}"]) from None
+            if args.profile:  # entrypoints: the shape and the activations come from the profile
+                return None, job
+            raise InputError([f"{args.job}: spec.{error} (pass --profile P.json from `memfit-trainer profile`)"]
+                             ) from None
     if args.hf_config:
         path = Path(args.hf_config)
         try:
@@ -125,18 +129,27 @@ def cmd_estimate(args: argparse.Namespace) -> int:
         return error.report()
     if profile is not None and profile.shape is not None:
         shape = profile.shape
+    if shape is None:
+        reason = f" (profiling failed: {profile.error})" if profile is not None and profile.error else ""
+        return InputError([f"{args.profile}: the profile has no model shape{reason}"]).report()
     hot = Shape.of(shape)
     calibration: Calibration | None = None
-    if profile is not None and profile.measurements:
-        calibration = calibrate(profile, hot, optimizer=strategy.optimizer)
+    if profile is not None and (profile.measurements or profile.activation_curves):
+        calibration = calibrate(profile, hot)  # with the optimizer the profile's steps ran
     memory = predict_memory(hot, strategy, calibration=calibration)
+    sources = calibration.sources(strategy) if calibration is not None else dict.fromkeys(
+        ("parameters", "optimizer", "activations", "step", "fragmentation"), "analytic")
     if args.json:
-        print(json.dumps(memory.to_breakdown().to_wire(), indent=2))
+        print(json.dumps({**memory.to_breakdown().to_wire(), "sources": sources}, indent=2))
         return 0
     print(f"memfit estimate: {shape.parameters / 1e9:.3g} B parameters ({shape.parameters:,}), "
           f"{shape.layers} layers x hidden {shape.hidden}, {shape.tokens_per_sample} tokens/sample")
     print(f"strategy: {strategy.config.describe()} on {strategy.world_size} GPU(s), optimizer {strategy.optimizer.value}"
           + (", calibrated from the profile" if calibration is not None else ""))
+    print("sources: " + ", ".join(f"{term} {source}" for term, source in sources.items()))
+    if profile is not None and profile.optimizer and profile.optimizer != strategy.optimizer.value:
+        print(f"note: the profile ran {profile.optimizer}, the job trains with {strategy.optimizer.value}: its "
+              f"measured step residual is not used (profile with --optimizer {strategy.optimizer.value})")
     usable = None
     if gpu is not None:
         pool = catalog_pools(CATALOG, gpus_per_node=strategy.gpus_per_node)

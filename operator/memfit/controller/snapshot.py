@@ -13,7 +13,6 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from memfit.api.hashing import problem_hash
 from memfit.api.job import MemoryOptimizedTrainingJobStatus
 from memfit.api.plan import Plan
 from memfit.controller.kubeapi import KubeApi
@@ -32,6 +31,7 @@ from memfit.kube.train_job import parse_plan_record
 from memfit.lifecycle import AttemptChildren, JobRef, LaunchSettings, RecordedPlan, Snapshot, World
 from memfit.lifecycle.launch import ANNOTATION_PLAN_JSON
 from memfit.lifecycle.observed import JobSummary, pod_selector, summarize_job
+from memfit.lifecycle.profiling import profile_key
 from memfit.lifecycle.snapshot import (
     is_terminal,
     monitoring,
@@ -98,14 +98,14 @@ def observe_snapshot(
     if spec is None or problems or is_terminal(status):
         return snap
     pools = _Pools(api, world, world_source)
-    digest = problem_hash(spec.problem)
     active = monitoring(status)
     if active is not None:
+        digest = profile_key(spec, status, snap.settings, None if status.profile else pools.get())
         children = _attempt_children(api, ref, active.index)
         return replace(
             snap,
             attempt=children,
-            world=pools.get() if needs_world_to_monitor(children) else None,
+            world=pools.get() if needs_world_to_monitor(children) or status.profile is None else None,
             profile_cache=_profile_cache(api, ref.namespace, digest)
             if needs_profile_cache_to_learn(children.job)
             else None,
@@ -113,6 +113,7 @@ def observe_snapshot(
     world_now = pools.get()
     if spec.profiling.node_pool != "auto" and world_now.pool(spec.profiling.node_pool) is None:
         world_now = pools.fresh()  # the shared snapshot may predate a pool created a moment ago
+    digest = profile_key(spec, status, snap.settings, world_now)
     cache = _profile_cache(api, ref.namespace, digest)
     return replace(
         snap,

@@ -47,8 +47,15 @@ def build_profile_job(
     placement: Placement,
     pod: PodSettings,
     timeout_seconds: int,
+    optimizer: str = "adamw",
+    optimizer8bit: str = "auto",
 ) -> Manifest:
-    """Job `<job>-profile`: runs `memfit-trainer profile` on one GPU of the profiling pool."""
+    """Job `<job>-profile`: runs `memfit-trainer profile` on one GPU of the profiling pool.
+
+    `optimizer` is the job's `training.optimizer` and `optimizer8bit` its `strategy.optimizer8bit`
+    (a Toggle: auto/enabled/disabled): the profile measures the optimizer the job will train
+    with, and `problem_hash` should then be `memfit.api.hashing.profile_cache_key` of them.
+    """
     labels = job_labels(owner.name, COMPONENT_PROFILER) | {
         LABEL_PROBLEM: problem_hash[:16],
         LABEL_POOL: placement.pool,
@@ -58,7 +65,8 @@ def build_profile_job(
         "image": pod.image,
         "imagePullPolicy": pod.image_pull_policy,
         "command": ["memfit-trainer", "profile"],
-        "args": ["--problem", f"{PLAN_MOUNT}/problem.json", "--out", "/tmp/profile.json"],
+        "args": ["--problem", f"{PLAN_MOUNT}/problem.json", "--out", "/tmp/profile.json",
+                 "--optimizer", optimizer, "--optimizer8bit", _toggle(optimizer8bit)],
         "env": [{"name": "MEMFIT_JOB", "value": owner.name}],
         "resources": {"limits": {GPU_RESOURCE: "1"}},
         "terminationMessagePath": "/dev/termination-log",
@@ -93,3 +101,8 @@ def build_profile_job(
             "template": {"metadata": {"labels": labels | pod.extra_labels}, "spec": pod_spec},
         },
     }
+
+
+def _toggle(value: str) -> str:
+    """A Toggle (`auto`, `enabled`, `disabled`) as the profiler's --optimizer8bit choice (auto, on, off)."""
+    return {"enabled": "on", "disabled": "off", "on": "on", "off": "off"}.get(str(value).lower(), "auto")

@@ -9,14 +9,13 @@ from __future__ import annotations
 
 from contextlib import nullcontext
 
-from memfit.api.hashing import problem_hash
 from memfit.api.job import MemoryOptimizedTrainingJobSpec
 from memfit.kube.names import train_job_name
 from memfit.lifecycle import conditions as c
 from memfit.lifecycle.draft import Draft
 from memfit.lifecycle.launch import Timer, launch_step
 from memfit.lifecycle.monitor import monitor_step
-from memfit.lifecycle.profiling import profile_step
+from memfit.lifecycle.profiling import profile_key, profile_step
 from memfit.lifecycle.result import Decision, Delete
 from memfit.lifecycle.snapshot import Snapshot, is_terminal
 
@@ -36,9 +35,12 @@ def decide(snap: Snapshot, *, timer: Timer = nullcontext) -> Decision:
 
 
 def _advance(draft: Draft, snap: Snapshot, spec: MemoryOptimizedTrainingJobSpec, timer: Timer) -> None:
-    digest = problem_hash(spec.problem)
     current = draft.current
-    if current is not None and current.outcome.active:
+    active = current is not None and current.outcome.active
+    digest = profile_key(
+        spec, snap.status, snap.settings, None if active and snap.status.profile else snap.pools()
+    )
+    if current is not None and active:
         monitor_step(draft, snap, spec, digest)
         return
     profile = profile_step(draft, snap, spec, digest)

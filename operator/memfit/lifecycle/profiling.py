@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from pydantic import ValidationError
 
-from memfit.api.job import MemoryOptimizedTrainingJobSpec, Phase, ProfileSummary
+from memfit.api.hashing import profile_cache_key
+from memfit.api.job import (
+    MemoryOptimizedTrainingJobSpec,
+    MemoryOptimizedTrainingJobStatus,
+    Phase,
+    ProfileSummary,
+)
 from memfit.api.pool import GPUNodePool
 from memfit.api.profile import Profile
 from memfit.kube.common import Placement
@@ -15,8 +21,51 @@ from memfit.lifecycle import conditions as c
 from memfit.lifecycle.draft import Draft
 from memfit.lifecycle.observed import JobSummary
 from memfit.lifecycle.result import Delete, Ensure, WriteData
-from memfit.lifecycle.snapshot import Snapshot
+from memfit.lifecycle.snapshot import LaunchSettings, Snapshot
 from memfit.lifecycle.world import World
+
+
+def profile_key(
+    spec: MemoryOptimizedTrainingJobSpec,
+    status: MemoryOptimizedTrainingJobStatus,
+    settings: LaunchSettings,
+    world: World | None,
+) -> str:
+    """The job's profile cache key: `profile_cache_key` of the problem, the optimizer and 8-bit choice,
+    the trainer image and the GPU product the profile is measured on.
+
+    Once the job has a profile, the key recorded in its status is kept (re-plans, monitoring and
+    learning after a pool changed use the same cache). Before, the product is the profiling pool's:
+    the pool named in `profiling.nodePool`, else the cheapest allowed pool per GPU by price, from the
+    pools' specs only, so that the key does not move with momentary free capacity. `world` may be None
+    only when the status already records the key."""
+    if status.profile is not None and status.profile.problem_hash:
+        return status.profile.problem_hash
+    assert world is not None, "the key of a job not yet profiled depends on the pools"
+    return profile_cache_key(
+        spec.problem,
+        optimizer=str(spec.training.optimizer.value),
+        optimizer8bit=str(spec.strategy.optimizer8bit.value),
+        image=settings.pod(spec).image,
+        gpu_product=_profiling_product(spec, world),
+    )
+
+
+def _profiling_product(spec: MemoryOptimizedTrainingJobSpec, world: World) -> str:
+    if spec.profiling.node_pool != "auto":
+        pool = world.pool(spec.profiling.node_pool)
+        return pool.spec.gpu.product if pool else "unknown"
+    allowed = [
+        p
+        for p in world.pools
+        if not spec.placement.node_pools or p.metadata.name in spec.placement.node_pools
+    ]
+    if not allowed:
+        return "any"
+    cheapest = min(
+        allowed, key=lambda p: ((p.spec.price_per_node_hour or 0.0) / p.spec.gpu.per_node, p.metadata.name)
+    )
+    return cheapest.spec.gpu.product
 
 
 def profile_step(
@@ -58,6 +107,8 @@ def profile_step(
                     placement=placement,
                     pod=snap.settings.pod(spec),
                     timeout_seconds=spec.profiling.timeout_seconds,
+                    optimizer=str(spec.training.optimizer.value),
+                    optimizer8bit=str(spec.strategy.optimizer8bit.value),
                 )
             )
         )

@@ -20,6 +20,13 @@ separately, the peak of forward+backward (`peak_backward_bytes`) and of the opti
 - Where `peak_reserved_bytes` is present (CUDA profiles), the median reserved/allocated ratio
   replaces the default fragmentation factor.
 
+Activation curves (profiles of user code, `Profile.activationCurves`) are measured per-sample terms:
+`memfit.memory.curves.fit_curve` turns each into a line (and a plateau) above the step's start, and
+for that (precision, checkpointing) they replace the analytic activation terms of every DDP strategy
+(bare model at world size 1; DDP with gradient bucket views at 2+ or with accumulation) and give the
+per-sample bytes of the other engines. Measurement wins over the analytic prior; `sources` says per
+term which one a prediction used.
+
 Groups without a measurement borrow the nearest measured group: same checkpointing, then same
 precision, then the mean of all groups; the residual only from the same precision. Borrowed
 corrections only ever raise a prediction (scale >= 1, residual >= 0): a measurement of one
@@ -37,6 +44,7 @@ from memfit.api.common import Checkpointing, Engine, Precision
 from memfit.api.job import OptimizerKind
 from memfit.api.profile import Measurement, Profile
 from memfit.api.training_config import PLAIN_FP32_DDP
+from memfit.memory.curves import CurveFit, fit_curve
 from memfit.memory.predict import memory_terms
 from memfit.memory.shape import Shape
 from memfit.memory.strategy import Device, Strategy
@@ -49,6 +57,8 @@ MIN_FRAGMENTATION, MAX_FRAGMENTATION = 1.0, 2.0
 AGREEMENT = 0.02
 
 GroupKey = tuple[Precision, Checkpointing]
+CurveKey = tuple[Precision, Checkpointing, bool]  # (precision, checkpointing, gradients held)
+MEASURED, ANALYTIC = "measured", "analytic"
 
 
 def _empty() -> Mapping[GroupKey, float]:
@@ -65,6 +75,29 @@ class Calibration:
     fragmentation: float | None = None
     device: Device = Device.CUDA  # where the profile was measured
     notes: tuple[str, ...] = ()
+    curves: Mapping[CurveKey, CurveFit] = field(default_factory=lambda: MappingProxyType({}))
+    optimizer: OptimizerKind | None = None  # the profile's optimizer; None: any (older profiles)
+
+    def curve(self, strategy: Strategy, *, held: bool) -> CurveFit | None:
+        """The measured curve for this strategy's precision and checkpointing (held or bare gradients);
+        the other one when only it has a measured line."""
+        key = (strategy.config.precision, strategy.config.activation_checkpointing)
+        first = self.curves.get((*key, held))
+        if first is not None and first.measured:
+            return first
+        other = self.curves.get((*key, not held))
+        return other if other is not None and other.measured else None
+
+    def sources(self, strategy: Strategy) -> dict[str, str]:
+        """Per term, whether this strategy's prediction rests on the profile (`measured`) or on the
+        analytic model (`analytic`)."""
+        key = (strategy.config.precision, strategy.config.activation_checkpointing)
+        activations = MEASURED if (self.curve(strategy, held=False) is not None
+                                   or key in self.activation_scales) else ANALYTIC
+        step = (MEASURED if self._measured_like(strategy) and self._same_optimizer(strategy) and self.step_residuals
+                else ANALYTIC)
+        return {"parameters": ANALYTIC, "optimizer": ANALYTIC, "activations": activations, "step": step,
+                "fragmentation": MEASURED if self.fragmentation is not None else ANALYTIC}
 
     def _measured_like(self, strategy: Strategy) -> bool:
         """Residuals describe the profiled engine (DDP) on the profiled device only."""
@@ -93,12 +126,16 @@ class Calibration:
 
     def step_residual(self, strategy: Strategy) -> float:
         """Unmodelled bytes of the optimizer step for this strategy (0 unless measured like it)."""
-        if not self._measured_like(strategy):
+        if not self._measured_like(strategy) or not self._same_optimizer(strategy):
             return 0.0
         exact = self.step_residuals.get(strategy.config.optimizer8bit)
         if exact is not None:
             return exact
         return max(0.0, statistics.fmean(self.step_residuals.values())) if self.step_residuals else 0.0
+
+    def _same_optimizer(self, strategy: Strategy) -> bool:
+        """A step residual measured with AdamW says nothing about SGD's step (issue 14, item 5)."""
+        return self.optimizer is None or self.optimizer == strategy.optimizer
 
     def fixed_residual(self, strategy: Strategy) -> float:
         """Unmodelled bytes alive with the activations (0 unless measured like it)."""
@@ -136,8 +173,17 @@ def _least_squares(points: list[tuple[float, float]]) -> tuple[float, float]:
     return mean_y - slope * mean_x, slope
 
 
-def calibrate(profile: Profile, shape: Shape, *, optimizer: OptimizerKind = OptimizerKind.ADAMW) -> Calibration:
-    """Fit activation scales, fixed and step residuals and fragmentation from `profile.measurements`."""
+def calibrate(profile: Profile, shape: Shape, *, optimizer: OptimizerKind | None = None) -> Calibration:
+    """Fit activation scales, fixed and step residuals and fragmentation from `profile.measurements`,
+    and the measured activation lines from `profile.activation_curves`.
+
+    `optimizer` is the one the profile's steps ran with (default: the Profile's `optimizer`, else AdamW).
+    """
+    if optimizer is None:
+        try:
+            optimizer = OptimizerKind(profile.optimizer or OptimizerKind.ADAMW.value)
+        except ValueError:
+            optimizer = OptimizerKind.ADAMW
     device = profile_device(profile)
     # (precision, checkpointing, 8-bit) -> [(micro-batch, measured - analytic fixed, analytic slope,
     #                                        activation moment, measured)]
@@ -212,9 +258,34 @@ def calibrate(profile: Profile, shape: Shape, *, optimizer: OptimizerKind = Opti
             # the error goes to the fixed residual.
             fitted_residuals.setdefault(key, []).append(statistics.fmean(y - b * s for b, y, s, _, _ in points))
             notes.append(f"{label}: one micro-batch size per backward moment, error assigned to the fixed residual")
+    if profile.measurements and not groups and not profile.activation_curves:
+        notes.append("no measured point showed the activations (every backward peak was at the gradient "
+                     "plateau): activation terms are analytic; profile larger micro-batches")
     fragmentation = None
     if ratios:
         fragmentation = min(MAX_FRAGMENTATION, max(MIN_FRAGMENTATION, statistics.median(ratios)))
+    curves: dict[CurveKey, CurveFit] = {}
+    for curve in profile.activation_curves:
+        if curve.precision == Precision.AUTO or curve.checkpointing == Checkpointing.AUTO:
+            continue
+        try:
+            fit = fit_curve(curve.micro_batch_sizes, curve.peak_bytes)
+        except ValueError as exc:
+            notes.append(f"activation curve {curve.precision.value}/{curve.checkpointing.value}: {exc}")
+            continue
+        label = (f"{curve.precision.value}/{curve.checkpointing.value} "
+                 f"{'held' if curve.gradients_held else 'bare'} gradients")
+        if fit.measured:
+            notes.append(f"{label}: measured {fit.per_sample_bytes / 2**20:.2f} MiB/sample on "
+                         f"{fit.points_used} of {fit.points_total} micro-batches")
+        else:
+            notes.append(f"{label}: no micro-batch left the gradient plateau, no measured slope")
+        curves[(curve.precision, curve.checkpointing, curve.gradients_held)] = fit
+    measured_groups = {(p, c) for (p, c, _), f in curves.items() if f.measured}
+    for key in list(fitted_scales):
+        if key in measured_groups:  # the curve supersedes the scale fitted on the analytic prior
+            del fitted_scales[key]
+            fitted_residuals.pop(key, None)
     return Calibration(
         activation_scales=MappingProxyType({k: statistics.fmean(v) for k, v in fitted_scales.items()}),
         fixed_residuals=MappingProxyType({k: statistics.fmean(v) for k, v in fitted_residuals.items()}),
@@ -222,4 +293,6 @@ def calibrate(profile: Profile, shape: Shape, *, optimizer: OptimizerKind = Opti
         fragmentation=fragmentation,
         device=device,
         notes=tuple(notes),
+        curves=MappingProxyType(curves),
+        optimizer=optimizer,
     )

@@ -22,9 +22,11 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, NamedTuple
 
+from memfit.api.common import Engine
 from memfit.api.plan import MemoryBreakdown
 from memfit.api.profile import ModelShape
 from memfit.memory.activations import ActivationTerms, activation_terms
+from memfit.memory.curves import CurveFit
 from memfit.memory.overhead import framework_overhead
 from memfit.memory.shape import Shape
 from memfit.memory.states import model_states
@@ -113,11 +115,17 @@ class MemoryTerms:
     host_bytes: float
     nvme_bytes: float
     scale: float = 1.0  # correction from measured peaks (auto-downsizing); 1 = none
+    # Measured activation lines (profile curves of user code): ((fixed, per-sample), ...) without and
+    # with accumulation, bytes on top of the static ones; they replace the analytic moments.
+    measured_lines: tuple[tuple[tuple[float, float], ...], tuple[tuple[float, float], ...]] | None = None
     # (fixed, per-sample) of each activation moment, without and with accumulation: derived once,
     # read on the planner's hot path.
     _lines: tuple[tuple[tuple[float, float], ...], ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        if self.measured_lines is not None:
+            object.__setattr__(self, "_lines", self.measured_lines)
+            return
         lines = tuple(tuple((other + grads, act + tmp) for other, grads, act, tmp in self.activation_moments(acc))
                       for acc in (1, 2))
         object.__setattr__(self, "_lines", lines)
@@ -141,6 +149,8 @@ class MemoryTerms:
         """The activation-peak moments: the loss, the first and the last block's backward. With
         accumulation every gradient is kept across micro-steps (counted once)."""
         acc = accumulation > 1
+        if self.measured_lines is not None:
+            return tuple(ActivationMoment(fixed, 0.0, per, 0.0) for fixed, per in self.measured_lines[acc])
         held = self.held_gradient_bytes
         return (
             ActivationMoment(self.with_activations_bytes, held if acc else 0.0, self.activation_bytes_per_sample,
@@ -265,6 +275,14 @@ def memory_terms(shape: Shape, strategy: Strategy, *, calibration: Calibration |
         fragmentation = calibration.fragmentation
     overhead = (framework_overhead(strategy) if fragmentation is None
                 else framework_overhead(strategy, fragmentation=fragmentation))
+    measured_lines = None
+    if calibration is not None:
+        measured_lines = _measured_lines(strategy, calibration, held_gradient_bytes=phases.held_gradient_bytes)
+        held = calibration.curve(strategy, held=True)
+        if measured_lines is None and held is not None:
+            # Other engines: the measured per-sample bytes (the same tensors) on the analytic moments.
+            act_per_sample = block_act = last_act = held.per_sample_bytes
+            tmp_per_sample = block_tmp = 0.0
     return MemoryTerms(
         parameters_bytes=states.parameters_bytes,
         optimizer_bytes=states.optimizer_bytes,
@@ -287,7 +305,32 @@ def memory_terms(shape: Shape, strategy: Strategy, *, calibration: Calibration |
         fragmentation=overhead.fragmentation,
         host_bytes=states.host_bytes,
         nvme_bytes=states.nvme_bytes,
+        measured_lines=measured_lines,
     )
+
+
+def _measured_lines(strategy: Strategy, calibration: Calibration, *, held_gradient_bytes: float
+                    ) -> tuple[tuple[tuple[float, float], ...], tuple[tuple[float, float], ...]] | None:
+    """DDP strategies with measured curves: the curve's line and plateau, without and with accumulation.
+
+    World size 1 runs the bare model: without accumulation backward creates the gradients (the bare
+    curve); with it the previous micro-steps' gradients are alive (the held curve plus them). World
+    size 2+ runs DDP with gradient bucket views (the held curve; the buckets are persistent bytes).
+    """
+    if strategy.config.engine != Engine.DDP:
+        return None
+    held = calibration.curve(strategy, held=True)
+    if held is None:
+        return None
+    if strategy.world_size > 1:
+        line = _fit_lines(held, 0.0)
+        return line, line
+    bare = calibration.curve(strategy, held=False) or held
+    return _fit_lines(bare, 0.0), _fit_lines(held, held_gradient_bytes)
+
+
+def _fit_lines(fit: CurveFit, extra: float) -> tuple[tuple[float, float], ...]:
+    return ((fit.fixed_bytes + extra, fit.per_sample_bytes), (fit.plateau_bytes + extra, fit.plateau_per_sample_bytes))
 
 
 def predict_memory(

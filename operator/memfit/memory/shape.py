@@ -50,6 +50,8 @@ class Shape:
         trainable = model.trainable
         small_per_layer = (2 * h if model.gated_mlp else 6 * h) if h < BNB_MIN_8BIT_SIZE else 0
         small = (model.layers * small_per_layer * trainable // model.parameters) if model.parameters else 0
+        if model.small_parameters is not None:  # counted on the built model (profiles of user code)
+            small = model.small_parameters
         return cls(
             family=model.family,
             parameters=model.parameters,

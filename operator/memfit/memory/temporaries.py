@@ -5,8 +5,9 @@ Each engine's phases were read from allocator-level timelines of real steps (the
 peak, grouped by the op that allocated them: docs/memory-model.md "How the phases were checked") and
 from the sources cited per rule:
 
-- DDP: the reducer keeps flat fp32 buckets the size of all gradients (`gradient_as_bucket_view=False`,
-  torch/nn/parallel/distributed.py) for the whole step; torch.autocast caches a 16-bit copy of each
+- DDP (world size 2+; memfit-trainer runs world size 1 bare): the reducer keeps flat fp32 buckets the
+  size of all gradients and, with `gradient_as_bucket_view=True`, the gradients are views into them
+  (torch/nn/parallel/distributed.py), alive for the whole step; torch.autocast caches a 16-bit copy of each
   matmul weight while the graph that uses it is alive.
 - FSDP2 (`fully_shard`): fp32 sharded parameters and gradients; FULL_SHARD re-shards every unit after
   its forward, so at the activation peak (the start of backward) no unit is gathered; SHARD_GRAD_OP
@@ -120,19 +121,32 @@ def _ddp(shape: Shape, strategy: Strategy) -> PhaseBytes:
         # every block whose activations are saved (one block at a time under full checkpointing).
         blocks = 1 if strategy.config.activation_checkpointing == Checkpointing.FULL else shape.layers
         with_activations = 2.0 * (blocks * shape.block_parameters + _head_parameters(shape))
+    late_copies = 2.0 * shape.block_parameters if strategy.mixed_precision else 0.0
+    scratch = _step_scratch(shape, strategy, elements=t, flat=False)
     grads = 4.0 * t
+    if strategy.world_size > 1:
+        # memfit-trainer wraps the model in DDP only at world size 2+, with gradient_as_bucket_view:
+        # the gradients are views into the reducer's fp32 buckets, allocated with the wrapper and
+        # alive in every phase; no second copy (torch DDP docs, gradient_as_bucket_view).
+        return PhaseBytes(
+            persistent_bytes=grads, with_activations_bytes=with_activations,
+            in_backward_gradient_bytes=0.0, in_backward_bytes=0.0, late_gradient_bytes=0.0,
+            late_backward_bytes=late_copies, held_gradient_bytes=0.0, backward_end_bytes=0.0,
+            step_gradient_bytes=0.0, step_temporary_bytes=scratch,
+        )
+    # World size 1: the bare model (no reducer); backward creates the gradients, zero_grad frees them.
     return PhaseBytes(
-        persistent_bytes=4.0 * t,  # reducer buckets
+        persistent_bytes=0.0,
         with_activations_bytes=with_activations,
         in_backward_gradient_bytes=4.0 * _head_parameters(shape),
         in_backward_bytes=0.0,
         late_gradient_bytes=grads * _late_share(shape),
         # The other blocks' autocast copies went with their graphs; the last block's are still there.
-        late_backward_bytes=2.0 * shape.block_parameters if strategy.mixed_precision else 0.0,
+        late_backward_bytes=late_copies,
         held_gradient_bytes=grads,
         backward_end_bytes=grads,
         step_gradient_bytes=grads,
-        step_temporary_bytes=_step_scratch(shape, strategy, elements=t, flat=False),
+        step_temporary_bytes=scratch,
     )
 
 

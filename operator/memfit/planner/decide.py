@@ -62,8 +62,8 @@ def search_context(spec: MemoryOptimizedTrainingJobSpec, shape: ModelShape, *, p
     mfu: float | None = None
     flops = 0.0
     if profile is not None:
-        if profile.measurements:
-            calibration = calibrate(profile, hot, optimizer=spec.training.optimizer)
+        if profile.measurements or profile.activation_curves:
+            calibration = calibrate(profile, hot)  # with the optimizer the profile's steps ran
         if profile.mfu and profile.device.startswith("cuda"):
             mfu = profile.mfu
         flops = profile.flops_per_sample
@@ -86,9 +86,12 @@ def search_context(spec: MemoryOptimizedTrainingJobSpec, shape: ModelShape, *, p
     )
 
 
-def build_plan(candidate: Candidate, spec: MemoryOptimizedTrainingJobSpec) -> Plan:
-    """The Plan contract for a chosen candidate."""
+def build_plan(candidate: Candidate, spec: MemoryOptimizedTrainingJobSpec, *,
+               calibration: Calibration | None = None, profile: Profile | None = None) -> Plan:
+    """The Plan contract for a chosen candidate (with the source of each memory term)."""
     s = candidate.strategy
+    sources = calibration.sources(s) if calibration is not None else dict.fromkeys(
+        ("parameters", "optimizer", "activations", "step", "fragmentation"), "analytic")
     return Plan(
         **dict(s.config),
         nodes=candidate.nodes,
@@ -104,6 +107,8 @@ def build_plan(candidate: Candidate, spec: MemoryOptimizedTrainingJobSpec) -> Pl
         estimated_cost=round(candidate.total_cost, 6),
         problem=spec.problem,
         training=spec.training,
+        memory_sources=sources,
+        find_unused_parameters=profile.unused_parameters if profile is not None else False,
     )
 
 
@@ -149,7 +154,7 @@ def plan(
     if ctx.calibration is not None:
         notes += ctx.calibration.notes
     return PlanResult(
-        plan=build_plan(chosen, spec),
+        plan=build_plan(chosen, spec, calibration=ctx.calibration, profile=profile),
         chosen=chosen,
         alternatives=tuple(ranked[1 : 1 + max_alternatives]),
         rejections=tuple(rejections),

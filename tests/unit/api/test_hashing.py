@@ -49,3 +49,17 @@ def test_entrypoint_and_huggingface_hash() -> None:
         Problem.model_validate({"huggingface": {"model": "org/m", "config": {"model_type": "llama"}}})
     )
     assert len({a, b, c}) == 3
+
+
+def test_profile_cache_key_separates_optimizer_8bit_image_and_gpu() -> None:
+    from memfit.api.hashing import profile_cache_key
+    from memfit.api.problem import Problem
+
+    problem = Problem.model_validate({"entrypoint": "pkg.mod:problem"})
+    base = {"optimizer": "adamw", "optimizer8bit": "auto", "image": "memfit/trainer:1", "gpu_product": "l4"}
+    reference = profile_cache_key(problem, **base)
+    assert reference == profile_cache_key(problem, **base)
+    assert len(reference) == 16
+    for field, other in {"optimizer": "sgd", "optimizer8bit": "disabled", "image": "memfit/trainer:2",
+                         "gpu_product": "h100"}.items():
+        assert profile_cache_key(problem, **(base | {field: other})) != reference, field

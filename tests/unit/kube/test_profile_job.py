@@ -18,7 +18,8 @@ def test_profile_job_requests_one_gpu_with_deadline_and_backoff() -> None:
     container = pod["containers"][0]
     assert container["resources"]["limits"] == {"nvidia.com/gpu": "1"}
     assert container["command"] == ["memfit-trainer", "profile"]
-    assert container["args"] == ["--problem", "/etc/memfit/problem.json", "--out", "/tmp/profile.json"]
+    assert container["args"] == ["--problem", "/etc/memfit/problem.json", "--out", "/tmp/profile.json",
+                                 "--optimizer", "adamw", "--optimizer8bit", "auto"]
     assert container["terminationMessagePolicy"] == "File"
     assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
     assert job["spec"]["template"]["metadata"]["labels"]["memfit.dev/component"] == "profiler"
@@ -29,3 +30,10 @@ def test_profile_input_holds_the_problem_json() -> None:
     cm = build_profile_input(owner=OWNER, problem=spec.problem, problem_hash="cd" * 32)
     assert json.loads(cm["data"]["problem.json"]) == spec.problem.to_wire()
     assert cm["metadata"]["labels"]["memfit.dev/problem-hash"] == "cd" * 8
+
+
+def test_profile_job_runs_the_jobs_optimizer_and_8bit_choice() -> None:
+    job = build_profile_job(owner=OWNER, problem_hash="ab" * 32, placement=PLACEMENT, pod=POD,
+                            timeout_seconds=300, optimizer="sgd", optimizer8bit="disabled")
+    args = job["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[-4:] == ["--optimizer", "sgd", "--optimizer8bit", "off"]

@@ -175,11 +175,12 @@ class Harness:
 
     def seed_profile(self) -> None:
         """An earlier job of the same problem left its profile in the shared cache."""
-        from memfit.api.hashing import problem_hash
+        from memfit.controller.snapshot import launch_settings
         from memfit.kube.profile_cache import CachedProfile, build_profile_cache
+        from memfit.lifecycle.profiling import profile_key
 
         spec = MemoryOptimizedTrainingJobSpec.model_validate(self.spec)
-        digest = problem_hash(spec.problem)
+        digest = profile_key(spec, MemoryOptimizedTrainingJobStatus(), launch_settings(SETTINGS), self.world)
         profile = Profile(problem_hash=digest[:16], shape=shape_from_problem(spec.problem))
         cache = build_profile_cache(namespace="ns", problem_hash=digest, cached=CachedProfile(profile, ()))
         self.objects[("ConfigMap", cache["metadata"]["name"])] = cache

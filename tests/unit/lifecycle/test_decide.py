@@ -505,3 +505,42 @@ def test_clock_is_the_only_time_source() -> None:
     h.later(0.9)  # sub-second clocks are truncated: a reconcile a moment later changes nothing
     assert h.now - T0 < timedelta(seconds=1)
     assert_idempotent(h)
+
+
+# --- the profile cache key ----------------------------------------------------------------------------
+def _args(h: Harness) -> list[str]:
+    return list(h.job("j-profile")["spec"]["template"]["spec"]["containers"][0]["args"])
+
+
+def test_profile_job_measures_the_jobs_optimizer() -> None:
+    h = Harness(spec=quickstart(training={"optimizer": "sgd"}, strategy={"optimizer8bit": "disabled"}))
+    h.reconcile()
+    args = _args(h)
+    assert args[args.index("--optimizer") + 1] == "sgd"
+    assert args[args.index("--optimizer8bit") + 1] == "off"
+
+
+CACHE_MISSES: dict[str, dict[str, object]] = {
+    "another optimizer": {"training": {"optimizer": "sgd"}},
+    "8-bit disabled": {"strategy": {"optimizer8bit": "disabled"}},
+    "another trainer image": {"image": "example.org/memfit-trainer:other"},
+    "another profiling product": {"profiling": {"nodePool": "l4-ondemand"}},
+}
+
+
+@pytest.mark.parametrize("case", CACHE_MISSES, ids=list(CACHE_MISSES))
+def test_a_profile_of_another_optimizer_image_or_product_is_not_reused(case: str) -> None:
+    """The cached AdamW profile of the same problem (measured on the default image and the cheapest
+    pool's product) is not the profile of a job that differs in any of them: it profiles afresh."""
+    seeded = Harness()
+    seeded.seed_profile()
+    h = Harness(spec=quickstart(**CACHE_MISSES[case]), objects=dict(seeded.objects))
+    assert h.reconcile().reasons() == ["Profiling"]
+
+
+def test_the_key_is_kept_once_profiled() -> None:
+    """After the profile, the key in status.profile is the cache the job reads and learns into, even
+    when the pools (hence the cheapest product) changed since."""
+    h = launched()
+    key = h.stored.profile.problem_hash if h.stored.profile else None
+    assert key and any(name == f"memfit-profile-{key}" for kind, name in h.objects if kind == "ConfigMap")

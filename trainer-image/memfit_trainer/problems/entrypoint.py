@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import importlib
 
-from memfit_trainer.problems.base import TrainingProblem
+import torch
+
+from memfit_trainer.problems.base import BatchKey, TrainingProblem
 from memfit_trainer.problems.errors import ProblemError
 
 
@@ -33,4 +35,36 @@ def load_entrypoint(entrypoint: str) -> TrainingProblem:
             f"problem.entrypoint {entrypoint!r} returned {type(problem).__name__}; "
             "it must return memfit_trainer.problems.TrainingProblem"
         )
+    check_problem(problem, where=f"problem.entrypoint {entrypoint!r}")
     return problem
+
+
+def check_problem(problem: TrainingProblem, *, where: str) -> None:
+    """The contract a plan relies on: blocks are the model's submodules, batches are deterministic.
+
+    Checkpointing and FSDP wrap `blocks` inside the model: a block that is not a submodule would be
+    wrapped but never run (or run outside the model's parameters). The trainer and the profiler draw
+    the same samples by key on every rank and every attempt, so `make_batch` must be a function of
+    its key.
+    """
+    modules = {id(m) for m in problem.model.modules()}
+    for index, block in enumerate(problem.blocks):
+        if id(block) not in modules:
+            raise ProblemError(f"{where}: blocks[{index}] ({type(block).__name__}) is not a submodule of the model")
+    key = BatchKey(seed=0, step=1, sample_start=0, samples=2)
+    try:
+        first, second = problem.make_batch(key), problem.make_batch(key)
+    except MemoryError:
+        raise
+    except Exception as exc:
+        raise ProblemError(f"{where}: make_batch raised {type(exc).__name__}: {exc}") from exc
+    if set(first) != set(second):
+        raise ProblemError(f"{where}: make_batch is not deterministic in its key: "
+                           f"keys {sorted(first)} then {sorted(second)}")
+    for name in sorted(first):
+        a, b = first[name], second[name]
+        if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor):
+            raise ProblemError(f"{where}: make_batch()[{name!r}] is {type(a).__name__}, not a tensor")
+        if a.shape != b.shape or a.dtype != b.dtype or not torch.equal(a, b):
+            raise ProblemError(f"{where}: make_batch is not deterministic in its key: {name!r} differs "
+                               "between two calls with the same BatchKey (seed the generator from key.sample_seeds())")

@@ -51,11 +51,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "attention arithmetic; full: real steps. auto: elide on a CPU, full on a GPU (docs/profiler.md).",
     )
     parser.add_argument(
+        "--optimizer8bit",
+        default="auto",
+        choices=("auto", "on", "off"),
+        help="The job's strategy.optimizer8bit: off drops the 8-bit configurations (bitsandbytes never runs).",
+    )
+    parser.add_argument(
         "--engine",
-        default="ddp",
+        default="none",
         choices=("ddp", "none"),
-        help="ddp: measure under DistributedDataParallel on one rank, as a `ddp` plan trains (default); "
-        "none: the bare model.",
+        help="none: the bare model, as the trainer runs world size 1 (default); ddp: under "
+        "DistributedDataParallel on one rank.",
+    )
+    parser.add_argument(
+        "--curves",
+        default="auto",
+        choices=("auto", "on", "off"),
+        help="Measure activation curves (per-sample terms): auto = for problems without an analytic form.",
     )
     parser.add_argument("--steps", type=int, default=None, help="Measured steps per configuration.")
     parser.add_argument("--seed", type=int, default=0, help="Seed for the initial weights and data.")
@@ -93,14 +105,18 @@ def run_from_args(args: argparse.Namespace) -> int:
         spec = load_problem(args.problem)
         if args.steps is not None and args.steps < 1:
             raise ProfileInputError("steps", f"must be >= 1, got {args.steps}")
+        configs = parse_configs(args.configs)
+        if args.optimizer8bit == "off":
+            configs = tuple(c for c in configs if not c.optimizer8bit)
         options = ProfileOptions(
-            configs=parse_configs(args.configs),
+            configs=configs,
             optimizer=optimizer_kind(args.optimizer),
             device=args.device,
             compute=args.compute,
             steps_per_config=args.steps,
             seed=args.seed,
             ddp=args.engine == "ddp",
+            curves=args.curves,
         )
         outcome = profile_problem(spec, options)
     except ProfileInputError as exc:

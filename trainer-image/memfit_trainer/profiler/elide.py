@@ -77,6 +77,27 @@ CONVOLUTION_OPS = frozenset(
         aten.convolution_overrideable,
     }
 )
+# Operators whose output shapes or indices depend on the values they read: fed elided (garbage)
+# values, they steer the model differently from a real step (a top-k router, boolean-mask gathers).
+DATA_DEPENDENT_OPS = frozenset(
+    {
+        aten.nonzero,
+        aten.masked_select,
+        aten._unique2,
+        aten.unique_dim,
+        aten.unique_consecutive,
+        aten.repeat_interleave,
+        aten.topk,
+        aten.sort,
+        aten.argsort,
+        aten.argmax,
+        aten.argmin,
+        aten.multinomial,
+        aten.bincount,
+        aten.is_nonzero,
+        aten.equal,
+    }
+)
 _DEVICE_KEYS = {"cpu": torch._C.DispatchKey.CPU, "cuda": torch._C.DispatchKey.CUDA}
 _SKIP = object()
 
@@ -111,11 +132,40 @@ class ElideCompute(TorchDispatchMode):
         self.bytes_touched = 0.0
         self.calls = 0
         self._meta_cache: dict[Any, Any] = {}
+        # Taint tracking (`tracking`): storages holding elided values, and the first data-dependent
+        # operator that read one (then the step's allocations may differ from a real step's).
+        self.tracking = False
+        self._tainted: set[int] = set()
+        self.data_dependent: str | None = None
         self._in_place: dict[Any, tuple[str, ...] | bool] = {}
         self._static: dict[Any, bool] = {}
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
+        if self.tracking:
+            return self._tracked(func, args, kwargs)
+        return self._dispatch(func, args, kwargs)
+
+    def track(self, enabled: bool) -> None:
+        """Start (or stop) following elided values through the operators that read them."""
+        self.tracking = enabled
+        self._tainted.clear()
+        self.data_dependent = None
+
+    def _tracked(self, func: Any, args: Any, kwargs: Any) -> Any:
+        inputs = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+        tainted = any(_storage(t) in self._tainted for t in inputs)
+        if tainted and self.data_dependent is None and func._overloadpacket in DATA_DEPENDENT_OPS:
+            self.data_dependent = str(func._overloadpacket)
+        before = self.calls
+        out = self._dispatch(func, args, kwargs)
+        if tainted or self.calls != before:  # propagated, or elided just now
+            for t in tree_leaves(out):
+                if isinstance(t, torch.Tensor):
+                    self._tainted.add(_storage(t))
+        return out
+
+    def _dispatch(self, func: Any, args: Any, kwargs: Any) -> Any:
         packet = func._overloadpacket
         if packet in self._compute_ops:
             return self._elide_compute(func, packet, args, kwargs)
@@ -245,6 +295,13 @@ class ElideCompute(TorchDispatchMode):
             return func(*args, **kwargs)
         with self:
             return func._op_dk(key, *args, **kwargs)
+
+
+def _storage(t: torch.Tensor) -> int:
+    try:
+        return int(t.untyped_storage().data_ptr())
+    except (RuntimeError, NotImplementedError):
+        return 0
 
 
 def _materialise(value: Any, device: torch.device, *, fill: bool) -> Any:

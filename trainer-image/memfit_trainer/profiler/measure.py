@@ -4,9 +4,19 @@ The model is built once inside the memory meter's session (so that the CPU count
 reused: configurations are grouped by optimizer state (32- or 8-bit), the state is materialised once
 per group, and every measured step after that is a steady-state step (step 2+ of a real run).
 
-With `ddp` (the default) the model is wrapped in DistributedDataParallel on a one-rank process group,
-as the trainer runs a `ddp` plan: the reducer's gradient buckets are part of every measured peak, and
-two unmeasured forward/backward passes let DDP rebuild its buckets before the first measurement.
+The configurations run on the bare model, as the trainer runs a `ddp` plan at world size 1 (no DDP
+wrapper); with `ddp` the model is wrapped in DistributedDataParallel on a one-rank process group.
+Before anything is measured one unmeasured probe step checks that every trainable parameter gets a
+gradient: under elided arithmetic a data-dependent model (a top-k router fed garbage) can starve
+some parameters, and the profile must then be rerun with real arithmetic (`ElisionUnsafe`).
+
+Activation curves (`curves`): for each (precision, checkpointing) the forward+backward peak above
+the bytes allocated at the step's start, at micro-batches 1, 2, 4, ... (up to `curve_max_micro_batch`
+or `curve_budget_bytes`), once on the bare model (backward creates the gradients) and once under DDP
+with `gradient_as_bucket_view=True` (the gradients are the reducer's buckets, allocated before
+forward: world size 2+, or accumulation). Calibration fits per-sample and fixed terms from them
+(memfit.memory.curves), whatever the model is. Bytes saved for backward per sample are measured with
+`torch.autograd.graph.saved_tensors_hooks` (unique storages) and bound how far the curves go.
 
 With `split_optimizer` (the default with elided compute) the optimizer step, whose memory does not depend on precision,
 checkpointing or micro-batch under autocast (fp32 weights, fp32 gradients), is measured once per
@@ -57,8 +67,23 @@ class MeasureOptions:
     elide: bool = False
     elide_memory_bound: bool = False
     split_optimizer: bool = False
-    ddp: bool = True
+    ddp: bool = False
     warmup_passes: int = 2
+    curves: tuple[tuple[Precision, Checkpointing], ...] = ()
+    curve_max_micro_batch: int = 32
+    curve_budget_bytes: int = 4 << 30  # largest activation bytes a curve point may allocate
+
+
+# An elided forward may save this share more or fewer bytes for backward than a real one.
+ELIDED_SAVED_TOLERANCE = 0.01
+
+
+class ModelStepError(RuntimeError):
+    """The problem's model raised in a plain forward + backward (user code: fix the spec)."""
+
+
+class ElisionUnsafe(RuntimeError):
+    """Elided arithmetic changed what the model allocates (data-dependent control flow)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +110,18 @@ class _Pending:
     error: str | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class CurveResult:
+    """One activation curve: micro-batches and the forward+backward peak above the step's start."""
+
+    precision: Precision
+    checkpointing: Checkpointing
+    gradients_held: bool
+    micro_batch_sizes: tuple[int, ...]
+    peak_bytes: tuple[int, ...]
+    saved_bytes_per_sample: int | None
+
+
 @dataclass(slots=True)
 class MeasureRun:
     """Everything one measuring session produced."""
@@ -93,6 +130,12 @@ class MeasureRun:
     results: list[ConfigResult] = field(default_factory=list)
     flops_per_sample: float = 0.0
     model_bytes: int = 0
+    curves: list[CurveResult] = field(default_factory=list)
+    unused_parameters: tuple[str, ...] = ()  # trainable parameters the probe step left without a gradient
+    # (precision, checkpointing, held) -> ([(micro-batch, region)], saved bytes per sample)
+    curve_regions: dict[tuple[Precision, Checkpointing, bool], tuple[list[tuple[int, str]], int | None]] = field(
+        default_factory=dict
+    )
 
 
 def measure_configs(
@@ -118,13 +161,41 @@ def measure_configs(
         rates = _gemm_rates(problem, configs, options.device) if elide is not None else None
         model = _wrap_ddp(problem.model, options.device) if options.ddp else problem.model
         session = _Session(problem, model, options, meter, elide, rates, run, pending)
-        for eight_bit in (False, True):
-            group = [c for c in configs if c.optimizer8bit == eight_bit]
-            if group:
-                session.measure_group(group)
+        session.probe(configs[0])
+        try:
+            for eight_bit in (False, True):
+                group = [c for c in configs if c.optimizer8bit == eight_bit]
+                if group:
+                    session.measure_group(group)
+            if options.curves:
+                # Last: the one-rank DDP wrapper's buckets may outlive it, and the curves are relative.
+                session.measure_curves()
+        except (torch.OutOfMemoryError, MemoryError, ElisionUnsafe):
+            raise
+        except Exception as exc:
+            if elide is None:
+                raise
+            # The probe passed at one micro-batch; a larger one (or a checkpointed or held-gradient
+            # pass) failed under elided arithmetic: no elided number can be trusted, rerun for real.
+            raise ElisionUnsafe(f"a measured step with elided arithmetic raised {type(exc).__name__}: {exc}") from exc
     results = meter.results()
     run.results = [_result(c, pending.get(c), results) for c in configs]
+    run.curves = [_curve(key, points, saved, results) for key, (points, saved) in run.curve_regions.items()]
     return run
+
+
+def _curve(
+    key: tuple[Precision, Checkpointing, bool], points: list[tuple[int, str]], saved: int | None,
+    results: dict[str, RegionMemory],
+) -> CurveResult:
+    precision, ckpt, held = key
+    measured = [(b, results[n]) for b, n in points if n in results]
+    return CurveResult(
+        precision, ckpt, held,
+        tuple(b for b, _ in measured),
+        tuple(r.peak_allocated_bytes - r.start_allocated_bytes for _, r in measured),
+        saved,
+    )
 
 
 def _result(
@@ -194,6 +265,149 @@ class _Session:
     run: MeasureRun
     pending: dict[ProfileConfig, _Pending]
     warmed: bool = False
+    held_model: torch.nn.Module | None = None  # DDP with gradient bucket views, built for the curves
+
+    def probe(self, config: ProfileConfig) -> None:
+        """One unmeasured forward/backward: which trainable parameters get no gradient.
+
+        Under elided arithmetic a parameter without a gradient means the values steered the model
+        (routing, early exit) and the measured allocations cannot be trusted: ElisionUnsafe.
+        """
+        model = self.problem.model
+        if self.elide is not None:
+            self.elide.track(True)
+        try:
+            batch = batch_for(self.problem, micro_batch_size=max(2, config.micro_batch_size), step=0,
+                              device=self.options.device)
+            with autocast(config.precision, self.options.device):
+                loss = self.problem.loss_fn(self.model, batch)
+            loss.backward()
+            del loss, batch
+        except (torch.OutOfMemoryError, MemoryError):
+            raise
+        except Exception as exc:
+            if self.elide is not None:
+                raise ElisionUnsafe(f"a step with elided arithmetic raised {type(exc).__name__}: {exc}") from exc
+            raise ModelStepError(f"the model cannot run a training step (forward + backward, "
+                                 f"{config.precision.value}): {type(exc).__name__}: {exc}") from exc
+        finally:
+            data_dependent = self.elide.data_dependent if self.elide is not None else None
+            if self.elide is not None:
+                self.elide.track(False)
+        if data_dependent is not None:
+            raise ElisionUnsafe(f"{data_dependent} read elided values (data-dependent control flow)")
+        unused = tuple(n for n, p in model.named_parameters() if p.requires_grad and p.grad is None)
+        for p in model.parameters():
+            p.grad = None
+        _release(self.options.device)
+        if unused and self.elide is not None:
+            raise ElisionUnsafe(f"{len(unused)} trainable parameters got no gradient with elided arithmetic "
+                                f"(data-dependent model), e.g. {unused[0]}")
+        self.run.unused_parameters = unused
+
+    def _check_elided_forward(self) -> None:
+        """User code: the bytes an elided forward saves for backward must be those of a real one.
+
+        Kernels whose meta function allocates differently from the real one (an LSTM's fused CPU
+        kernel keeps a workspace its meta twin does not) would make every elided curve wrong.
+        One real forward at micro-batch 2 against an elided one decides (1 % tolerance).
+        """
+        from torch.utils._python_dispatch import _disable_current_modes
+
+        elided = self._saved_bytes(Precision.FP32, 2)
+        with _disable_current_modes():
+            real = self._saved_bytes(Precision.FP32, 2)
+        _release(self.options.device)
+        if abs(elided - real) > ELIDED_SAVED_TOLERANCE * max(real, 1):
+            raise ElisionUnsafe(f"an elided forward saves {elided:,} bytes for backward, a real one {real:,}")
+
+    def measure_curves(self) -> None:
+        """The activation curves (forward+backward only: no optimizer state is needed).
+
+        With elided arithmetic the saved-bytes check runs first; it comes after the configurations
+        because its forwards leave allocations behind that would shift their absolute peaks.
+        """
+        if self.elide is not None:
+            self._check_elided_forward()
+        self._measure_curves()
+
+    def _held(self) -> torch.nn.Module:
+        if self.held_model is None:
+            import torch.distributed as dist
+            from torch.nn.parallel import DistributedDataParallel
+
+            from memfit_trainer import dist as mdist
+
+            device = self.options.device
+            if not dist.is_initialized():
+                mdist.init_distributed(mdist.read_dist_env(os.environ), device)
+            self.held_model = DistributedDataParallel(
+                self.problem.model, device_ids=[device.index] if device.type == "cuda" else None,
+                gradient_as_bucket_view=True, find_unused_parameters=bool(self.run.unused_parameters),
+            )
+        return self.held_model
+
+    def _saved_bytes(self, precision: Precision, micro_batch_size: int) -> int:
+        """Bytes autograd saves for backward in one forward (unique storages), graph then dropped."""
+        storages: dict[int, int] = {}
+
+        def pack(t: torch.Tensor) -> torch.Tensor:
+            try:
+                storage = t.untyped_storage()
+                storages[storage.data_ptr() or id(storage)] = storage.nbytes()
+            except (RuntimeError, NotImplementedError):
+                pass
+            return t
+
+        batch = batch_for(self.problem, micro_batch_size=micro_batch_size, step=0, device=self.options.device)
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), autocast(precision, self.options.device):
+            loss = self.problem.loss_fn(self.problem.model, batch)
+        del loss, batch
+        params = {p.untyped_storage().data_ptr() for p in self.problem.model.parameters()}
+        return sum(n for ptr, n in storages.items() if ptr not in params)
+
+    def _measure_curves(self) -> None:
+        options = self.options
+        for precision, ckpt in options.curves:
+            with activation_checkpointing(self.problem, ckpt):
+                try:
+                    saved = max(0, self._saved_bytes(precision, 2) - self._saved_bytes(precision, 1))
+                except Exception:  # hooks unsupported by some custom function: curves still run
+                    saved = None
+                for held in (False, True):
+                    model = self._held() if held else self.problem.model
+                    if held:  # DDP rebuilds its buckets after the first pass
+                        for _ in range(self.options.warmup_passes):
+                            self._fwd_bwd(model, precision, 1)
+                    points: list[tuple[int, str]] = []
+                    b = 1
+                    while b <= options.curve_max_micro_batch:
+                        if points and saved and b * saved > options.curve_budget_bytes:
+                            break
+                        name = f"curve:{precision.value}:{ckpt.value}:{'held' if held else 'bare'}:{b}"
+                        try:
+                            with self.meter.region(name):
+                                self._fwd_bwd(model, precision, b)
+                        except (torch.OutOfMemoryError, MemoryError):
+                            break
+                        finally:
+                            for p in self.problem.model.parameters():
+                                p.grad = None
+                            _release(options.device)
+                        points.append((b, name))
+                        b *= 2
+                    # The saved bytes do not depend on the wrapper: reported once (the 4 KiB Profile).
+                    self.run.curve_regions[(precision, ckpt, held)] = (points, None if held else saved)
+        # The reducer's buckets must not stay allocated under later measurements.
+        self.held_model = None
+        _release(options.device)
+
+    def _fwd_bwd(self, model: torch.nn.Module, precision: Precision, micro_batch_size: int) -> None:
+        batch = batch_for(self.problem, micro_batch_size=micro_batch_size, step=0, device=self.options.device)
+        with autocast(precision, self.options.device):
+            loss = self.problem.loss_fn(model, batch)
+        loss.backward()
+        del loss, batch
 
     def _warm_up(self, config: ProfileConfig, optimizer: torch.optim.Optimizer) -> None:
         """Unmeasured forward/backward passes: DDP rebuilds its buckets after the first one."""

@@ -10,15 +10,26 @@ from memfit.api.common import Checkpointing, Precision
 from memfit.api.hashing import problem_hash
 from memfit.api.job import OptimizerKind
 from memfit.api.problem import Problem
-from memfit.api.profile import Measurement, ModelShape, Profile
+from memfit.api.profile import ActivationCurve, Measurement, ModelShape, Profile
 
 from memfit_trainer.problems import ProblemError, TrainingProblem, build_problem
 from memfit_trainer.profiler.configs import DEFAULT_CONFIGS, ProfileConfig
 from memfit_trainer.profiler.errors import ProfileInputError, ProfileRunError
-from memfit_trainer.profiler.measure import ConfigResult, MeasureOptions, measure_configs
+from memfit_trainer.profiler.measure import (
+    ConfigResult,
+    CurveResult,
+    ElisionUnsafe,
+    MeasureOptions,
+    MeasureRun,
+    ModelStepError,
+    measure_configs,
+)
 from memfit_trainer.profiler.shape import model_shape
 
 COMPUTE_MODES = ("auto", "full", "elide", "elide-compute")
+CURVE_MODES = ("auto", "on", "off")
+# Curves for user models: fp32 and bf16, without and with full checkpointing (memfit.memory.curves).
+CURVE_GROUPS = tuple((p, c) for p in (Precision.FP32, Precision.BF16) for c in (Checkpointing.NONE, Checkpointing.FULL))
 ERROR_MAX_CHARS = 1024  # Profile.error bound
 
 
@@ -34,7 +45,10 @@ class ProfileOptions:
     compute: str = "auto"
     steps_per_config: int | None = None  # default: 1 with elided compute, 3 otherwise
     split_optimizer: bool | None = None  # default: with elided compute (measure.py)
-    ddp: bool = True  # measure under DDP on one rank, as the trainer runs a `ddp` plan
+    ddp: bool = False  # the trainer runs world size 1 without a DDP wrapper
+    # auto: measure activation curves when the problem has no analytic form (entrypoints, unknown
+    # Hugging Face model types); on / off force it.
+    curves: str = "auto"
     seed: int = 0
 
 
@@ -80,10 +94,12 @@ def profile_problem(spec: Problem, options: ProfileOptions | None = None) -> Pro
         raise ProfileInputError(
             "compute", f"must be one of {', '.join(COMPUTE_MODES)}, got {options.compute!r}"
         )
+    if options.curves not in CURVE_MODES:
+        raise ProfileInputError("curves", f"must be one of {', '.join(CURVE_MODES)}, got {options.curves!r}")
     started = time.perf_counter()
     device = resolve_device(options.device)
     elide = options.compute.startswith("elide") or (options.compute == "auto" and device.type == "cpu")
-    steps = options.steps_per_config or (1 if elide else 3)
+    curves = options.curves == "on" or (options.curves == "auto" and _analytic_shape_missing(spec))
     shapes: list[ModelShape] = []
 
     def build() -> TrainingProblem:
@@ -95,20 +111,36 @@ def profile_problem(spec: Problem, options: ProfileOptions | None = None) -> Pro
     def on_built(problem: TrainingProblem) -> None:
         shapes.append(model_shape(spec, problem))
 
-    run = measure_configs(
-        build,
-        options.configs,
-        MeasureOptions(
-            device=device,
-            optimizer=options.optimizer,
-            steps_per_config=steps,
-            elide=elide,
-            elide_memory_bound=elide and options.compute != "elide-compute",
-            split_optimizer=elide if options.split_optimizer is None else options.split_optimizer,
-            ddp=options.ddp,
-        ),
-        on_built=on_built,
-    )
+    def measure(elided: bool) -> MeasureRun:
+        shapes.clear()
+        return measure_configs(
+            build,
+            options.configs,
+            MeasureOptions(
+                device=device,
+                optimizer=options.optimizer,
+                steps_per_config=options.steps_per_config or (1 if elided else 3),
+                elide=elided,
+                elide_memory_bound=elided and options.compute != "elide-compute",
+                split_optimizer=elided if options.split_optimizer is None else options.split_optimizer,
+                ddp=options.ddp,
+                curves=CURVE_GROUPS if curves else (),
+            ),
+            on_built=on_built,
+        )
+
+    compute_reason = None
+    try:
+        try:
+            run = measure(elide)
+        except ElisionUnsafe as exc:
+            # Values steered the model: elided allocations are not the real ones. Rerun for real.
+            compute_reason = f"elided arithmetic unsafe: {exc}"[:256]
+            elide = False
+            run = measure(False)
+    except ModelStepError as exc:
+        field = "problem.entrypoint" if spec.entrypoint is not None else "problem"
+        raise ProfileInputError(field, str(exc)[: ERROR_MAX_CHARS - 64]) from exc
     ok = [r for r in run.results if r.error is None]
     if not ok:
         reasons = "; ".join(f"{r.config.key}: {r.error}" for r in run.results)
@@ -123,6 +155,11 @@ def profile_problem(spec: Problem, options: ProfileOptions | None = None) -> Pro
         achieved_tflops=achieved,
         mfu=_mfu(device, ok, achieved),
         measurements=[_measurement(r) for r in ok],
+        activation_curves=[_activation_curve(c) for c in run.curves if c.micro_batch_sizes],
+        optimizer=options.optimizer.value,
+        compute="elided" if elide else "full",
+        compute_reason=compute_reason,
+        unused_parameters=bool(run.unused_parameters),
         seconds=round(time.perf_counter() - started, 3),
     )
     return ProfileOutcome(profile, run.results, elide)
@@ -140,6 +177,28 @@ def _input_error(exc: ProblemError) -> ProfileInputError:
     if sep and head.startswith("problem"):
         return ProfileInputError(head.rstrip(":"), rest)
     return ProfileInputError("problem", message)
+
+
+def _analytic_shape_missing(spec: Problem) -> bool:
+    """True for problems memfit.memory has no analytic shape for (their activations are measured)."""
+    try:
+        from memfit.memory.problems import shape_from_problem
+
+        shape_from_problem(spec)
+    except ValueError:
+        return True
+    return False
+
+
+def _activation_curve(curve: CurveResult) -> ActivationCurve:
+    return ActivationCurve(
+        precision=curve.precision,
+        checkpointing=curve.checkpointing,
+        gradients_held=curve.gradients_held,
+        micro_batch_sizes=list(curve.micro_batch_sizes),
+        peak_bytes=list(curve.peak_bytes),
+        saved_bytes_per_sample=curve.saved_bytes_per_sample,
+    )
 
 
 def _measurement(result: ConfigResult) -> Measurement:

@@ -22,6 +22,7 @@ class ParameterCounts:
     trainable_parameters: int
     largest_layer_parameters: int
     buffer_bytes: int
+    small_parameters: int = 0  # trainable, in tensors under 4096 elements (bitsandbytes min_8bit_size)
 
 
 def count_parameters(model: nn.Module) -> ParameterCounts:
@@ -36,7 +37,9 @@ def count_parameters(model: nn.Module) -> ParameterCounts:
         trainable += p.numel() if p.requires_grad else 0
     largest = max((sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules()), default=0)
     buffers = sum(b.numel() * b.element_size() for b in model.buffers())
-    return ParameterCounts(total, trainable, largest, buffers)
+    small = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values()
+                if p.requires_grad and p.numel() < 4096)
+    return ParameterCounts(total, trainable, largest, buffers, small)
 
 
 def model_shape(spec: Problem, problem: TrainingProblem) -> ModelShape:
@@ -53,7 +56,7 @@ def model_shape(spec: Problem, problem: TrainingProblem) -> ModelShape:
     analytic = _analytic_shape(spec)
     if analytic is not None:
         return analytic.model_copy(update=update)
-    return ModelShape(**update, **_introspect(problem))
+    return ModelShape(**update, small_parameters=counts.small_parameters, **_introspect(problem))
 
 
 def _analytic_shape(spec: Problem) -> ModelShape | None:

@@ -25,5 +25,5 @@ def make_runner(*, plan: Plan, problem: TrainingProblem, device: torch.device, w
     if plan.engine == Engine.DDP:
         from memfit_trainer.strategies.ddp import DdpRunner
 
-        return DdpRunner(plan=plan, problem=problem, device=device)
+        return DdpRunner(plan=plan, problem=problem, device=device, world_size=world_size)
     raise ValueError(f"unknown engine {plan.engine.value!r}")
