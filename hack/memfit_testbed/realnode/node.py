@@ -265,7 +265,7 @@ state = "{RUN / 'containerd'}"
         from kubernetes import client, config
 
         api = client.DiscoveryV1Api(config.new_client_from_config(config_file=str(self.kubeconfig)))
-        body = {"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+        body: Any = {"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
                 "metadata": {"name": "kubernetes", "namespace": "default",
                              "labels": {"kubernetes.io/service-name": "kubernetes",
                                         "endpointslice.kubernetes.io/managed-by": "memfit-realnode"}},
