@@ -29,13 +29,21 @@ __all__ = [
 ]
 
 
-def build_problem(spec: ProblemSpec, *, seed: int = 0) -> TrainingProblem:
-    """Build the model and data source of a job's problem with deterministic initial weights."""
+def build_problem(spec: ProblemSpec, *, seed: int = 0, depth: int | None = None,
+                  check: bool = True) -> TrainingProblem:
+    """Build the model and data source of a job's problem with deterministic initial weights.
+
+    `depth` builds the same architecture with only that many repeated blocks (depth-reduced
+    profiles): builtin problems get `layers = depth`, Hugging Face configs `num_hidden_layers =
+    depth`, entrypoints are called with `depth=` (ProblemError when the function takes no `depth`).
+    `check=False` skips the entrypoint's batch check (a build on the meta device draws no data).
+    """
     torch.manual_seed(seed)
     if spec.builtin is not None:
-        return build_builtin(spec.builtin)
+        builtin = spec.builtin if depth is None else spec.builtin.model_copy(update={"layers": depth})
+        return build_builtin(builtin)
     if spec.huggingface is not None:
-        return build_huggingface(spec.huggingface)
+        return build_huggingface(spec.huggingface, depth=depth)
     if spec.entrypoint is not None:
-        return load_entrypoint(spec.entrypoint)
+        return load_entrypoint(spec.entrypoint, depth=depth, check=check)
     raise ProblemError("problem: exactly one of builtin, huggingface or entrypoint must be set")
