@@ -117,11 +117,13 @@ class Profile(ApiModel):
         description="Per-sample activation terms measured directly (user models without an analytic form).",
     )
     optimizer: str | None = Field(default=None, max_length=16, description="The optimizer the steps ran with.")
-    compute: Literal["full", "elided"] | None = Field(
-        default=None, description="Real arithmetic or elided (shape-exact) steps."
+    compute: Literal["full", "elided", "analytic"] | None = Field(
+        default=None, description="Real arithmetic, elided (shape-exact) steps, or nothing measured (analytic: "
+        "the shape only; the plan gets a larger headroom)."
     )
     compute_reason: str | None = Field(
-        default=None, max_length=256, description="Why the profiler fell back to real arithmetic."
+        default=None, max_length=256,
+        description="Why the profiler fell back to real arithmetic, or measured nothing (analytic).",
     )
     unused_parameters: bool = Field(
         default=False, description="Trainable parameters got no gradient: DDP needs find_unused_parameters."

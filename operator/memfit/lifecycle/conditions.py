@@ -22,6 +22,7 @@ PROFILE_CACHED = "ProfileCached"
 PROFILE_MEASURED = "ProfileMeasured"
 PROFILING_FAILED = "ProfilingFailed"
 PROFILING_RESCHEDULED = "ProfilingRescheduled"
+ANALYTIC_ONLY = "AnalyticOnly"  # nothing could be profiled: planned from the analytic model, more headroom
 PLAN_FOUND = "PlanFound"
 NO_FIT = "NoFit"
 WAITING_FOR_CAPACITY = "WaitingForCapacity"

@@ -102,6 +102,7 @@ class Snapshot:
     settings: LaunchSettings
     world: World | None = None  # pools and capacity; None = not read
     profile_cache: CachedProfile | None = None  # the problem's cached profile; None = none (or not read)
+    profile_cache_key: str | None = None  # the key it was found under, when not the job's own key
     profiling: JobSummary | None = None  # the profiling Job `<job>-profile`; None = none (or not read)
     attempt: AttemptChildren | None = None  # read while an attempt is active
     recorded_plan: RecordedPlan | None = None  # the next attempt's plan ConfigMap, if it exists

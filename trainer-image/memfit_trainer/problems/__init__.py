@@ -12,7 +12,7 @@ from memfit.api.problem import Problem as ProblemSpec
 from memfit_trainer.problems.base import Batch, BatchKey, TrainingProblem, default_attention_of
 from memfit_trainer.problems.builtin import build_builtin
 from memfit_trainer.problems.entrypoint import load_entrypoint
-from memfit_trainer.problems.errors import ProblemError
+from memfit_trainer.problems.errors import DepthNotSupported, ProblemError
 from memfit_trainer.problems.huggingface import build_huggingface
 
 Problem = TrainingProblem
@@ -21,6 +21,7 @@ Problem = TrainingProblem
 __all__ = [
     "Batch",
     "BatchKey",
+    "DepthNotSupported",
     "Problem",
     "ProblemError",
     "TrainingProblem",

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from memfit_trainer.problems.base import BatchKey, TrainingProblem
-from memfit_trainer.problems.errors import ProblemError
+from memfit_trainer.problems.errors import DepthNotSupported, ProblemError
 
 
 def accepts_depth(factory: Callable[..., Any]) -> bool:
@@ -38,7 +38,7 @@ def load_entrypoint(entrypoint: str, *, depth: int | None = None, check: bool = 
     if not callable(factory):
         raise ProblemError(f"problem.entrypoint {entrypoint!r}: {module_name} has no callable {attribute!r}")
     if depth is not None and not accepts_depth(factory):
-        raise ProblemError(
+        raise DepthNotSupported(
             f"problem.entrypoint {entrypoint!r}: the function takes no `depth` argument, so its model "
             "cannot be built with fewer blocks. To fix: add `depth: int | None = None` and build that many blocks"
         )

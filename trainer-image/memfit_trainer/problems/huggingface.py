@@ -12,7 +12,7 @@ from torch import nn
 
 from memfit_trainer.problems.base import Batch, BatchKey, TrainingProblem
 from memfit_trainer.problems.data import token_batch
-from memfit_trainer.problems.errors import ProblemError
+from memfit_trainer.problems.errors import DepthNotSupported, ProblemError
 
 
 def _transformers() -> Any:
@@ -45,10 +45,10 @@ def _config(spec: HuggingFaceProblem, transformers: Any) -> Any:
 def _reduce_depth(config: Any, depth: int, model: str) -> None:
     layers = getattr(config, "num_hidden_layers", None)
     if not isinstance(layers, int):
-        raise ProblemError(f"problem.huggingface: config of {model!r} has no num_hidden_layers; "
+        raise DepthNotSupported(f"problem.huggingface: config of {model!r} has no num_hidden_layers; "
                            "its depth cannot be reduced")
     if depth > layers:
-        raise ProblemError(f"problem.huggingface: depth {depth} is larger than the model's {layers} layers")
+        raise DepthNotSupported(f"problem.huggingface: depth {depth} is larger than the model's {layers} layers")
     config.num_hidden_layers = depth
     for name, value in list(vars(config).items()):
         # Per-layer settings (e.g. `layer_types`) must have one entry per remaining layer.

@@ -22,7 +22,7 @@ from memfit.api.problem import Problem
 from torch import nn
 
 from memfit_trainer.problems import ProblemError, TrainingProblem, build_problem
-from memfit_trainer.profiler.errors import ProfileInputError
+from memfit_trainer.profiler.errors import DepthUnavailable, ProfileInputError
 
 # Depths measured: two points separate the per-block from the fixed terms of every measured quantity.
 REDUCED_DEPTHS = (1, 2)
@@ -62,9 +62,9 @@ def reduced_depths(layers: int) -> tuple[int, ...]:
 
 
 def build_full_on_meta(spec: Problem, *, seed: int) -> tuple[TrainingProblem, list[nn.Module]]:
-    """The full-depth problem on the meta device (no storage) and its repeated blocks.
+    """The full-depth problem on the meta device (no storage) and its repeated blocks (empty: none).
 
-    Raises ProfileInputError when the problem cannot be built there or has no repeated blocks."""
+    Raises ProfileInputError when the problem cannot be built there."""
     try:
         with torch.device("meta"):
             problem = build_problem(spec, seed=seed, check=False)
@@ -75,13 +75,7 @@ def build_full_on_meta(spec: Problem, *, seed: int) -> tuple[TrainingProblem, li
             "problem", f"cannot build the full model on the meta device for a depth-reduced profile: "
             f"{type(exc).__name__}: {exc}"
         ) from exc
-    blocks = find_repeated_blocks(problem.model)
-    if not blocks:
-        raise ProfileInputError(
-            "problem", f"no repeated blocks found in {type(problem.model).__name__} (no nn.ModuleList of "
-            "identical-structure layers): a depth-reduced profile is not possible"
-        )
-    return problem, blocks
+    return problem, find_repeated_blocks(problem.model)
 
 
 def check_reduced(problem: TrainingProblem, *, depth: int, full_block: Signature, where: str) -> None:
@@ -89,8 +83,8 @@ def check_reduced(problem: TrainingProblem, *, depth: int, full_block: Signature
     blocks = find_repeated_blocks(problem.model)
     if len(blocks) != depth or block_signature(blocks[0]) != full_block:
         found = f"{len(blocks)} block(s) of {block_signature(blocks[0])[0]}" if blocks else "no repeated blocks"
-        raise ProfileInputError(
-            where, f"asked for a model with {depth} of its blocks, the built model has {found} "
+        raise DepthUnavailable(
+            f"{where}: asked for a model with {depth} of its blocks, the built model has {found} "
             f"(expected {full_block[0]}): it ignores `depth`"
         )
 

@@ -12,7 +12,7 @@ from memfit.api.job import OptimizerKind
 from memfit.api.problem import Problem
 from memfit.api.profile import ActivationCurve, DepthProfile, Measurement, ModelShape, Profile, ReducedDepth
 
-from memfit_trainer.problems import ProblemError, TrainingProblem, build_problem
+from memfit_trainer.problems import DepthNotSupported, ProblemError, TrainingProblem, build_problem
 from memfit_trainer.profiler.configs import DEFAULT_CONFIGS, ProfileConfig
 from memfit_trainer.profiler.depth import (
     Signature,
@@ -22,7 +22,7 @@ from memfit_trainer.profiler.depth import (
     extrapolate,
     reduced_depths,
 )
-from memfit_trainer.profiler.errors import ProfileInputError, ProfileRunError
+from memfit_trainer.profiler.errors import DepthUnavailable, ProfileInputError, ProfileRunError
 from memfit_trainer.profiler.measure import (
     ConfigResult,
     CurveResult,
@@ -114,7 +114,10 @@ def profile_problem(spec: Problem, options: ProfileOptions | None = None) -> Pro
     device = resolve_device(options.device)
     elide = options.compute.startswith("elide") or (options.compute == "auto" and device.type == "cpu")
     curves = options.curves == "on" or (options.curves == "auto" and _analytic_shape_missing(spec))
-    plan = _depth_plan(spec, options)
+    try:
+        plan = _depth_plan(spec, options)
+    except DepthUnavailable as exc:
+        return ProfileOutcome(_analytic_profile(spec, device, exc, started))
     compute_reason = None
     try:
         try:
@@ -129,6 +132,8 @@ def profile_problem(spec: Problem, options: ProfileOptions | None = None) -> Pro
     except ModelStepError as exc:
         field = "problem.entrypoint" if spec.entrypoint is not None else "problem"
         raise ProfileInputError(field, str(exc)[: ERROR_MAX_CHARS - 64]) from exc
+    except DepthUnavailable as exc:
+        return ProfileOutcome(_analytic_profile(spec, device, exc, started, shape=plan.shape))
     results = [r for run, _ in depth_runs for r in run.results]
     ok = [(depth, r) for (run, _), depth in zip(depth_runs, plan.depths, strict=True)
           for r in run.results if r.error is None]
@@ -200,10 +205,15 @@ def _depth_plan(spec: Problem, options: ProfileOptions) -> _DepthPlan:
     if options.depth == "full":
         return _DepthPlan((None,))
     full, blocks = build_full_on_meta(spec, seed=options.seed)
+    shape = model_shape(spec, full)
+    if not blocks:
+        raise DepthUnavailable(
+            f"no repeated blocks found in {type(full.model).__name__} (no nn.ModuleList of identical-structure "
+            "layers): a depth-reduced profile is not possible", shape=shape,
+        )
     depths = reduced_depths(len(blocks))
     if not depths:  # 1 or 2 blocks: the reduced model is the model
         return _DepthPlan((None,))
-    shape = model_shape(spec, full)
     return _DepthPlan(depths, len(blocks), shape, block_signature(blocks[0]))
 
 
@@ -215,6 +225,8 @@ def _measure(spec: Problem, options: ProfileOptions, device: torch.device, *, el
     def build() -> TrainingProblem:
         try:
             return build_problem(spec, seed=options.seed, depth=depth)
+        except DepthNotSupported as exc:
+            raise DepthUnavailable(str(exc)) from exc
         except ProblemError as exc:
             raise _input_error(exc) from exc
 
@@ -246,6 +258,19 @@ def _measure(spec: Problem, options: ProfileOptions, device: torch.device, *, el
         on_built=on_built,
     )
     return run, (counted[-1] if counted else None)
+
+
+def _analytic_profile(spec: Problem, device: torch.device, exc: DepthUnavailable, started: float, *,
+                      shape: ModelShape | None = None) -> Profile:
+    """No measurement: the full model's shape (from the meta device) and why it could not be reduced.
+    The operator plans from the analytic model alone (condition AnalyticOnly)."""
+    found = exc.shape if isinstance(exc.shape, ModelShape) else shape
+    if found is None:
+        raise ProfileInputError("depth", exc.detail) from exc
+    return Profile(
+        problem_hash=problem_hash(spec), device=device_label(device), shape=found, compute="analytic",
+        compute_reason=str(exc)[:256], seconds=round(time.perf_counter() - started, 3),
+    )
 
 
 def error_profile(spec: Problem | None, message: str, *, seconds: float = 0.0) -> Profile:
