@@ -107,7 +107,7 @@ def choose_profiling(
         usable = usable_bytes(pool, catalog)
         if usable is None:
             continue
-        if mode == ProfilingDepth.AUTO and full_bytes * (1 + PROFILE_HEADROOM) <= usable:
+        if (mode == ProfilingDepth.AUTO or not reducible) and full_bytes * (1 + PROFILE_HEADROOM) <= usable:
             return ProfilingChoice(FULL, pool)
         if reducible and reduced_bytes * (1 + PROFILE_HEADROOM) <= usable:
             why = (f"the full model needs {full_bytes / 2**30:.1f} GiB to profile; {REDUCED_BLOCKS} of its "
