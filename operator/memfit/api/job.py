@@ -211,6 +211,7 @@ class AttemptOutcome(StrEnum):
     RUNNING = "Running"
     SUCCEEDED = "Succeeded"
     OUT_OF_MEMORY = "OutOfMemory"
+    MEMORY_OVER_PLAN = "MemoryOverPlan"  # the first steps measured more than predicted + headroom
     NO_CAPACITY = "NoCapacity"
     FAILED = "Failed"
 
@@ -222,7 +223,7 @@ class AttemptOutcome(StrEnum):
     @property
     def replans(self) -> bool:
         """The attempt ended in a way the next reconcile re-plans (a new attempt)."""
-        return self in (AttemptOutcome.OUT_OF_MEMORY, AttemptOutcome.NO_CAPACITY)
+        return self in (AttemptOutcome.OUT_OF_MEMORY, AttemptOutcome.MEMORY_OVER_PLAN, AttemptOutcome.NO_CAPACITY)
 
 
 class ProfileSummary(ApiModel):

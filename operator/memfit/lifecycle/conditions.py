@@ -33,6 +33,7 @@ PODS_PENDING = "PodsPending"
 TRAINING_SUCCEEDED = "TrainingSucceeded"
 TRAINING_FAILED = "TrainingFailed"
 OUT_OF_MEMORY = "OutOfMemory"
+MEMORY_OVER_PLAN = "MemoryOverPlan"  # first steps measured above prediction + headroom: re-plan before an OOM
 NO_CAPACITY = "NoCapacity"
 REPLANS_EXHAUSTED = "ReplansExhausted"
 PODS_NOT_CREATED = "PodsNotCreated"

@@ -14,7 +14,6 @@ from memfit.api.job import (
 from memfit.api.pool import GPUNodePool
 from memfit.api.profile import Profile
 from memfit.kube.common import Placement
-from memfit.memory.problems import ShapeError, shape_from_problem
 from memfit.kube.names import LABEL_POOL, profile_cache_name, profile_job_name
 from memfit.kube.profile_cache import CachedProfile, build_profile_cache
 from memfit.kube.profile_job import build_profile_input, build_profile_job
@@ -33,6 +32,7 @@ from memfit.lifecycle.profile_fit import (
 from memfit.lifecycle.result import Delete, Ensure, WriteData
 from memfit.lifecycle.snapshot import LaunchSettings, Snapshot
 from memfit.lifecycle.world import World
+from memfit.memory.problems import ShapeError, shape_from_problem
 
 
 def profile_key(

@@ -161,7 +161,7 @@ def next_attempt_index(status: MemoryOptimizedTrainingJobStatus) -> int:
 def needs_profile_cache_to_learn(job: JobSummary | None) -> bool:
     """A monitored attempt that finished or ran out of memory stores its measured peak with the
     profile (read-modify-write of the cache), so the reader reads the cache for it."""
-    return job is not None and (job.finished or any(p.out_of_memory for p in job.pods))
+    return job is not None and (job.finished or any(p.out_of_memory or p.over_plan for p in job.pods))
 
 
 def needs_profiling_job(
