@@ -228,6 +228,9 @@ class PodRunner:
         vols: dict[str, Path] = {}
         for v in spec.get("volumes") or []:
             vols[v["name"]] = run.dir / "volumes" / v["name"]
+            if claim := (v.get("persistentVolumeClaim") or {}).get("claimName"):
+                # Like a real claim, its data outlives the pod: later pods (a re-plan's attempt) see it.
+                vols[v["name"]] = self.workdir / "claims" / meta["namespace"] / claim
             materialise_volume(pod, v, vols[v["name"]], self._lookup, lambda sat: self._token(pod, sat))
         subdomains = [spec.get("subdomain", ""), *self._headless_services(meta["namespace"])]
         hostname = spec.get("hostname") or meta["name"]

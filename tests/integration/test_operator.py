@@ -215,3 +215,50 @@ def test_full_pool_falls_back_to_the_next_cheapest(
     assert "no capacity" in attempts[0]["reason"]
     events = kube.core.list_namespaced_event(namespace, field_selector="involvedObject.name=fallback").items
     assert "NoCapacity" in {e.reason for e in events}
+
+
+def test_first_steps_over_the_plan_replan_before_an_oom_and_resume(
+    kube: Kube, namespace: str, operator: tuple[Path, int]
+) -> None:
+    # The trainer multiplies its measured CPU peak (tens of MiB) by 200 in the first attempt: over the
+    # T4 plan's prediction plus headroom after step 1, it saves a checkpoint and stops (MemoryOverPlan).
+    log, _ = operator
+    # A checkpoint claim, bound to a volume (the local pod runner keeps a claim's folder across pods, as a
+    # real one does; an emptyDir would start the next attempt's pod from scratch).
+    _bound_claim(kube, namespace, "ckpt")
+    training = {**quickstart()["spec"]["training"], "checkpoint": {"volumeClaim": "ckpt", "everySteps": 10}}
+    doc = quickstart("overplan", training=training)
+    doc["metadata"]["annotations"] = {"memfit.dev/inject-peak-factor": "200"}
+    create_job(kube, namespace, doc)
+    job = wait_phase(kube, namespace, "overplan", ("Succeeded", "Failed"), TIMEOUT, log)
+    attempts = job["status"]["attempts"]
+    assert job["status"]["phase"] == "Succeeded", job["status"]
+    assert [a["outcome"] for a in attempts] == ["MemoryOverPlan", "Succeeded"], attempts
+    first, second = attempts
+    assert first["reason"].startswith("first-steps peak ") and "exceeds the predicted" in first["reason"]
+    assert first["measuredPeakBytes"] > first["predictedPeakBytes"]
+    # Re-planned from the measured peak, and resumed from the checkpoint the first attempt saved.
+    assert second["predictedPeakBytes"] > first["predictedPeakBytes"], attempts
+    pods = kube.pods(namespace, "memfit.dev/job=overplan,memfit.dev/component=trainer")
+    messages = [json.loads(p["status"]["containerStatuses"][0]["state"]["terminated"]["message"]) for p in pods
+                if p["status"].get("containerStatuses") and p["status"]["containerStatuses"][0]["state"].get("terminated")]
+    done = [m for m in messages if m["reason"] == "Completed"]
+    assert done and done[0]["resumedFromStep"] == 1, messages
+    events = kube.core.list_namespaced_event(namespace, field_selector="involvedObject.name=overplan").items
+    assert "MemoryOverPlan" in {e.reason for e in events}
+
+
+def _bound_claim(kube: Kube, namespace: str, name: str) -> None:
+    volume = f"{namespace}-{name}"
+    kube.core.create_persistent_volume({
+        "apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": volume},
+        "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteMany"], "storageClassName": "",
+                 "hostPath": {"path": f"/tmp/{volume}"}, "persistentVolumeReclaimPolicy": "Delete"},
+    })
+    kube.core.create_namespaced_persistent_volume_claim(namespace, {
+        "apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": name},
+        "spec": {"accessModes": ["ReadWriteMany"], "storageClassName": "", "volumeName": volume,
+                 "resources": {"requests": {"storage": "1Gi"}}},
+    })
+    kube.wait(f"claim {name} bound", lambda: kube.core.read_namespaced_persistent_volume_claim(
+        name, namespace).status.phase == "Bound", timeout=60)
