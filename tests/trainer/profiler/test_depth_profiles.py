@@ -108,3 +108,21 @@ def test_depth_that_cannot_be_reduced_gives_an_analytic_profile(
     assert profile.compute == "analytic" and not profile.measurements
     assert profile.compute_reason is not None and message in profile.compute_reason
     assert profile.shape is not None and profile.shape.parameters > 0  # counted on the meta device
+
+
+def test_a_depth_reduced_profile_is_shortened_a_configuration_at_a_time() -> None:
+    from memfit.api.profile import DepthProfile, Measurement, ReducedDepth
+    from memfit_trainer.profiler.emit import MAX_MESSAGE_BYTES, compact_json
+
+    measurements = [
+        Measurement(precision=p, checkpointing="none", micro_batch_size=b, peak_allocated_bytes=10**9 + b,
+                    peak_backward_bytes=10**9, peak_step_bytes=10**9, step_seconds=1.25, blocks=d)
+        for d in (1, 2) for p in ("fp32", "bf16") for b in range(1, 9)
+    ]
+    profile = Profile(problem_hash="x" * 16, measurements=measurements, depth=DepthProfile(
+        layers=40, reduced=[ReducedDepth(blocks=1, parameters=10), ReducedDepth(blocks=2, parameters=20)]))
+    assert len(profile.to_json()) > MAX_MESSAGE_BYTES
+    kept = Profile.model_validate_json(compact_json(profile))
+    assert len(compact_json(profile).encode()) <= MAX_MESSAGE_BYTES and kept.measurements
+    by_depth = {d: {(m.precision, m.micro_batch_size) for m in kept.measurements if m.blocks == d} for d in (1, 2)}
+    assert by_depth[1] == by_depth[2]  # every configuration kept at both depths
