@@ -266,6 +266,9 @@ def mark_profiled(draft: Draft, digest: str, profile: Profile, *, measured: bool
     )
     reason = c.PROFILE_MEASURED if measured else c.PROFILE_CACHED
     msg = f"profile {digest[:16]} ({source}) from ConfigMap {profile_cache_name(digest)}"
+    if profile.depth is not None:
+        blocks = " and ".join(str(r.blocks) for r in profile.depth.reduced)
+        msg += f"; depth-reduced: {blocks} of {profile.depth.layers} blocks measured, scaled to {profile.depth.layers}"
     draft.set(c.PROFILED, True, reason, msg)
     draft.event(reason, msg)
 
