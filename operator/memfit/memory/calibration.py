@@ -203,26 +203,33 @@ def _calibrate_reduced(profile: Profile, shape: Shape, *, optimizer: OptimizerKi
         strategy = _group_strategy(key, first.optimizer or OptimizerKind.ADAMW, first.device)
         return memory_terms(at, strategy).per_sample_bytes
 
-    measured = depth.extrapolate_map([(d, cal.activation_scales) for d, _, cal in per], layers,
-                                     value=lambda d, key, scale: scale * slope(shapes[d], key))
-    scales = {key: min(depth.MAX_SCALE, max(depth.MIN_SCALE, value / full)) if (full := slope(shape, key)) > 0
-              else 1.0 for key, value in measured.items()}
+    noise = depth.noise_bytes(profile)
+    largest_batch = max((m.micro_batch_size for m in profile.measurements), default=1)
+    # The analytic per-sample error at each depth, in bytes per sample, is what scales with depth.
+    errors = depth.extrapolate_map([(d, cal.activation_scales) for d, _, cal in per], layers, noise_bytes=noise,
+                                   weight=largest_batch, value=lambda d, key, scale: (scale - 1) * slope(shapes[d], key))
+    scales = {key: min(depth.MAX_SCALE, max(depth.MIN_SCALE, 1 + error / full)) if (full := slope(shape, key)) > 0
+              else 1.0 for key, error in errors.items()}
     curves: dict[CurveKey, list[tuple[int, CurveFit]]] = {}
     for d, _, cal in per:
         for key, fit in cal.curves.items():
             curves.setdefault(key, []).append((d, fit))
+    curve_batch = max((max(c.micro_batch_sizes, default=1) for c in profile.activation_curves), default=1)
     fragmentations = [cal.fragmentation for _, _, cal in per if cal.fragmentation is not None]
     blocks = ", ".join(str(d) for d, _, _ in per)
     notes = [f"depth-reduced profile: blocks {blocks} measured, terms scaled to {layers} blocks"]
     notes += [f"blocks {d}: {note}" for d, _, cal in per for note in cal.notes]
     return Calibration(
         activation_scales=depth.freeze(scales),
-        fixed_residuals=depth.freeze(depth.extrapolate_map([(d, c.fixed_residuals) for d, _, c in per], layers)),
-        step_residuals=depth.freeze(depth.extrapolate_map([(d, c.step_residuals) for d, _, c in per], layers)),
+        fixed_residuals=depth.freeze(depth.extrapolate_map([(d, c.fixed_residuals) for d, _, c in per], layers,
+                                                           noise_bytes=noise)),
+        step_residuals=depth.freeze(depth.extrapolate_map([(d, c.step_residuals) for d, _, c in per], layers,
+                                                          noise_bytes=noise)),
         fragmentation=max(fragmentations) if fragmentations else None,
         device=first.device,
         notes=tuple(notes),
-        curves=MappingProxyType({k: depth.extrapolate_curve(v, layers) for k, v in curves.items()}),
+        curves=MappingProxyType({k: depth.extrapolate_curve(v, layers, noise_bytes=noise, micro_batch=curve_batch)
+                                 for k, v in curves.items()}),
         optimizer=first.optimizer,
     )
 
