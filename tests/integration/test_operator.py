@@ -262,3 +262,39 @@ def _bound_claim(kube: Kube, namespace: str, name: str) -> None:
     })
     kube.wait(f"claim {name} bound", lambda: kube.core.read_namespaced_persistent_volume_claim(
         name, namespace).status.phase == "Bound", timeout=60)
+
+
+def test_a_13b_class_model_is_profiled_depth_reduced_and_planned_sharded(
+    kube: Kube, namespace: str, operator: tuple[Path, int]
+) -> None:
+    # A 13B-parameter decoder (Llama-2-13B widths as a builtin GPT): the whole model fits no single GPU of
+    # the KWOK pools, so the profiling pod really measures 1 and 2 of its 40 blocks on this CPU. The
+    # training Job is created suspended (a Kueue queue no Kueue admits), so that no pod tries to build
+    # 13B parameters on this machine: the test stops at the recorded plan.
+    log, _ = operator
+    problem = {"builtin": {"kind": "gpt", "layers": 40, "hidden": 5120, "heads": 40, "vocab": 32000,
+                           "sequenceLength": 512}}
+    doc = quickstart("big", problem=problem, scheduling={"kueueQueue": "never-admitted"},
+                     training={"globalBatchSize": 64, "maxSteps": 100, "optimizer": "adamw", "learningRate": 1e-5},
+                     placement={"maxNodes": 4, "baseline": {"nodePool": "a100-80", "nodes": 1}},
+                     profiling={"timeoutSeconds": 600})
+    create_job(kube, namespace, doc)
+    profiling = wait_phase(kube, namespace, "big", ("Profiling", "Launching", "Failed"), 60, log)
+    assert profiling["status"]["phase"] == "Profiling", profiling["status"]
+    assert jobs_named(kube, namespace, "big-profile") == ["big-profile"]
+    args = kube.batch.read_namespaced_job("big-profile", namespace).spec.template.spec.containers[0].args
+    assert args[-2:] == ["--depth", "reduced"], args
+    launched = wait_phase(kube, namespace, "big", ("Launching", "Running", "Failed"), TIMEOUT, log)
+    status = launched["status"]
+    assert status["phase"] == "Launching", status
+    profiled = _condition(launched, "Profiled")
+    assert profiled["reason"] == "ProfileMeasured" and "depth-reduced: 1 and 2 of 40 blocks" in profiled["message"]
+    cache = kube.core.read_namespaced_config_map(f"memfit-profile-{status['profile']['problemHash']}", namespace)
+    profile = json.loads(cache.data["profile.json"])
+    full = profile["shape"]["parameters"]
+    assert full == status["profile"]["parameters"] and full > 12_000_000_000
+    measured = [r["parameters"] for r in profile["depth"]["reduced"]]
+    assert max(measured) < 0.1 * full, (measured, full)  # the pod never held the model
+    plan = status["plan"]
+    assert plan["engine"] in ("deepspeed", "fsdp") or plan["offload"] != "none", plan
+    assert plan["zeroStage"] >= 2 or plan["offload"] != "none", plan
