@@ -295,6 +295,6 @@ def test_a_13b_class_model_is_profiled_depth_reduced_and_planned_sharded(
     assert full == status["profile"]["parameters"] and full > 12_000_000_000
     measured = [r["parameters"] for r in profile["depth"]["reduced"]]
     assert max(measured) < 0.1 * full, (measured, full)  # the pod never held the model
-    plan = status["plan"]
-    assert plan["engine"] in ("deepspeed", "fsdp") or plan["offload"] != "none", plan
-    assert plan["zeroStage"] >= 2 or plan["offload"] != "none", plan
+    plan = status["plan"]  # states sharded over the GPUs (ZeRO / FSDP) or offloaded
+    sharded = plan["engine"] in ("deepspeed", "fsdp") and plan["zeroStage"] >= 1 and plan["gpus"] > 1
+    assert sharded or plan["offload"] != "none", plan
