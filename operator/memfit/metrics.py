@@ -52,6 +52,7 @@ class JobSnapshot:
     gpu_memory_bytes: float | None = None
     price_per_hour: float | None = None
     baseline_price_per_hour: float | None = None
+    savings_percent: float | None = None
     engine: str = ""
     precision: str = ""
     zero_stage: str = ""
@@ -72,6 +73,7 @@ class JobSnapshot:
             gpu_memory_bytes=plan.get("gpuMemoryBytes"),
             price_per_hour=plan.get("costPerHour"),
             baseline_price_per_hour=plan.get("baselineCostPerHour"),
+            savings_percent=plan.get("savingsPercent"),
             engine=str(plan.get("engine") or ""),
             precision=str(plan.get("precision") or ""),
             zero_stage=str(plan.get("zeroStage", "")),
@@ -133,7 +135,9 @@ class JobCollector(Collector):
             labels=["namespace", "job"],
         )
         savings = GaugeMetricFamily(
-            "memfit_job_savings_ratio", "1 - plan price / baseline price.", labels=["namespace", "job"]
+            "memfit_job_savings_ratio",
+            "1 - plan total cost / baseline total cost (the plain bf16 DDP setup on the cheapest pool where it "
+            "fits); positive = saved.", labels=["namespace", "job"]
         )
         info = GaugeMetricFamily(
             "memfit_job_info",
@@ -153,10 +157,8 @@ class JobCollector(Collector):
         for j in jobs:
             if j.baseline_price_per_hour:
                 baseline.add_metric([j.namespace, j.name], float(j.baseline_price_per_hour))
-                if j.price_per_hour is not None:
-                    savings.add_metric(
-                        [j.namespace, j.name], 1 - float(j.price_per_hour) / j.baseline_price_per_hour
-                    )
+            if j.savings_percent is not None:
+                savings.add_metric([j.namespace, j.name], float(j.savings_percent) / 100)
             if j.pool:
                 info.add_metric(
                     [

@@ -236,10 +236,22 @@ class PlanSummary(TrainingConfig):  # the TrainingConfig inline: its fields sit 
     cost_per_hour_text: str = Field(max_length=32, description="e.g. $3.20.")
     estimated_hours: float = Field(ge=0)
     estimated_cost: float = Field(ge=0)
+    baseline: str | None = Field(
+        default=None, max_length=256,
+        description="The default baseline: the plain setup (bf16 DDP, no checkpointing) on the cheapest pool "
+        "where it fits, whole nodes.",
+    )
     baseline_cost_per_hour: float | None = Field(default=None, ge=0)
     baseline_cost: float | None = Field(default=None, ge=0)
-    savings_percent: float | None = Field(default=None)
-    savings: str | None = Field(default=None, max_length=16, description="e.g. -78%.")
+    savings_percent: float | None = Field(
+        default=None, description="100 x (1 - estimatedCost / baselineCost); negative when the plan costs more."
+    )
+    savings: str | None = Field(default=None, max_length=24, description="e.g. saves 78%, or costs 5% more.")
+    declared_baseline: str | None = Field(
+        default=None, max_length=256, description="The plain setup on placement.baseline, reported beside."
+    )
+    declared_baseline_cost: float | None = Field(default=None, ge=0)
+    declared_savings_percent: float | None = Field(default=None)
 
 
 class Attempt(ApiModel):

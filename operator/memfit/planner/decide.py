@@ -8,14 +8,14 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from memfit.api.job import MemoryOptimizedTrainingJobSpec, Minimize
-from memfit.api.plan import Plan
+from memfit.api.plan import BaselineCost, Plan, round_cost
 from memfit.api.pool import GPUNodePool
 from memfit.api.profile import ModelShape, Profile
 from memfit.catalog import GpuCatalog
 from memfit.memory.calibration import Calibration, calibrate
 from memfit.memory.problems import ShapeError, shape_from_problem
 from memfit.memory.shape import Shape
-from memfit.planner.baseline import DEFAULT_BASELINE_POOL, fp32_baseline
+from memfit.planner.baseline import cheapest_plain_baseline, plain_baseline, plain_config
 from memfit.planner.context import SearchContext
 from memfit.planner.measured import MeasuredPeak, peak_corrections
 from memfit.planner.offers import Offer, PoolRejection, catalog_pool, resolve_offer, resolve_offers
@@ -101,10 +101,10 @@ def build_plan(candidate: Candidate, spec: MemoryOptimizedTrainingJobSpec, *,
         gpu_memory_bytes=candidate.usable_bytes,
         memory=candidate.memory.to_breakdown(),
         headroom_percent=candidate.headroom_percent,
-        price_per_hour=round(candidate.price_per_hour, 6),
-        step_seconds=round(candidate.step.step_seconds, 6),
-        estimated_hours=round(candidate.hours, 6),
-        estimated_cost=round(candidate.total_cost, 6),
+        price_per_hour=round_cost(candidate.price_per_hour),
+        step_seconds=round_cost(candidate.step.step_seconds),
+        estimated_hours=round_cost(candidate.hours),
+        estimated_cost=round_cost(candidate.total_cost),
         problem=spec.problem,
         training=spec.training,
         memory_sources=sources,
@@ -137,30 +137,37 @@ def plan(
     choices, pin_problems = strategy_choices(spec.strategy)
     offers, rejections = resolve_offers(pools, catalog=catalog, allowed=spec.placement.node_pools,
                                         free_gpus=free_gpus)
-    baseline = _baseline(ctx, spec, pools, catalog)
+    baseline = _plain_default(ctx, spec, pools, catalog)
+    declared = _declared_baseline(ctx, spec, pools, catalog)
     if not choices:
-        return PlanResult(None, None, (), tuple(rejections), baseline, None, tuple(pin_problems))
+        return PlanResult(None, None, (), tuple(rejections), baseline, None, tuple(pin_problems),
+                          declared_baseline=declared)
     best_per_pool = _best_per_pool(ctx, offers, choices, rejections, keep=1 + max_alternatives)
     rejections.sort(key=lambda r: r.pool)
     if not best_per_pool:
         reasons = [] if offers or rejections else ["no GPUNodePools to plan on"]
-        return PlanResult(None, None, (), tuple(rejections), baseline, None, tuple(reasons))
+        return PlanResult(None, None, (), tuple(rejections), baseline, None, tuple(reasons),
+                          declared_baseline=declared)
     ranked = sorted(best_per_pool, key=lambda c: (*objective_key(c, ctx.minimize), c.pool))
     chosen = ranked[0]
-    savings = None
-    if baseline is not None and baseline.total_cost > 0:
-        savings = (1 - chosen.total_cost / baseline.total_cost) * 100
+    savings = _savings(chosen, baseline)
+    declared_savings = _savings(chosen, declared)
+    chosen_plan = build_plan(chosen, spec, calibration=ctx.calibration, profile=profile).model_copy(update={
+        "baseline": _recorded(baseline, savings), "declared_baseline": _recorded(declared, declared_savings),
+    })
     notes = tuple(f"{o.pool}: {n}" for o in offers for n in o.notes)
     if ctx.calibration is not None:
         notes += ctx.calibration.notes
     return PlanResult(
-        plan=build_plan(chosen, spec, calibration=ctx.calibration, profile=profile),
+        plan=chosen_plan,
         chosen=chosen,
         alternatives=tuple(ranked[1 : 1 + max_alternatives]),
         rejections=tuple(rejections),
         baseline=baseline,
         savings_percent=savings,
         notes=notes,
+        declared_baseline=declared,
+        declared_savings_percent=declared_savings,
     )
 
 
@@ -189,15 +196,37 @@ def _best_per_pool(ctx: SearchContext, offers: Sequence[Offer], choices: Sequenc
     return found
 
 
-def _baseline(ctx: SearchContext, spec: MemoryOptimizedTrainingJobSpec,
-              pools: Sequence[GPUNodePool], catalog: GpuCatalog) -> BaselineResult | None:
+def _savings(chosen: Candidate, baseline: BaselineResult | None) -> float | None:
+    """100 x (1 - plan cost / baseline cost); None without a baseline that has a cost."""
+    if baseline is None or baseline.total_cost <= 0:
+        return None
+    return (1 - chosen.total_cost / baseline.total_cost) * 100
+
+
+def _recorded(baseline: BaselineResult | None, savings: float | None) -> BaselineCost | None:
+    if baseline is None or savings is None:
+        return None
+    return BaselineCost(label=baseline.label[:256], cost_per_hour=round_cost(baseline.price_per_hour),
+                        cost=round_cost(baseline.total_cost), savings_percent=round(savings, 3))
+
+
+def _plain_default(ctx: SearchContext, spec: MemoryOptimizedTrainingJobSpec,
+                   pools: Sequence[GPUNodePool], catalog: GpuCatalog) -> BaselineResult | None:
+    """The plain setup on the cheapest allowed pool where it fits (capacity aside: it is what the
+    job would have cost, not what is free now)."""
+    offers, _ = resolve_offers(pools, catalog=catalog, allowed=spec.placement.node_pools)
+    return cheapest_plain_baseline(ctx, offers)
+
+
+def _declared_baseline(ctx: SearchContext, spec: MemoryOptimizedTrainingJobSpec,
+                       pools: Sequence[GPUNodePool], catalog: GpuCatalog) -> BaselineResult | None:
+    """The plain setup on the pool and node count of `placement.baseline`, when the user named one."""
     placement = spec.placement.baseline
-    name = placement.node_pool if placement else DEFAULT_BASELINE_POOL
-    nodes = placement.nodes if placement else 1
-    offer = _baseline_offer(name, pools, catalog)
+    if placement is None:
+        return None
+    offer = _baseline_offer(placement.node_pool, pools, catalog)
     if offer is None:
         return None
-    return fp32_baseline(ctx, offer, nodes=nodes)
-
-
-
+    words = f"plain {plain_config(offer).precision.value} DDP"
+    label = f"declared: {words} on {placement.nodes}x{offer.gpus_per_node} {offer.product} ({offer.pool})"
+    return plain_baseline(ctx, offer, nodes=placement.nodes, label=label)
