@@ -43,6 +43,7 @@ def monitor_step(draft: Draft, snap: Snapshot, spec: MemoryOptimizedTrainingJobS
             )
         )
         return
+    _restore_summary(draft, plan)
     if not children.plan_recorded:
         draft.effects.append(
             Ensure(build_plan_config_map(owner=snap.job.owner(), plan=plan, summary=draft.plan))
@@ -72,6 +73,15 @@ def monitor_step(draft: Draft, snap: Snapshot, spec: MemoryOptimizedTrainingJobS
             draft.set(c.RUNNING, True, c.PODS_RUNNING, msg)
             draft.enter(Phase.RUNNING, msg)
             draft.event(c.PODS_RUNNING, msg)
+
+
+def _restore_summary(draft: Draft, plan: Plan) -> None:
+    """The status summary is rebuilt from the stored Plan when the status lost it (or part of it): the
+    Plan carries its costs and baselines, so what `kubectl get motj` shows survives restarts intact.
+    A Plan recorded before it carried baselines only fills a missing summary."""
+    summary = plan.summary()
+    if draft.plan != summary and (draft.plan is None or plan.baseline is not None):
+        draft.plan = summary
 
 
 def _succeeded(
