@@ -97,6 +97,14 @@ class RunResult:
     checkpointed_modules: int = 0
     checkpoints_saved: list[int] = field(default_factory=list)
     seconds: float = 0.0
+    reserved_peak_bytes: int | None = None  # CUDA only: the caching allocator's peak reservation
+    step_seconds: list[float] = field(default_factory=list)
+
+    @property
+    def mean_step_seconds(self) -> float | None:
+        """Mean seconds per optimizer step after the first (warm-up, lazy init) when there are more."""
+        timed = self.step_seconds[1:] or self.step_seconds
+        return sum(timed) / len(timed) if timed else None
 
 
 class SimulatedOutOfMemoryError(torch.OutOfMemoryError):
@@ -170,6 +178,7 @@ def run_training(
                      result=result, start_step=start_step)  # fmt: skip
         result.facts = runner.facts()
         result.peak_bytes = meter.run_peak_bytes
+        result.reserved_peak_bytes = getattr(meter, "run_reserved_peak_bytes", None)
         result.seconds = time.perf_counter() - started
         return result
     finally:
@@ -238,6 +247,7 @@ def _train_steps(
         result.final_loss = loss
         result.losses.append((step, loss))
         result.step_memory.append(_memory_row(step, sample))
+        result.step_seconds.append(seconds)
         if metrics is not None:
             samples = micro * accumulation
             metrics.observe_step(step=step, seconds=seconds, samples=samples, tokens=samples * problem_tokens,

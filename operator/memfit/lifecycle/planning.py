@@ -13,10 +13,11 @@ from memfit.api.profile import Profile
 from memfit.api.training_config import TrainingConfig
 from memfit.catalog import GpuCatalog
 from memfit.kube.names import NVME_MOUNT
-from memfit.kube.profile_cache import Observation
+from memfit.kube.profile_cache import KIND_ALLOCATED, Observation
 from memfit.lifecycle.world import PoolCapacity
 from memfit.memory.strategy import Strategy
 from memfit.planner import MeasuredPeak, PlanResult, plan, plan_summary
+from memfit.planner.measured import PeakKind
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,15 +76,26 @@ def strategy_of(key: str, spec: MemoryOptimizedTrainingJobSpec) -> Strategy | No
 def measured_peaks(
     observations: Sequence[Observation], spec: MemoryOptimizedTrainingJobSpec
 ) -> list[MeasuredPeak]:
-    """Observations as planner inputs; after an OOM the GPU's usable memory is a lower bound of the peak."""
+    """Observations as planner inputs, each compared like for like (planner.measured):
+
+    - an allocator peak (largest rank) teaches the tensor terms, whether measured on a CPU or a GPU;
+    - a GPU's caching-allocator reservation teaches that GPU product's allocator gap, upward only;
+    - after an OOM the GPU's usable memory is a lower bound of the whole device peak, on every GPU."""
     out: list[MeasuredPeak] = []
     for o in observations:
         strategy = strategy_of(o.config_key, spec)
         if strategy is None:
             continue
-        peak = max(o.measured_peak_bytes, o.gpu_memory_bytes) if o.out_of_memory else o.measured_peak_bytes
-        if peak > 0:
-            out.append(MeasuredPeak(strategy=strategy, peak_bytes=peak))
+        if o.out_of_memory:
+            peak = max(o.measured_peak_bytes, o.gpu_memory_bytes)
+            if peak > 0:
+                out.append(MeasuredPeak(strategy, peak, PeakKind.DEVICE))
+            continue
+        allocated = max((*o.rank_peaks, o.measured_peak_bytes))
+        if o.kind == KIND_ALLOCATED and allocated > 0:
+            out.append(MeasuredPeak(strategy, allocated, PeakKind.ALLOCATED))
+        if o.on_gpu and o.reserved_peak_bytes:
+            out.append(MeasuredPeak(strategy, o.reserved_peak_bytes, PeakKind.RESERVED, gpu_product=o.measured_on))
     return out
 
 

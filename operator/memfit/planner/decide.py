@@ -6,6 +6,7 @@ Pure and deterministic: no I/O, no clock, no randomness; the same inputs give th
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
 from memfit.api.job import MemoryOptimizedTrainingJobSpec, Minimize
 from memfit.api.plan import BaselineCost, Plan, round_cost
@@ -17,7 +18,7 @@ from memfit.memory.problems import ShapeError, shape_from_problem
 from memfit.memory.shape import Shape
 from memfit.planner.baseline import cheapest_plain_baseline, plain_baseline, plain_config
 from memfit.planner.context import SearchContext
-from memfit.planner.measured import MeasuredPeak, peak_corrections
+from memfit.planner.measured import MeasuredPeak, PeakCorrections, peak_corrections
 from memfit.planner.offers import Offer, PoolRejection, catalog_pool, resolve_offer, resolve_offers
 from memfit.planner.result import BaselineResult, Candidate, PlanResult
 from memfit.planner.search import any_fit, objective_key, prepare_offer, search_offer
@@ -137,6 +138,7 @@ def plan(
     choices, pin_problems = strategy_choices(spec.strategy)
     offers, rejections = resolve_offers(pools, catalog=catalog, allowed=spec.placement.node_pools,
                                         free_gpus=free_gpus)
+    offers = [with_device_factor(o, ctx.corrections) for o in offers]
     baseline = _plain_default(ctx, spec, pools, catalog)
     declared = _declared_baseline(ctx, spec, pools, catalog)
     if not choices:
@@ -196,6 +198,19 @@ def _best_per_pool(ctx: SearchContext, offers: Sequence[Offer], choices: Sequenc
     return found
 
 
+def with_device_factor(offer: Offer, corrections: PeakCorrections) -> Offer:
+    """The offer with its usable memory divided by its GPU product's measured device factor (>= 1):
+    peak x factor x (1 + headroom) <= usable is peak x (1 + headroom) <= usable / factor, so every
+    bound and cache of the search stays valid."""
+    factor = corrections.device_factor(offer.product)
+    if factor <= 1.0:
+        return offer
+    usable = int(offer.usable_bytes / factor)
+    note = (f"usable memory counted as {usable / 2**30:.2f} GiB of {offer.usable_gib:.2f}: measured peaks on "
+            f"{offer.product} were {factor:.3f}x the prediction (allocator gap, CUDA context, NCCL, or an OOM)")
+    return replace(offer, usable_bytes=usable, notes=(*offer.notes, note))
+
+
 def _savings(chosen: Candidate, baseline: BaselineResult | None) -> float | None:
     """100 x (1 - plan cost / baseline cost); None without a baseline that has a cost."""
     if baseline is None or baseline.total_cost <= 0:
@@ -215,7 +230,7 @@ def _plain_default(ctx: SearchContext, spec: MemoryOptimizedTrainingJobSpec,
     """The plain setup on the cheapest allowed pool where it fits (capacity aside: it is what the
     job would have cost, not what is free now)."""
     offers, _ = resolve_offers(pools, catalog=catalog, allowed=spec.placement.node_pools)
-    return cheapest_plain_baseline(ctx, offers)
+    return cheapest_plain_baseline(ctx, [with_device_factor(o, ctx.corrections) for o in offers])
 
 
 def _declared_baseline(ctx: SearchContext, spec: MemoryOptimizedTrainingJobSpec,
@@ -227,6 +242,7 @@ def _declared_baseline(ctx: SearchContext, spec: MemoryOptimizedTrainingJobSpec,
     offer = _baseline_offer(placement.node_pool, pools, catalog)
     if offer is None:
         return None
+    offer = with_device_factor(offer, ctx.corrections)
     words = f"plain {plain_config(offer).precision.value} DDP"
     label = f"declared: {words} on {placement.nodes}x{offer.gpus_per_node} {offer.product} ({offer.pool})"
     return plain_baseline(ctx, offer, nodes=placement.nodes, label=label)

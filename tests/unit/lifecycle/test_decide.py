@@ -252,9 +252,10 @@ def test_all_pods_running_is_running() -> None:
     assert_idempotent(h)
 
 
-def test_success_records_the_measured_peak() -> None:
+def test_success_records_the_measured_peak_and_a_cpu_allocator_peak_teaches_the_tensor_terms() -> None:
     h = running()
-    done = json.dumps({"reason": "Completed", "peakBytes": 3 * 2**20, "memoryMeter": "cpu-tensors"})
+    done = json.dumps({"reason": "Completed", "peakBytes": 3 * 2**20, "memoryMeter": "cpu-allocator-profiler",
+                       "rankPeaks": [3 * 2**20], "device": "cpu", "stepSeconds": 0.25})
     h.pods["j-train-0-0"]["status"] = {"phase": "Succeeded", **terminated(0, done, "Completed")}
     h.finish("j-train-0")
     decision = h.reconcile()
@@ -262,23 +263,40 @@ def test_success_records_the_measured_peak() -> None:
     assert status.phase == Phase.SUCCEEDED and status.measured_peak_bytes == 3 * 2**20
     assert status.attempts[-1].outcome == AttemptOutcome.SUCCEEDED
     assert h.condition("Succeeded")[:2] == ("True", "TrainingSucceeded")
-    assert "measured peak 3.0Mi on cpu-tensors (CPU stand-in" in h.condition("Succeeded")[2]
+    assert "measured peak 3.0Mi on cpu-allocator-profiler (CPU stand-in" in h.condition("Succeeded")[2]
+    assert "learned for the tensor terms" in h.condition("Succeeded")[2]
     assert decision.reasons() == ["TrainingSucceeded"]
-    assert decision.effects == ()  # a CPU stand-in's peak is reported, not learned
+    (write,) = decision.effects  # allocator tensor bytes are learned from a CPU run too
+    assert isinstance(write, WriteData)
+    (seen,) = json.loads(write.manifest["data"]["observations.json"])
+    assert (seen["kind"], seen["device"], seen["rankPeaks"], seen["stepSeconds"]) == ("allocated", "cpu", [3 * 2**20], 0.25)
+    assert "reservedPeakBytes" not in seen
     assert_idempotent(h)
 
 
-def test_gpu_measured_peak_is_learned() -> None:
+def test_a_process_rss_peak_is_reported_not_learned() -> None:
     h = running()
-    done = json.dumps({"reason": "Completed", "peakBytes": 2**30, "memoryMeter": "cuda"})
+    done = json.dumps({"reason": "Completed", "peakBytes": 300 * 2**20, "memoryMeter": "cpu-rss"})
+    h.pods["j-train-0-0"]["status"] = {"phase": "Succeeded", **terminated(0, done, "Completed")}
+    h.finish("j-train-0")
+    decision = h.reconcile()
+    assert decision.effects == () and "not learned" in h.condition("Succeeded")[2]
+
+
+def test_gpu_measured_peaks_are_learned_per_rank_with_their_kind_and_device() -> None:
+    h = running()
+    done = json.dumps({"reason": "Completed", "peakBytes": 2**30, "memoryMeter": "cuda-allocator", "device": "cuda",
+                       "rankPeaks": [2**30 - 5, 2**30], "reservedPeakBytes": 2**30 + 2**28})
     h.pods["j-train-0-0"]["status"] = {"phase": "Succeeded", **terminated(0, done, "Completed")}
     h.finish("j-train-0")
     decision = h.reconcile()
     (write,) = decision.effects
     assert isinstance(write, WriteData) and write.exists
     observations = json.loads(write.manifest["data"]["observations.json"])
-    assert [(o["job"], o["measuredPeakBytes"], o["outOfMemory"]) for o in observations] == [
-        ("j/0", 2**30, False)
+    plan = h.plan_json(0)
+    assert [(o["job"], o["measuredPeakBytes"], o["outOfMemory"], o["kind"], o["device"], o["rankPeaks"],
+             o["reservedPeakBytes"]) for o in observations] == [
+        ("j/0", 2**30, False, "allocated", plan["gpuProduct"], [2**30 - 5, 2**30], 2**30 + 2**28)
     ]
 
 
