@@ -43,6 +43,22 @@ def test_completed_two_rank_run_reports_every_rank_peak_its_device_and_step_time
     assert message["stepSeconds"] > 0
 
 
+def test_simulated_gpu_meter_adds_a_reservation_and_context_to_real_allocator_bytes(tmp_path: Path) -> None:
+    env = {"MEMFIT_SIMULATED_GPU": '{"fragmentation": 1.05, "contextMiB": 300}'}
+    run = run_cli(make_plan().ddp().steps(2), tmp_path, env=env)
+    assert run.returncode == 0, run.output[-3000:]
+    message = run.termination
+    assert message is not None and message["memoryMeter"] == "simulated-gpu"
+    assert message["device"] == "simulated-cuda"
+    assert message["reservedPeakBytes"] == int(message["peakBytes"] * 1.05)
+    assert message["devicePeakBytes"] == message["reservedPeakBytes"] + 300 * 2**20
+
+
+def test_malformed_simulated_gpu_is_an_error_naming_the_variable(tmp_path: Path) -> None:
+    run = run_cli(make_plan().ddp().steps(1), tmp_path, env={"MEMFIT_SIMULATED_GPU": "fast"})
+    assert run.returncode != 0 and "MEMFIT_SIMULATED_GPU must be JSON" in run.output
+
+
 def test_oom_on_one_rank_of_two_fails_the_pod_with_87(tmp_path: Path) -> None:
     """Through the launcher: torchrun exits 1, memfit-trainer maps the workers' message back to 87."""
     env = {"MEMFIT_INJECT_OOM_AT_STEP": "2", "MEMFIT_INJECT_OOM_RANK": "1"}

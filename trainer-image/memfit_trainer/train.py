@@ -98,6 +98,8 @@ class RunResult:
     checkpoints_saved: list[int] = field(default_factory=list)
     seconds: float = 0.0
     reserved_peak_bytes: int | None = None  # CUDA only: the caching allocator's peak reservation
+    device_peak_bytes: int | None = None  # NVML process bytes, where the meter has them
+    device: str = "cpu"  # cpu, cuda, or simulated-cuda (memfit_trainer.meters.simulated)
     step_seconds: list[float] = field(default_factory=list)
 
     @property
@@ -179,6 +181,8 @@ def run_training(
         result.facts = runner.facts()
         result.peak_bytes = meter.run_peak_bytes
         result.reserved_peak_bytes = getattr(meter, "run_reserved_peak_bytes", None)
+        result.device_peak_bytes = getattr(meter, "run_device_peak_bytes", None)
+        result.device = device.type if meter.name != "simulated-gpu" else "simulated-cuda"
         result.seconds = time.perf_counter() - started
         return result
     finally:

@@ -68,12 +68,14 @@ def _oom_message(
     peak = 0
     capacity = None
     reserved = None
+    simulated = False
     if meter is not None:
         with contextlib.suppress(Exception):
             meter.end_step()  # fold in the failing step's peak (CPU meter: close the profiler cycle)
         peak = meter.run_peak_bytes
         capacity = meter.capacity_bytes
         reserved = getattr(meter, "run_reserved_peak_bytes", None)
+        simulated = meter.name == "simulated-gpu"
     return TerminationMessage(
         reason=reason,
         rank=env.rank,
@@ -84,7 +86,7 @@ def _oom_message(
         resumed_from_step=progress.resumed_from_step,
         memory_meter=meter.name if meter is not None else None,
         reserved_peak_bytes=reserved,
-        device="cuda" if reserved is not None else "cpu",
+        device="simulated-cuda" if simulated else "cuda" if reserved is not None else "cpu",
         message=str(error).splitlines()[0][:512] if str(error) else type(error).__name__,
     )
 
@@ -103,6 +105,7 @@ def completed_message(result: RunResult, env: mdist.DistEnv) -> TerminationMessa
     rank_peaks = [int(v) for v in mdist.all_gather_float(float(result.peak_bytes))]
     peak = max(rank_peaks)
     reserved = int(mdist.all_reduce_max(float(result.reserved_peak_bytes or 0)))
+    nvml = int(mdist.all_reduce_max(float(result.device_peak_bytes or 0)))
     mean_step = result.mean_step_seconds
     step_seconds = mdist.all_reduce_max(mean_step if mean_step is not None else -1.0)
     return TerminationMessage(
@@ -116,7 +119,8 @@ def completed_message(result: RunResult, env: mdist.DistEnv) -> TerminationMessa
         memory_meter=result.memory_meter,
         rank_peaks=rank_peaks[:MAX_RANK_PEAKS],
         reserved_peak_bytes=reserved or None,
-        device="cuda" if result.reserved_peak_bytes is not None else "cpu",
+        device_peak_bytes=nvml or None,
+        device=result.device,
         step_seconds=round(step_seconds, 6) if step_seconds >= 0 else None,
     )
 

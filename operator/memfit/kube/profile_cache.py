@@ -43,6 +43,7 @@ class Observation:
     device: str = ""  # "" = the plan's GPU product
     rank_peaks: tuple[int, ...] = ()
     reserved_peak_bytes: int | None = None
+    device_peak_bytes: int | None = None  # NVML process bytes (GPU only, when the meter had NVML)
     step_seconds: float | None = None
     predicted_step_seconds: float | None = None
 
@@ -66,15 +67,16 @@ class Observation:
             "kind": self.kind,
             "rankPeaks": list(self.rank_peaks),
         }
-        optional = {"device": self.device or None, "reservedPeakBytes": self.reserved_peak_bytes, "stepSeconds": self.step_seconds,
+        optional = {"device": self.device or None, "reservedPeakBytes": self.reserved_peak_bytes,
+                    "devicePeakBytes": self.device_peak_bytes, "stepSeconds": self.step_seconds,
                     "predictedStepSeconds": self.predicted_step_seconds}
         out.update({k: v for k, v in optional.items() if v is not None})
         return out
 
     @classmethod
     def from_dict(cls, raw: dict[str, object]) -> Observation:
-        reserved, step, predicted_step = (raw.get(k) for k in ("reservedPeakBytes", "stepSeconds",
-                                                                "predictedStepSeconds"))
+        reserved, nvml, step, predicted_step = (raw.get(k) for k in (
+            "reservedPeakBytes", "devicePeakBytes", "stepSeconds", "predictedStepSeconds"))
         ranks = raw.get("rankPeaks") or []
         return cls(
             config_key=str(raw["configKey"]),
@@ -88,6 +90,7 @@ class Observation:
             device=str(raw.get("device", "")),
             rank_peaks=tuple(int(str(v)) for v in ranks) if isinstance(ranks, list) else (),
             reserved_peak_bytes=int(str(reserved)) if reserved is not None else None,
+            device_peak_bytes=int(str(nvml)) if nvml is not None else None,
             step_seconds=float(str(step)) if step is not None else None,
             predicted_step_seconds=float(str(predicted_step)) if predicted_step is not None else None,
         )

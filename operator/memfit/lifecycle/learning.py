@@ -6,6 +6,7 @@ from __future__ import annotations
 from memfit.api.plan import Plan
 from memfit.api.termination import (
     KEY_DEVICE,
+    KEY_DEVICE_PEAK_BYTES,
     KEY_MEMORY_METER,
     KEY_RANK_PEAKS,
     KEY_RESERVED_PEAK_BYTES,
@@ -26,7 +27,8 @@ from memfit.lifecycle.snapshot import Snapshot
 
 # Meters whose peak is allocator tensor bytes (memfit_trainer.meters): what the tensor terms learn from.
 # `cpu-rss` (process RSS) counts the interpreter and libraries too and is reported, never learned.
-ALLOCATOR_METERS = frozenset({"cuda-allocator", "cpu-allocator-profiler"})
+# `simulated-gpu` is the CPU allocator with a simulated GPU's reservation and context on top (test bed).
+ALLOCATOR_METERS = frozenset({"cuda-allocator", "cpu-allocator-profiler", "simulated-gpu"})
 
 
 
@@ -39,6 +41,7 @@ def learn(draft: Draft, snap: Snapshot, plan: Plan, digest: str, *, measured: in
     messages = [p.message for p in job.pods if p.message]
     ranks = max((_ints(m.get(KEY_RANK_PEAKS)) for m in messages), key=len, default=())
     reserved = max((int(v) for m in messages if isinstance(v := m.get(KEY_RESERVED_PEAK_BYTES), int)), default=0)
+    nvml = max((int(v) for m in messages if isinstance(v := m.get(KEY_DEVICE_PEAK_BYTES), int)), default=0)
     steps = [float(v) for m in messages if isinstance(v := m.get(KEY_STEP_SECONDS), int | float)]
     on_cpu = any(str(m.get(KEY_DEVICE, "")) == DEVICE_CPU or str(m.get(KEY_MEMORY_METER, "")).startswith("cpu")
                  for m in messages)
@@ -54,6 +57,7 @@ def learn(draft: Draft, snap: Snapshot, plan: Plan, digest: str, *, measured: in
         device=DEVICE_CPU if on_cpu else plan.gpu_product,
         rank_peaks=ranks,
         reserved_peak_bytes=reserved or None,
+        device_peak_bytes=nvml or None,
         step_seconds=max(steps) if steps else None,
         predicted_step_seconds=plan.step_seconds,
     )

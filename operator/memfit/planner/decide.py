@@ -5,6 +5,7 @@ Pure and deterministic: no I/O, no clock, no randomness; the same inputs give th
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
@@ -18,7 +19,7 @@ from memfit.memory.problems import ShapeError, shape_from_problem
 from memfit.memory.shape import Shape
 from memfit.planner.baseline import cheapest_plain_baseline, plain_baseline, plain_config
 from memfit.planner.context import SearchContext
-from memfit.planner.measured import MeasuredPeak, PeakCorrections, peak_corrections
+from memfit.planner.measured import MeasuredDevice, MeasuredPeak, peak_corrections
 from memfit.planner.offers import Offer, PoolRejection, catalog_pool, resolve_offer, resolve_offers
 from memfit.planner.result import BaselineResult, Candidate, PlanResult
 from memfit.planner.search import any_fit, objective_key, prepare_offer, search_offer
@@ -56,7 +57,8 @@ def _baseline_offer(name: str, pools: Sequence[GPUNodePool], catalog: GpuCatalog
 
 
 def search_context(spec: MemoryOptimizedTrainingJobSpec, shape: ModelShape, *, profile: Profile | None = None,
-                   measured_peaks: Sequence[MeasuredPeak] = ()) -> SearchContext:
+                   measured_peaks: Sequence[MeasuredPeak] = (),
+                   measured_devices: Sequence[MeasuredDevice] = ()) -> SearchContext:
     """The job's search context (calibrated from the profile's measurements when there are any)."""
     hot = Shape.of(shape)
     calibration: Calibration | None = None
@@ -81,16 +83,25 @@ def search_context(spec: MemoryOptimizedTrainingJobSpec, shape: ModelShape, *, p
         max_nodes=spec.placement.max_nodes,
         pinned_micro_batch=pinned_mbs if isinstance(pinned_mbs, int) else None,
         calibration=calibration,
-        corrections=peak_corrections(measured_peaks, hot, calibration=calibration),
+        corrections=peak_corrections(measured_peaks, hot, calibration=calibration, devices=measured_devices),
         flops_per_sample=flops,
         mfu=mfu,
     )
 
 
 def build_plan(candidate: Candidate, spec: MemoryOptimizedTrainingJobSpec, *,
-               calibration: Calibration | None = None, profile: Profile | None = None) -> Plan:
-    """The Plan contract for a chosen candidate (with the source of each memory term)."""
+               calibration: Calibration | None = None, profile: Profile | None = None,
+               offer: Offer | None = None) -> Plan:
+    """The Plan contract for a chosen candidate (with the source of each memory term); on an offer with
+    measured device terms, the predicted peak with them and the GPU's physical usable memory."""
     s = candidate.strategy
+    memory = candidate.memory.to_breakdown()
+    usable = candidate.usable_bytes
+    if offer is not None and offer.device is not None and offer.physical_usable_bytes is not None:
+        peak = math.ceil(memory.peak_bytes * offer.device.factor + offer.device.offset_bytes)
+        memory = memory.model_copy(update={
+            "peak_bytes": max(0, peak), "overhead_bytes": max(0, memory.overhead_bytes + peak - memory.peak_bytes)})
+        usable = offer.physical_usable_bytes
     sources = calibration.sources(s) if calibration is not None else dict.fromkeys(
         ("parameters", "optimizer", "activations", "step", "fragmentation"), "analytic")
     return Plan(
@@ -99,8 +110,8 @@ def build_plan(candidate: Candidate, spec: MemoryOptimizedTrainingJobSpec, *,
         gpus_per_node=s.gpus_per_node,
         node_pool=candidate.pool,
         gpu_product=candidate.product,
-        gpu_memory_bytes=candidate.usable_bytes,
-        memory=candidate.memory.to_breakdown(),
+        gpu_memory_bytes=usable,
+        memory=memory,
         headroom_percent=candidate.headroom_percent,
         price_per_hour=round_cost(candidate.price_per_hour),
         step_seconds=round_cost(candidate.step.step_seconds),
@@ -120,6 +131,7 @@ def plan(
     catalog: GpuCatalog,
     profile: Profile | None = None,
     measured_peaks: Sequence[MeasuredPeak] = (),
+    measured_devices: Sequence[MeasuredDevice] = (),
     free_gpus: Mapping[str, int] | None = None,
     max_alternatives: int = DEFAULT_ALTERNATIVES,
 ) -> PlanResult:
@@ -134,11 +146,12 @@ def plan(
     shape = resolve_shape(spec, profile)
     if isinstance(shape, str):
         return _no_fit([shape])
-    ctx = search_context(spec, shape, profile=profile, measured_peaks=measured_peaks)
+    ctx = search_context(spec, shape, profile=profile, measured_peaks=measured_peaks,
+                         measured_devices=measured_devices)
     choices, pin_problems = strategy_choices(spec.strategy)
     offers, rejections = resolve_offers(pools, catalog=catalog, allowed=spec.placement.node_pools,
                                         free_gpus=free_gpus)
-    offers = [with_device_factor(o, ctx.corrections) for o in offers]
+    offers = [with_device_terms(o, ctx) for o in offers]
     baseline = _plain_default(ctx, spec, pools, catalog)
     declared = _declared_baseline(ctx, spec, pools, catalog)
     if not choices:
@@ -154,7 +167,9 @@ def plan(
     chosen = ranked[0]
     savings = _savings(chosen, baseline)
     declared_savings = _savings(chosen, declared)
-    chosen_plan = build_plan(chosen, spec, calibration=ctx.calibration, profile=profile).model_copy(update={
+    device = next((o for o in offers if o.pool == chosen.pool), None)
+    chosen_plan = build_plan(chosen, spec, calibration=ctx.calibration, profile=profile,
+                             offer=device).model_copy(update={
         "baseline": _recorded(baseline, savings), "declared_baseline": _recorded(declared, declared_savings),
     })
     notes = tuple(f"{o.pool}: {n}" for o in offers for n in o.notes)
@@ -198,17 +213,19 @@ def _best_per_pool(ctx: SearchContext, offers: Sequence[Offer], choices: Sequenc
     return found
 
 
-def with_device_factor(offer: Offer, corrections: PeakCorrections) -> Offer:
-    """The offer with its usable memory divided by its GPU product's measured device factor (>= 1):
-    peak x factor x (1 + headroom) <= usable is peak x (1 + headroom) <= usable / factor, so every
-    bound and cache of the search stays valid."""
-    factor = corrections.device_factor(offer.product)
-    if factor <= 1.0:
+def with_device_terms(offer: Offer, ctx: SearchContext) -> Offer:
+    """The offer with the memory budget its GPU product's measured device terms leave for an
+    uncorrected prediction (peak x factor + offset fits usable iff peak fits the budget), so every
+    bound and cache of the search stays valid. The physical usable memory stays in the Plan."""
+    terms = ctx.corrections.device_terms(offer.product)
+    if terms.factor == 1.0 and terms.offset_bytes == 0.0:
         return offer
-    usable = int(offer.usable_bytes / factor)
-    note = (f"usable memory counted as {usable / 2**30:.2f} GiB of {offer.usable_gib:.2f}: measured peaks on "
-            f"{offer.product} were {factor:.3f}x the prediction (allocator gap, CUDA context, NCCL, or an OOM)")
-    return replace(offer, usable_bytes=usable, notes=(*offer.notes, note))
+    budget = terms.budget(offer.usable_bytes, headroom_percent=ctx.headroom_percent)
+    note = (f"memory budget {budget / 2**30:.2f} GiB of {offer.usable_gib:.2f} GiB usable: measured on "
+            f"{offer.product}, peaks x {terms.factor:.3f} {terms.offset_bytes / 2**20:+.0f} MiB "
+            f"(allocator gap, CUDA context and NCCL, or an OOM)")
+    return replace(offer, usable_bytes=max(0, budget), notes=(*offer.notes, note), device=terms,
+                   physical_usable_bytes=offer.usable_bytes)
 
 
 def _savings(chosen: Candidate, baseline: BaselineResult | None) -> float | None:
@@ -230,7 +247,7 @@ def _plain_default(ctx: SearchContext, spec: MemoryOptimizedTrainingJobSpec,
     """The plain setup on the cheapest allowed pool where it fits (capacity aside: it is what the
     job would have cost, not what is free now)."""
     offers, _ = resolve_offers(pools, catalog=catalog, allowed=spec.placement.node_pools)
-    return cheapest_plain_baseline(ctx, [with_device_factor(o, ctx.corrections) for o in offers])
+    return cheapest_plain_baseline(ctx, [with_device_terms(o, ctx) for o in offers])
 
 
 def _declared_baseline(ctx: SearchContext, spec: MemoryOptimizedTrainingJobSpec,
@@ -242,7 +259,7 @@ def _declared_baseline(ctx: SearchContext, spec: MemoryOptimizedTrainingJobSpec,
     offer = _baseline_offer(placement.node_pool, pools, catalog)
     if offer is None:
         return None
-    offer = with_device_factor(offer, ctx.corrections)
+    offer = with_device_terms(offer, ctx)
     words = f"plain {plain_config(offer).precision.value} DDP"
     label = f"declared: {words} on {placement.nodes}x{offer.gpus_per_node} {offer.product} ({offer.pool})"
     return plain_baseline(ctx, offer, nodes=placement.nodes, label=label)

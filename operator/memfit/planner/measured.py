@@ -10,15 +10,16 @@ bytes:
   stage, precision, checkpointing, offload, 8-bit) is scaled by the ratio at its own world size, else
   by the family's latest; any other candidate by the largest ratio above 1 (an under-prediction makes
   every unmeasured prediction more cautious; an over-prediction never shrinks an unmeasured one).
-- `RESERVED`: the CUDA caching allocator's reservation on a GPU product; compared with the predicted
-  fragmentation x allocated bytes (tensor correction applied).
-- `DEVICE`: what the GPU holds for the process (NVML), or after a CUDA OOM the capacity it ran into
-  (a lower bound); compared with the whole predicted peak.
+- `DEVICE`: what the GPU held, compared with the whole predicted peak: after a CUDA OOM the capacity
+  it ran into (a lower bound, on every GPU: the failed run does not say which term was short).
 
-`RESERVED` and `DEVICE` measure the device-specific terms (allocator gap, CUDA context, NCCL), so they
-apply only to the GPU product they were measured on (an OOM's bound, with no product, to every GPU),
-and only upward: a measured peak above the prediction moves later runs up, never down. The planner
-applies a product's factor as less usable memory on that product's pools (`device_factor`).
+A GPU run also reports its device-specific terms, `MeasuredDevice`: the caching allocator's reservation
+next to its allocated bytes (the allocator gap) and NVML's process bytes next to the reservation (CUDA
+context, cuBLAS, NCCL). They apply only to the GPU product they were measured on: a larger gap raises
+that product's fragmentation factor (never lowered: a smaller gap's saving is not a constant);
+a context larger or smaller than the default shifts its fixed overhead (smaller only from 1-GPU runs,
+whose overhead has no NCCL part). A measured peak above the prediction moves later runs up, never down.
+The planner applies a product's terms to its pools as a smaller or larger memory budget (`DeviceTerms`).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from enum import StrEnum
 
 from memfit.api.training_config import ConfigKey
 from memfit.memory.calibration import Calibration
+from memfit.memory.overhead import framework_overhead
 from memfit.memory.predict import memory_terms
 from memfit.memory.shape import Shape
 from memfit.memory.strategy import Strategy
@@ -38,8 +40,7 @@ class PeakKind(StrEnum):
     """Which bytes a measured peak counts."""
 
     ALLOCATED = "allocated"  # tensor bytes from the allocator (CPU or CUDA): device-invariant
-    RESERVED = "reserved"  # CUDA caching allocator reservation: allocated + its fragmentation
-    DEVICE = "device"  # NVML process memory, or an OOM's capacity bound: everything on the GPU
+    DEVICE = "device"  # an OOM's capacity bound: everything on the GPU
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,7 +50,32 @@ class MeasuredPeak:
     strategy: Strategy
     peak_bytes: int
     kind: PeakKind = PeakKind.DEVICE
-    gpu_product: str | None = None  # RESERVED/DEVICE: the GPU measured on; None = any GPU (an OOM bound)
+    gpu_product: str | None = None  # DEVICE: the GPU measured on; None = any GPU (an OOM bound)
+
+
+@dataclass(frozen=True, slots=True)
+class MeasuredDevice:
+    """A GPU run's device-side figures, all from its largest rank: allocator tensor bytes, the caching
+    allocator's reservation and (when known) the process's NVML bytes."""
+
+    gpu_product: str
+    world_size: int
+    allocated_bytes: int
+    reserved_bytes: int
+    device_bytes: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceTerms:
+    """A GPU product's measured device-side correction: predicted peak x factor + offset bytes."""
+
+    factor: float = 1.0
+    offset_bytes: float = 0.0
+
+    def budget(self, usable_bytes: int, *, headroom_percent: int) -> int:
+        """The memory budget for an uncorrected prediction: peak x factor + offset fits `usable_bytes`
+        with headroom iff peak fits the budget with headroom."""
+        return int((usable_bytes - self.offset_bytes * (1 + headroom_percent / 100)) / self.factor)
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +85,7 @@ class PeakCorrections:
     by_family: dict[ConfigKey, list[tuple[int, float]]]  # (world size, ratio), oldest first
     default_factor: float = 1.0
     device_factors: dict[str | None, float] = field(default_factory=dict)  # product (None: all) -> >= 1
+    device_offsets: dict[str, float] = field(default_factory=dict)  # product -> fixed-overhead shift, bytes
 
     def factor(self, strategy: Strategy) -> float:
         """Scale of the tensor part of `strategy`'s predicted peak (its micro-batch does not matter)."""
@@ -72,19 +99,23 @@ class PeakCorrections:
         """Scale (>= 1) of whole predicted peaks on `gpu_product`, from its own device measurements."""
         return max(self.device_factors.get(gpu_product, 1.0), self.device_factors.get(None, 1.0))
 
+    def device_terms(self, gpu_product: str) -> DeviceTerms:
+        return DeviceTerms(self.device_factor(gpu_product), self.device_offsets.get(gpu_product, 0.0))
+
 
 NO_CORRECTIONS = PeakCorrections({})
 
 
 def peak_corrections(
     measured: Sequence[MeasuredPeak], shape: Shape, *, calibration: Calibration | None = None,
+    devices: Sequence[MeasuredDevice] = (),
 ) -> PeakCorrections:
     """Corrections from measured peaks (predictions made exactly as the planner makes them)."""
-    if not measured:
+    if not measured and not devices:
         return NO_CORRECTIONS
     by_family: dict[ConfigKey, list[tuple[int, float]]] = {}
     worst = 1.0
-    for m in measured:  # the tensor terms first: the device terms are compared after them
+    for m in measured:  # the tensor terms first: the device bound is compared after them
         if m.kind != PeakKind.ALLOCATED or m.peak_bytes <= 0:
             continue
         s = m.strategy
@@ -97,18 +128,29 @@ def peak_corrections(
         by_family.setdefault(s.config.key(), []).append((s.world_size, ratio))
         worst = max(worst, ratio)
     tensors = PeakCorrections(by_family, worst)
-    device: dict[str | None, float] = {}
+    factors: dict[str | None, float] = {}
     for m in measured:
         if m.kind == PeakKind.ALLOCATED or m.peak_bytes <= 0:
             continue
         s = m.strategy
         terms = memory_terms(shape, s, calibration=calibration).scaled(tensors.factor(s))
-        b, acc = s.config.micro_batch_size, s.config.gradient_accumulation_steps
-        if m.kind == PeakKind.RESERVED:
-            predicted = terms.fragmentation * terms.allocated_bytes(b, acc) * terms.scale
-        else:
-            predicted = terms.peak_bytes(b, acc)
+        predicted = terms.peak_bytes(s.config.micro_batch_size, s.config.gradient_accumulation_steps)
         if predicted > 0 and m.peak_bytes > predicted:
-            key = m.gpu_product
-            device[key] = max(device.get(key, 1.0), m.peak_bytes / predicted)
-    return PeakCorrections(by_family, worst, device)
+            factors[m.gpu_product] = max(factors.get(m.gpu_product, 1.0), m.peak_bytes / predicted)
+    offsets: dict[str, float] = {}
+    fragmentation = memory_terms(shape, Strategy(), calibration=calibration).fragmentation
+    for d in devices:
+        if d.allocated_bytes <= 0 or d.reserved_bytes <= 0:
+            continue
+        gap = d.reserved_bytes / d.allocated_bytes / fragmentation
+        if gap > 1:
+            factors[d.gpu_product] = max(factors.get(d.gpu_product, 1.0), gap)
+        if d.device_bytes is None:
+            continue
+        predicted_fixed = framework_overhead(Strategy(world_size=d.world_size)).fixed_bytes
+        shift = (d.device_bytes - d.reserved_bytes) - predicted_fixed
+        if shift < 0 and d.world_size > 1:
+            continue  # NCCL's part is not in a 1-GPU prediction: only a 1-GPU run may lower the context
+        current = offsets.get(d.gpu_product)
+        offsets[d.gpu_product] = shift if current is None else max(current, shift)
+    return PeakCorrections(by_family, worst, factors, offsets)

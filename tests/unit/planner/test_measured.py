@@ -8,7 +8,7 @@ from dataclasses import replace
 from memfit.catalog import CATALOG
 from memfit.memory import Shape, Strategy, memory_terms, shape_from_hf_config
 from memfit.planner import MeasuredPeak, plan
-from memfit.planner.measured import PeakKind, peak_corrections
+from memfit.planner.measured import MeasuredDevice, PeakKind, peak_corrections
 from planner_factories import LLAMA_1B_CONFIG, make_job, make_pool
 
 SHAPE = Shape.of(shape_from_hf_config(LLAMA_1B_CONFIG, sequence_length=2048))
@@ -95,17 +95,28 @@ def test_device_peaks_apply_to_their_own_gpu_and_only_upward() -> None:
     assert corrections.device_factor("NVIDIA-L4") == 1.0  # another GPU learns nothing from it
     assert corrections.factor(s) == 1.0  # nor do the tensor terms
     replanned = plan(SPEC, pools=POOLS, measured_peaks=[above], catalog=CATALOG)
-    notes = [n for n in replanned.notes if "measured peaks on NVIDIA-L40S were 1.200x" in n]
+    notes = [n for n in replanned.notes if "measured on NVIDIA-L40S, peaks x 1.200 +0 MiB" in n]
     assert notes, replanned.notes
 
 
-def test_reserved_bytes_are_compared_with_the_predicted_reservation() -> None:
-    first = plan(SPEC, pools=POOLS, catalog=CATALOG).chosen
-    assert first is not None
-    s = first.strategy
-    terms = memory_terms(SHAPE, s)
-    reserved = terms.fragmentation * allocated(s)
-    exact = MeasuredPeak(s, int(reserved * 1.0001), PeakKind.RESERVED, gpu_product="NVIDIA-L40S")
-    assert abs(peak_corrections([exact], SHAPE).device_factor("NVIDIA-L40S") - 1.0001) < 1e-3
-    gappy = MeasuredPeak(s, int(reserved * 1.25), PeakKind.RESERVED, gpu_product="NVIDIA-L40S")
-    assert abs(peak_corrections([gappy], SHAPE).device_factor("NVIDIA-L40S") - 1.25) < 1e-3
+def test_device_terms_of_a_gpu_run_apply_to_its_own_product() -> None:
+    first = plan(SPEC, pools=POOLS, catalog=CATALOG)
+    assert first.chosen is not None and first.plan is not None
+    product = first.chosen.product
+    alloc = 10 * 2**30
+    # A 1-GPU run: allocator gap 1.21 / 1.10 = 1.1x the default, and a 300 MiB context (default 544 MiB).
+    run = MeasuredDevice(product, 1, alloc, int(alloc * 1.21), int(alloc * 1.21) + 300 * 2**20)
+    corrections = peak_corrections([], SHAPE, devices=[run])
+    terms = corrections.device_terms(product)
+    assert abs(terms.factor - 1.1) < 1e-6 and terms.offset_bytes == -244 * 2**20
+    assert corrections.device_terms("Some-Other-GPU").factor == 1.0
+    # The same from a 2-GPU run may raise the overhead, never lower it (a 1-GPU plan has no NCCL part).
+    two = MeasuredDevice(product, 2, alloc, alloc, alloc + 300 * 2**20)
+    assert peak_corrections([], SHAPE, devices=[two]).device_terms(product).offset_bytes == 0.0
+    # The Plan shows the corrected peak against the GPU's own usable memory.
+    again = plan(SPEC, pools=POOLS, measured_devices=[run], catalog=CATALOG)
+    assert again.plan is not None and again.chosen is not None
+    if again.chosen.product == product:
+        assert again.plan.gpu_memory_bytes == first.plan.gpu_memory_bytes
+        expected = again.chosen.memory.peak_bytes * 1.1 - 244 * 2**20
+        assert abs(again.plan.memory.peak_bytes - expected) <= 1
