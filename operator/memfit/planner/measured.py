@@ -16,9 +16,9 @@ bytes:
 A GPU run also reports its device-specific terms, `MeasuredDevice`: the caching allocator's reservation
 next to its allocated bytes (the allocator gap) and NVML's process bytes next to the reservation (CUDA
 context, cuBLAS, NCCL). They apply only to the GPU product they were measured on: a larger gap raises
-that product's fragmentation factor (never lowered: a smaller gap's saving is not a constant);
-a context larger or smaller than the default shifts its fixed overhead (smaller only from 1-GPU runs,
-whose overhead has no NCCL part). A measured peak above the prediction moves later runs up, never down.
+or lowers that product's fragmentation factor (the largest gap measured on it counts); a context larger
+or smaller than the default shifts its fixed overhead (smaller only from 1-GPU runs, whose overhead
+has no NCCL part). A measured peak above the prediction moves later runs up, never down.
 The planner applies a product's terms to its pools as a smaller or larger memory budget (`DeviceTerms`).
 """
 
@@ -84,7 +84,7 @@ class PeakCorrections:
 
     by_family: dict[ConfigKey, list[tuple[int, float]]]  # (world size, ratio), oldest first
     default_factor: float = 1.0
-    device_factors: dict[str | None, float] = field(default_factory=dict)  # product (None: all) -> >= 1
+    device_factors: dict[str | None, float] = field(default_factory=dict)  # product (None: OOM, all GPUs)
     device_offsets: dict[str, float] = field(default_factory=dict)  # product -> fixed-overhead shift, bytes
 
     def factor(self, strategy: Strategy) -> float:
@@ -96,13 +96,23 @@ class PeakCorrections:
         return same_world[-1] if same_world else observed[-1][1]
 
     def device_factor(self, gpu_product: str) -> float:
-        """Scale (>= 1) of whole predicted peaks on `gpu_product`, from its own device measurements."""
-        return max(self.device_factors.get(gpu_product, 1.0), self.device_factors.get(None, 1.0))
+        """Scale of whole predicted peaks on `gpu_product`: its measured allocator gap relative to the
+        predicted one, at least every OOM bound's ratio."""
+        factor = self.device_factors.get(gpu_product, 1.0)
+        return max(factor, self.device_factors[None]) if None in self.device_factors else factor
 
     def device_terms(self, gpu_product: str) -> DeviceTerms:
-        return DeviceTerms(self.device_factor(gpu_product), self.device_offsets.get(gpu_product, 0.0))
+        factor = self.device_factor(gpu_product)
+        offset = self.device_offsets.get(gpu_product, 0.0)
+        if factor < 1.0:
+            # A smaller allocator gap scales the tensor part only: peak x f + overhead x (1 - f) is the
+            # true peak for the overhead the prediction had; the largest overhead (with NCCL) keeps it an
+            # upper bound for every layout.
+            offset += MULTI_GPU_OVERHEAD_BYTES * (1.0 - factor)
+        return DeviceTerms(factor, offset)
 
 
+MULTI_GPU_OVERHEAD_BYTES = framework_overhead(Strategy(world_size=2)).fixed_bytes
 NO_CORRECTIONS = PeakCorrections({})
 
 
@@ -139,12 +149,12 @@ def peak_corrections(
             factors[m.gpu_product] = max(factors.get(m.gpu_product, 1.0), m.peak_bytes / predicted)
     offsets: dict[str, float] = {}
     fragmentation = memory_terms(shape, Strategy(), calibration=calibration).fragmentation
+    gaps: dict[str, float] = {}
     for d in devices:
         if d.allocated_bytes <= 0 or d.reserved_bytes <= 0:
             continue
         gap = d.reserved_bytes / d.allocated_bytes / fragmentation
-        if gap > 1:
-            factors[d.gpu_product] = max(factors.get(d.gpu_product, 1.0), gap)
+        gaps[d.gpu_product] = max(gaps.get(d.gpu_product, 0.0), gap)  # the largest gap seen: cautious
         if d.device_bytes is None:
             continue
         predicted_fixed = framework_overhead(Strategy(world_size=d.world_size)).fixed_bytes
@@ -153,4 +163,6 @@ def peak_corrections(
             continue  # NCCL's part is not in a 1-GPU prediction: only a 1-GPU run may lower the context
         current = offsets.get(d.gpu_product)
         offsets[d.gpu_product] = shift if current is None else max(current, shift)
+    for product, gap in gaps.items():
+        factors[product] = max(factors.get(product, 0.0), gap)
     return PeakCorrections(by_family, worst, factors, offsets)
