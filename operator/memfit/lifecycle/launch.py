@@ -94,6 +94,8 @@ def launch_step(
             outcome=AttemptOutcome.LAUNCHING,
             predicted_peak_bytes=plan.memory.peak_bytes,
             reason=plan.describe(),
+            gpus=plan.world_size,
+            price_per_hour=plan.price_per_hour,
         )
     )
     savings = f", {summary.savings} vs {summary.baseline}" if summary.savings and summary.baseline else ""

@@ -562,3 +562,36 @@ def test_the_key_is_kept_once_profiled() -> None:
     h = launched()
     key = h.stored.profile.problem_hash if h.stored.profile else None
     assert key and any(name == f"memfit-profile-{key}" for kind, name in h.objects if kind == "ConfigMap")
+
+
+# --- spend -------------------------------------------------------------------------------------------
+def test_spend_counts_profiling_and_every_finished_attempt_failed_ones_included() -> None:
+    h = Harness()
+    h.reconcile()
+    h.start("j-profile")
+    h.later(360)  # six minutes of one t4-spot GPU
+    h.add_pod("j-profile", phase="Succeeded", **terminated(0, profile_message(h.spec), "Completed"))
+    h.finish("j-profile")
+    h.reconcile()
+    spend = h.stored.spend
+    assert spend is not None and [i.kind for i in spend.items] == ["profiling"]
+    profiling = spend.items[0]
+    assert (profiling.node_pool, profiling.gpus, profiling.seconds, profiling.outcome) == ("t4-spot", 1, 360, "Profiled")
+    assert profiling.cost == pytest.approx(0.1 * profiling.price_per_hour)
+    assert spend.predicted == h.stored.plan.estimated_cost  # type: ignore[union-attr]
+    first = h.plan_json(0)
+    h.add_pod("j-train-0")
+    h.reconcile()
+    h.later(1800)
+    oom(h)
+    h.reconcile()  # the OOM attempt's half hour counts
+    spend = h.stored.spend
+    assert spend is not None and [(i.kind, i.attempt, i.outcome) for i in spend.items] == [
+        ("profiling", None, "Profiled"), ("training", 0, "OutOfMemory")]
+    failed = spend.items[1]
+    assert failed.seconds == 1800 and failed.cost == pytest.approx(0.5 * first["pricePerHour"])
+    assert failed.gpu_hours == pytest.approx(0.5 * first["nodes"] * first["gpusPerNode"])
+    assert spend.total == pytest.approx(profiling.cost + failed.cost)
+    h.reconcile()  # the re-plan: attempt 1 runs, the spend so far is unchanged
+    assert h.stored.spend is not None and h.stored.spend.items == spend.items
+    assert_idempotent(h)
