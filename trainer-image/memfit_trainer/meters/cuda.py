@@ -148,6 +148,11 @@ class CudaMeter:
             self._process = NvmlSampler(self.device.index or 0)
         return max(reserved, self._process.sample() or 0)
 
+    @property
+    def run_reserved_peak_bytes(self) -> int:
+        """The caching allocator's largest reservation (allocated bytes plus its fragmentation)."""
+        return max(self._run_peak_reserved, int(torch.cuda.max_memory_reserved(self.device)))
+
     # --- per region -------------------------------------------------------------------------------
 
     def __enter__(self) -> CudaMeter:
