@@ -27,14 +27,18 @@ class TerminationReason(StrEnum):
     HOST_OUT_OF_MEMORY = "HostOutOfMemory"
     INVALID_PLAN = "InvalidPlan"
     TRAINING_ERROR = "TrainingError"
+    # The first steps' measured peak exceeded the plan's prediction plus headroom: the trainer saved a
+    # checkpoint and stopped before an OOM, so that the operator re-plans (docs/operator.md).
+    MEMORY_OVER_PLAN = "MemoryOverPlan"
 
 
 EXIT_COMPLETED = 0
 EXIT_TRAINING_ERROR = 1
 EXIT_OUT_OF_MEMORY = 87
 EXIT_INVALID_PLAN = 88
+EXIT_MEMORY_OVER_PLAN = 89
 # Exit codes that are decisions for memfit (re-plan or give up), never pod retries.
-FAIL_JOB_EXIT_CODES = (EXIT_OUT_OF_MEMORY, EXIT_INVALID_PLAN)
+FAIL_JOB_EXIT_CODES = (EXIT_OUT_OF_MEMORY, EXIT_INVALID_PLAN, EXIT_MEMORY_OVER_PLAN)
 # The container's own reason when the kernel killed it for host RAM.
 CONTAINER_OOM_KILLED = "OOMKilled"
 
@@ -44,6 +48,7 @@ EXIT_CODES: dict[TerminationReason, int] = {
     TerminationReason.HOST_OUT_OF_MEMORY: EXIT_OUT_OF_MEMORY,
     TerminationReason.INVALID_PLAN: EXIT_INVALID_PLAN,
     TerminationReason.TRAINING_ERROR: EXIT_TRAINING_ERROR,
+    TerminationReason.MEMORY_OVER_PLAN: EXIT_MEMORY_OVER_PLAN,
 }
 
 # Wire keys of the message the operator reads.
@@ -52,6 +57,13 @@ KEY_PEAK_BYTES = "peakBytes"
 KEY_STEP = "step"
 KEY_MEMORY_METER = "memoryMeter"
 KEY_MESSAGE = "message"
+KEY_BUDGET_BYTES = "budgetBytes"  # MemoryOverPlan: the prediction plus headroom the peak exceeded
+KEY_RANK_PEAKS = "rankPeaks"  # allocator peak of every rank, rank order (the meter's kind of bytes)
+KEY_RESERVED_PEAK_BYTES = "reservedPeakBytes"  # CUDA caching allocator reservation, max over ranks
+KEY_DEVICE_PEAK_BYTES = "devicePeakBytes"  # NVML process bytes (or a simulated GPU's), max over ranks
+KEY_DEVICE = "device"  # cpu or cuda: where the peaks were measured
+KEY_STEP_SECONDS = "stepSeconds"  # mean seconds per optimizer step (after the first), slowest rank
+MAX_RANK_PEAKS = 64  # keeps the message well under MAX_MESSAGE_BYTES
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +80,11 @@ class TerminationMessage:
     final_loss: float | None = None
     resumed_from_step: int | None = None
     memory_meter: str | None = None
+    rank_peaks: list[int] | None = None
+    reserved_peak_bytes: int | None = None
+    device_peak_bytes: int | None = None
+    device: str | None = None
+    step_seconds: float | None = None
     message: str | None = None
     extra: dict[str, object] = field(default_factory=dict)
 

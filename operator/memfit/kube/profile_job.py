@@ -49,12 +49,14 @@ def build_profile_job(
     timeout_seconds: int,
     optimizer: str = "adamw",
     optimizer8bit: str = "auto",
+    depth: str = "full",
 ) -> Manifest:
     """Job `<job>-profile`: runs `memfit-trainer profile` on one GPU of the profiling pool.
 
     `optimizer` is the job's `training.optimizer` and `optimizer8bit` its `strategy.optimizer8bit`
     (a Toggle: auto/enabled/disabled): the profile measures the optimizer the job will train
-    with, and `problem_hash` should then be `memfit.api.hashing.profile_cache_key` of them.
+    with, and `problem_hash` should then be `memfit.api.hashing.profile_cache_key` of them. `depth`
+    `reduced` measures 1 and 2 of the model's repeated blocks (memfit.lifecycle.profile_fit).
     """
     labels = job_labels(owner.name, COMPONENT_PROFILER) | {
         LABEL_PROBLEM: problem_hash[:16],
@@ -66,7 +68,8 @@ def build_profile_job(
         "imagePullPolicy": pod.image_pull_policy,
         "command": ["memfit-trainer", "profile"],
         "args": ["--problem", f"{PLAN_MOUNT}/problem.json", "--out", "/tmp/profile.json",
-                 "--optimizer", optimizer, "--optimizer8bit", _toggle(optimizer8bit)],
+                 "--optimizer", optimizer, "--optimizer8bit", _toggle(optimizer8bit),
+                 *(["--depth", "reduced"] if depth == "reduced" else [])],
         "env": [{"name": "MEMFIT_JOB", "value": owner.name}],
         "resources": {"limits": {GPU_RESOURCE: "1"}},
         "terminationMessagePath": "/dev/termination-log",

@@ -5,16 +5,21 @@ from __future__ import annotations
 
 from memfit.api.job import AttemptOutcome, MemoryOptimizedTrainingJobSpec, Phase
 from memfit.api.plan import Plan
-from memfit.api.termination import KEY_MEMORY_METER, KEY_MESSAGE, KEY_STEP, TerminationReason
+from memfit.api.termination import (
+    KEY_BUDGET_BYTES,
+    KEY_MEMORY_METER,
+    KEY_MESSAGE,
+    KEY_STEP,
+    TerminationReason,
+)
 from memfit.kube.names import train_job_name
-from memfit.kube.profile_cache import CachedProfile, Observation, build_profile_cache
 from memfit.kube.train_job import build_plan_config_map
 from memfit.lifecycle import conditions as c
 from memfit.lifecycle.draft import Draft
 from memfit.lifecycle.launch import launch_effects
+from memfit.lifecycle.learning import ALLOCATOR_METERS, learn
 from memfit.lifecycle.observed import JobSummary
-from memfit.lifecycle.planning import config_key
-from memfit.lifecycle.result import Ensure, WriteData
+from memfit.lifecycle.result import Ensure
 from memfit.lifecycle.snapshot import Snapshot
 
 
@@ -43,6 +48,7 @@ def monitor_step(draft: Draft, snap: Snapshot, spec: MemoryOptimizedTrainingJobS
             )
         )
         return
+    _restore_summary(draft, plan)
     if not children.plan_recorded:
         draft.effects.append(
             Ensure(build_plan_config_map(owner=snap.job.owner(), plan=plan, summary=draft.plan))
@@ -51,7 +57,7 @@ def monitor_step(draft: Draft, snap: Snapshot, spec: MemoryOptimizedTrainingJobS
     measured = max(peaks) if peaks else None
     if job.complete:
         _succeeded(draft, snap, plan, job, measured, digest)
-    elif job.failed or any(p.out_of_memory or p.invalid_plan for p in job.pods):
+    elif job.failed or any(p.out_of_memory or p.invalid_plan or p.over_plan for p in job.pods):
         _failed(draft, snap, plan, job, measured, digest)
     elif job.suspended:
         # Created suspended for Kueue: admission (unsuspend) is Kueue's decision, not a capacity failure.
@@ -74,6 +80,15 @@ def monitor_step(draft: Draft, snap: Snapshot, spec: MemoryOptimizedTrainingJobS
             draft.event(c.PODS_RUNNING, msg)
 
 
+def _restore_summary(draft: Draft, plan: Plan) -> None:
+    """The status summary is rebuilt from the stored Plan when the status lost it (or part of it): the
+    Plan carries its costs and baselines, so what `kubectl get motj` shows survives restarts intact.
+    A Plan recorded before it carried baselines only fills a missing summary."""
+    summary = plan.summary()
+    if draft.plan != summary and (draft.plan is None or plan.baseline is not None):
+        draft.plan = summary
+
+
 def _succeeded(
     draft: Draft, snap: Snapshot, plan: Plan, job: JobSummary, measured: int | None, digest: str
 ) -> None:
@@ -82,16 +97,19 @@ def _succeeded(
     predicted = plan.memory.peak_bytes
     meters = {str(p.message.get(KEY_MEMORY_METER, "")) for p in job.pods} - {""}
     gpu_truth = bool(meters) and all(m.startswith("cuda") for m in meters)
+    allocator = bool(meters) and all(m in ALLOCATOR_METERS for m in meters)
+    if measured is not None and allocator:
+        # Allocator tensor bytes teach the tensor terms from any device (a CPU stand-in included);
+        # a GPU's reservation its own allocator gap (planner.measured).
+        learn(draft, snap, plan, digest, measured=measured, oom=False, job=job)
     if measured is not None and gpu_truth:
-        # Only GPU measurements calibrate GPU predictions (auto-downsizing); a CPU stand-in's
-        # tensor bytes leave out the CUDA context and allocator, so they are reported, not learned.
-        _learn(draft, snap, plan, digest, measured=measured, oom=False)
         error = f", prediction error {100 * (predicted - measured) / measured:+.1f}%"
         versus = f"measured peak {gib(measured)} vs predicted {gib(predicted)}{error}"
     elif measured is not None:
+        learned = "learned for the tensor terms" if allocator else "not learned"
         versus = (
             f"measured peak {mib(measured)} on {', '.join(sorted(meters)) or 'an unknown meter'} "
-            f"(CPU stand-in, not compared with the GPU prediction {gib(predicted)})"
+            f"(CPU stand-in, not compared with the GPU prediction {gib(predicted)}; {learned})"
         )
     else:
         versus = f"no measured peak reported; predicted {gib(predicted)}"
@@ -111,13 +129,17 @@ def _failed(
         draft.finish_attempt(AttemptOutcome.FAILED, measured=measured, reason=c.INVALID_PLAN)
         draft.fail(c.INVALID_PLAN, str(invalid.message.get(KEY_MESSAGE, invalid.raw_message)))
         return
+    over = next((p for p in job.pods if p.over_plan), None)
+    if over is not None:
+        _over_plan(draft, snap, plan, job, over.peak_bytes or measured or 0, over.message, digest)
+        return
     oom = next((p for p in job.pods if p.out_of_memory), None)
     if oom is not None:
         kind = oom.out_of_memory or TerminationReason.CUDA_OUT_OF_MEMORY
         peak = oom.peak_bytes or measured
         reason = f"{kind} at step {oom.message.get(KEY_STEP)} on {plan.node_pool} (peak {gib(peak)})"
         draft.finish_attempt(AttemptOutcome.OUT_OF_MEMORY, measured=peak, reason=reason)
-        _learn(draft, snap, plan, digest, measured=peak or 0, oom=True)
+        learn(draft, snap, plan, digest, measured=peak or 0, oom=True, job=job)
         draft.set(c.RUNNING, False, c.OUT_OF_MEMORY, reason)
         draft.enter(Phase.REPLANNING, f"attempt {plan.attempt}: {reason}; re-planning")
         draft.event(c.OUT_OF_MEMORY, reason, warning=True)
@@ -128,6 +150,22 @@ def _failed(
         detail += f"; {last.raw_message[:512]}"
     draft.finish_attempt(AttemptOutcome.FAILED, measured=measured, reason=detail[:1024])
     draft.fail(c.TRAINING_FAILED, f"training Job {job.name} failed: {detail}")
+
+
+def _over_plan(draft: Draft, snap: Snapshot, plan: Plan, job: JobSummary, peak: int, message: dict[str, object],
+               digest: str) -> None:
+    """The first steps measured more than the plan allows: re-plan before the OOM. The measured peak
+    is learned (the next plan scales this configuration's prediction by it, so it escalates), and the
+    next attempt resumes from the checkpoint the trainer saved when it stopped."""
+    budget = message.get(KEY_BUDGET_BYTES)
+    allowed = f"{gib(int(budget))} allowed" if isinstance(budget, int | float) else "over the plan"
+    reason = (f"first-steps peak {gib(peak)} at step {message.get(KEY_STEP)} on {plan.node_pool} exceeds the "
+              f"predicted {gib(plan.memory.peak_bytes)} + {plan.headroom_percent}% headroom ({allowed})")
+    draft.finish_attempt(AttemptOutcome.MEMORY_OVER_PLAN, measured=peak, reason=reason)
+    learn(draft, snap, plan, digest, measured=peak, oom=False, job=job)
+    draft.set(c.RUNNING, False, c.MEMORY_OVER_PLAN, reason)
+    draft.enter(Phase.REPLANNING, f"attempt {plan.attempt}: {reason}; re-planning before an out-of-memory")
+    draft.event(c.MEMORY_OVER_PLAN, reason, warning=True)
 
 
 def _unschedulable(
@@ -182,31 +220,6 @@ def _pods_not_created(
     draft.finish_attempt(AttemptOutcome.FAILED, reason=detail)
     draft.fail(c.PODS_NOT_CREATED, detail)
     return True
-
-
-def _learn(draft: Draft, snap: Snapshot, plan: Plan, digest: str, *, measured: int, oom: bool) -> None:
-    """Store the attempt's measured peak with the profile (auto-downsizing and OOM escalation)."""
-    cached = snap.profile_cache
-    if cached is None:
-        return
-    observation = Observation(
-        config_key=config_key(plan),
-        gpu_product=plan.gpu_product,
-        predicted_peak_bytes=plan.memory.peak_bytes,
-        measured_peak_bytes=measured,
-        gpu_memory_bytes=plan.gpu_memory_bytes,
-        out_of_memory=oom,
-        job=f"{snap.job.name}/{plan.attempt}",
-    )
-    if any(o.job == observation.job for o in cached.observations):
-        return
-    updated = CachedProfile(cached.profile, (*cached.observations, observation))
-    draft.effects.append(
-        WriteData(
-            build_profile_cache(namespace=snap.job.namespace, problem_hash=digest, cached=updated),
-            exists=True,
-        )
-    )
 
 
 def mib(value: int) -> str:
