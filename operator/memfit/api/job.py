@@ -22,6 +22,7 @@ from memfit.api.common import (
     Precision,
     Toggle,
 )
+from memfit.api.peft import PeftSpec
 from memfit.api.problem import Problem
 from memfit.api.rules import check_spec
 from memfit.api.training_config import TrainingConfig
@@ -95,6 +96,11 @@ class StrategySpec(ApiModel):
     micro_batch_size: MicroBatch = Field(
         default="auto",
         description="auto or samples per GPU per forward pass; must divide the global batch per GPU.",
+    )
+    peft: PeftSpec = Field(
+        default_factory=PeftSpec,
+        description="LoRA/QLoRA the planner may use: none (default, full fine-tune), lora, qlora, or auto "
+        "with an allowed list. memfit never switches to a method the user did not allow.",
     )
 
 
