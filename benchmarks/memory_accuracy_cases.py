@@ -128,6 +128,10 @@ class Case:
     micro_batch_size: int = 1
     optimizer: str = "adamw"
     eight_bit: bool = False
+    peft: str = "none"  # none | lora | qlora (the PEFT section)
+    rank: int = 16
+    targets: tuple[str, ...] = ()  # empty = every linear layer of the blocks
+    dropout: float = 0.0
 
     @property
     def id(self) -> str:
@@ -135,14 +139,28 @@ class Case:
             self.engine
         ]
         opt = self.optimizer + ("8bit" if self.eight_bit else "")
+        peft = ""
+        if self.peft != "none":
+            peft = f"{self.peft}-r{self.rank}-" + ("+".join(self.targets) if self.targets else "all")
+            peft += f"-d{self.dropout:g}-" if self.dropout else "-"
         return (
-            f"{self.family}-{engine}-w{self.world_size}-{self.precision}-{self.checkpointing}"
+            f"{peft}{self.family}-{engine}-w{self.world_size}-{self.precision}-{self.checkpointing}"
             f"-mbs{self.micro_batch_size}-{opt}"
         )
 
     def config(self) -> dict[str, Any]:
         """The case's settings as written to the results JSON."""
         return asdict(self)
+
+    def _peft_wire(self) -> dict[str, Any]:
+        """The Plan's LoRA/QLoRA fields (alpha = 2r; targets as given, else every block linear)."""
+        if self.peft == "none":
+            return {}
+        from memfit.api.peft import DEFAULT_TARGETS, architecture
+
+        targets = list(self.targets) or list(DEFAULT_TARGETS[architecture(PROBLEMS[self.family]) or "builtin"])
+        return {"peft": self.peft, "adapter": {"rank": self.rank, "alpha": 2 * self.rank,
+                                               "dropout": self.dropout, "targetModules": targets}}
 
     def plan_wire(self) -> dict[str, Any]:
         """The Plan memfit-trainer would receive for this case (one step of one micro-batch per rank)."""
@@ -170,6 +188,7 @@ class Case:
             "estimatedHours": 0,
             "estimatedCost": 0,
             "problem": PROBLEMS[self.family],
+            **self._peft_wire(),
             "training": {
                 "globalBatchSize": self.micro_batch_size * self.world_size,
                 "maxSteps": 3,

@@ -17,32 +17,44 @@ from pydantic import Field
 
 from memfit.api.common import LIST_MAX, ApiModel, PeftMethod, Precision, QuantType
 
-# Linear layers per transformer block, by architecture: module name -> (in, out) as functions of the
-# hidden size h, the K/V width kv and the MLP width f. The names are the modules' attribute names
-# (memfit_trainer.problems.layers for builtin models; transformers' modeling files for the others).
-# `c_proj` of GPT-2 names both the attention output (h -> h) and the MLP output (f -> h).
-Dims = tuple[str, str]
-_BUILTIN: dict[str, tuple[Dims, ...]] = {
-    "qkv": (("h", "3h"),), "proj": (("h", "h"),), "fc": (("h", "f"),), "out": (("f", "h"),),
-}
-_GATED: dict[str, tuple[Dims, ...]] = {
-    "q_proj": (("h", "h"),), "k_proj": (("h", "kv"),), "v_proj": (("h", "kv"),), "o_proj": (("h", "h"),),
-    "gate_proj": (("h", "f"),), "up_proj": (("h", "f"),), "down_proj": (("f", "h"),),
-}
-_GPT2: dict[str, tuple[Dims, ...]] = {
-    "c_attn": (("h", "3h"),), "c_proj": (("h", "h"), ("f", "h")), "c_fc": (("h", "f"),),
-}
-_BERT: dict[str, tuple[Dims, ...]] = {
-    "query": (("h", "h"),), "key": (("h", "h"),), "value": (("h", "h"),),
-    "dense": (("h", "h"), ("h", "f"), ("f", "h")),
-}
-ARCHITECTURES: dict[str, dict[str, tuple[Dims, ...]]] = {
+# Linear layers per transformer block, by architecture, grouped by the tensor they read: (input width,
+# ((module name, output width), ...)) with widths as functions of the hidden size h, the K/V width kv and
+# the MLP width f. Linear layers of one group read the same input (Llama's q/k/v, gate/up), which
+# autograd saves once. Names are the modules' attribute names (memfit_trainer.problems.layers for
+# builtin models; transformers' modeling files otherwise). GPT-2's `c_proj` and BERT's `dense` name
+# several layers of a block; targeting the name targets all of them. Every architecture lists the
+# same four groups in the same order: attention input, attention output, MLP input, MLP inner.
+InputGroup = tuple[str, tuple[tuple[str, str], ...]]
+_BUILTIN: tuple[InputGroup, ...] = (
+    ("h", (("qkv", "3h"),)), ("h", (("proj", "h"),)), ("h", (("fc", "f"),)), ("f", (("out", "h"),)),
+)
+_GATED: tuple[InputGroup, ...] = (
+    ("h", (("q_proj", "h"), ("k_proj", "kv"), ("v_proj", "kv"))), ("h", (("o_proj", "h"),)),
+    ("h", (("gate_proj", "f"), ("up_proj", "f"))), ("f", (("down_proj", "h"),)),
+)
+_GPT2: tuple[InputGroup, ...] = (
+    ("h", (("c_attn", "3h"),)), ("h", (("c_proj", "h"),)), ("h", (("c_fc", "f"),)), ("f", (("c_proj", "h"),)),
+)
+_BERT: tuple[InputGroup, ...] = (
+    ("h", (("query", "h"), ("key", "h"), ("value", "h"))), ("h", (("dense", "h"),)),
+    ("h", (("dense", "f"),)), ("f", (("dense", "h"),)),
+)
+ATTENTION_OUTPUT_GROUP = 1  # the group whose input is the attention's output
+ARCHITECTURES: dict[str, tuple[InputGroup, ...]] = {
     "builtin": _BUILTIN, "llama": _GATED, "mistral": _GATED, "qwen2": _GATED, "qwen3": _GATED,
     "gpt2": _GPT2, "bert": _BERT, "vit": _BERT,
 }
+
+
+def module_names(arch: str) -> tuple[str, ...]:
+    """The targetable linear module names of an architecture, in block order."""
+    names = (name for _, members in ARCHITECTURES[arch] for name, _ in members)
+    return tuple(dict.fromkeys(names))
+
+
 # Default targets: every linear layer of the blocks (the QLoRA paper's finding that adapters on all
 # linear layers are needed to match full fine-tuning, Dettmers et al. 2023 §4).
-DEFAULT_TARGETS: dict[str, tuple[str, ...]] = {arch: tuple(layers) for arch, layers in ARCHITECTURES.items()}
+DEFAULT_TARGETS: dict[str, tuple[str, ...]] = {arch: module_names(arch) for arch in ARCHITECTURES}
 
 # bitsandbytes 4-bit: 2 values per byte, one absmax per 64-value block (fp32, or with double
 # quantisation 8-bit with one fp32 second-level absmax per 256 first-level constants) -- QLoRA §3,
@@ -167,15 +179,25 @@ def _dims(problem: Mapping[str, Any]) -> dict[str, int] | None:
     return {"h": h, "3h": 3 * h, "kv": kv, "f": int(f) if isinstance(f, int) else 4 * h}
 
 
-def target_linears(problem: Mapping[str, Any] | None, targets: list[str]) -> list[tuple[int, int]] | None:
-    """(in, out) of every targeted linear layer in one block, or None when the architecture or its
-    dimensions are unknown."""
+def block_input_groups(problem: Mapping[str, Any] | None, targets: list[str]
+                       ) -> list[tuple[int, list[tuple[int, bool]]]] | None:
+    """One block's linear layers as (input width, [(output width, targeted), ...]) per shared input, or
+    None when the architecture or its dimensions are unknown."""
     arch = architecture(problem)
     dims = _dims(problem) if arch and isinstance(problem, Mapping) else None
     if arch is None or dims is None:
         return None
-    layers = ARCHITECTURES[arch]
-    return [(dims[i], dims[o]) for name in targets for i, o in layers.get(name, ())]
+    chosen = set(targets)
+    return [(dims[i], [(dims[o], name in chosen) for name, o in members]) for i, members in ARCHITECTURES[arch]]
+
+
+def target_linears(problem: Mapping[str, Any] | None, targets: list[str]) -> list[tuple[int, int]] | None:
+    """(in, out) of every targeted linear layer in one block, or None when the architecture or its
+    dimensions are unknown."""
+    groups = block_input_groups(problem, targets)
+    if groups is None:
+        return None
+    return [(i, o) for i, members in groups for o, targeted in members if targeted]
 
 
 def adapter_parameters_per_block(linears: list[tuple[int, int]], rank: int) -> int:
@@ -213,7 +235,7 @@ def _check_lora(problem: Any, lora: Any, base: str) -> list[tuple[str, str]]:
     arch = architecture(problem)
     targets = lora.get("targetModules") or []
     if arch is not None:
-        known = ARCHITECTURES[arch]
+        known = module_names(arch)
         for index, name in enumerate(targets):
             if name not in known:
                 found.append((f"{base}.lora.targetModules[{index}]",

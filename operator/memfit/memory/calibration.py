@@ -40,7 +40,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from memfit.api.common import Checkpointing, Engine, Precision
+from memfit.api.common import Checkpointing, Engine, PeftMethod, Precision
 from memfit.api.job import OptimizerKind
 from memfit.api.profile import Measurement, Profile
 from memfit.api.training_config import PLAIN_FP32_DDP
@@ -78,6 +78,11 @@ class Calibration:
     curves: Mapping[CurveKey, CurveFit] = field(default_factory=lambda: MappingProxyType({}))
     optimizer: OptimizerKind | None = None  # the profile's optimizer; None: any (older profiles)
 
+    def fragmentation_only(self) -> Calibration:
+        """Only the measured fragmentation: what carries to a LoRA/QLoRA strategy, whose tensors the
+        full fine-tune's activation and residual fits do not describe."""
+        return Calibration(fragmentation=self.fragmentation, device=self.device, optimizer=self.optimizer)
+
     def curve(self, strategy: Strategy, *, held: bool) -> CurveFit | None:
         """The measured curve for this strategy's precision and checkpointing (held or bare gradients);
         the other one when only it has a measured line."""
@@ -91,6 +96,9 @@ class Calibration:
     def sources(self, strategy: Strategy) -> dict[str, str]:
         """Per term, whether this strategy's prediction rests on the profile (`measured`) or on the
         analytic model (`analytic`)."""
+        if strategy.config.peft != PeftMethod.NONE:
+            return {"parameters": ANALYTIC, "optimizer": ANALYTIC, "activations": ANALYTIC, "step": ANALYTIC,
+                    "fragmentation": MEASURED if self.fragmentation is not None else ANALYTIC}
         key = (strategy.config.precision, strategy.config.activation_checkpointing)
         activations = MEASURED if (self.curve(strategy, held=False) is not None
                                    or key in self.activation_scales) else ANALYTIC

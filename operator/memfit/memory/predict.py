@@ -22,12 +22,13 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, NamedTuple
 
-from memfit.api.common import Engine
+from memfit.api.common import Engine, PeftMethod
 from memfit.api.plan import MemoryBreakdown
 from memfit.api.profile import ModelShape
 from memfit.memory.activations import ActivationTerms, activation_terms
 from memfit.memory.curves import CurveFit
 from memfit.memory.overhead import framework_overhead
+from memfit.memory.peft import peft_activation_terms, peft_phases, peft_states
 from memfit.memory.shape import Shape
 from memfit.memory.states import model_states
 from memfit.memory.strategy import Strategy
@@ -257,9 +258,18 @@ def memory_terms(shape: Shape, strategy: Strategy, *, calibration: Calibration |
     `activations` may pass `activation_terms(shape, strategy)` computed earlier: they depend only on
     the precision regime and checkpointing, so the planner computes them once per pair.
     """
-    states = model_states(shape, strategy)
-    phases = phase_bytes(shape, strategy)
-    acts = activations if activations is not None else activation_terms(shape, strategy)
+    layout = strategy.adapter if strategy.config.peft != PeftMethod.NONE else None
+    if strategy.config.peft != PeftMethod.NONE and layout is None:
+        raise ValueError("a LoRA/QLoRA strategy needs its adapter layout (Strategy.adapter)")
+    if layout is not None:
+        # The profile measured the full fine-tune: its activation and residual corrections describe
+        # other tensors, so a PEFT strategy takes only the allocator's fragmentation from it.
+        states, phases = peft_states(shape, strategy, layout), peft_phases(shape, strategy, layout)
+        acts = activations if activations is not None else peft_activation_terms(shape, strategy, layout)
+        calibration = None if calibration is None else calibration.fragmentation_only()
+    else:
+        states, phases = model_states(shape, strategy), phase_bytes(shape, strategy)
+        acts = activations if activations is not None else activation_terms(shape, strategy)
     act_per_sample, tmp_per_sample = acts.activation_bytes_per_sample, acts.temporary_bytes_per_sample
     block_act, block_tmp = acts.block_activation_bytes_per_sample, acts.block_temporary_bytes_per_sample
     last_act = acts.last_block_activation_bytes_per_sample

@@ -5,9 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
-from memfit.api.common import Checkpointing, Engine, Offload, Precision, Toggle
+from memfit.api.common import Checkpointing, Engine, Offload, PeftMethod, Precision, Toggle
 from memfit.api.job import OptimizerKind, StrategySpec
 from memfit.api.training_config import PLAIN_FP32_DDP, TrainingConfig
+from memfit.memory.adapter import AdapterLayout
 
 
 class Device(StrEnum):
@@ -23,7 +24,8 @@ class Strategy:
     precision, memory savers, batch split) at a layout, with the optimizer and the device it runs on.
 
     `device` is where the step runs: GPUs for every plan; `cpu` predicts a CPU run (the profiling
-    stand-in and the accuracy benchmark's truth).
+    stand-in and the accuracy benchmark's truth). `adapter` is the LoRA/QLoRA layout a configuration
+    with `config.peft` other than none trains (memory/peft.py).
     """
 
     config: TrainingConfig = PLAIN_FP32_DDP
@@ -31,6 +33,7 @@ class Strategy:
     world_size: int = 1
     gpus_per_node: int = 1
     device: Device = Device.CUDA
+    adapter: AdapterLayout | None = None
 
     @property
     def mixed_precision(self) -> bool:
@@ -109,6 +112,12 @@ def strategy_problem(strategy: Strategy) -> str | None:
     if config.optimizer8bit and offload != Offload.NONE:
         # Offloaded optimizers step on the CPU (DeepSpeedCPUAdam, torch on CPU); bitsandbytes is CUDA-only.
         return "an 8-bit (bitsandbytes) optimizer cannot run with optimizer offload"
+    if config.peft == PeftMethod.AUTO:
+        return "peft must be concrete (none, lora or qlora), not auto"
+    if config.peft != PeftMethod.NONE and engine != Engine.DDP:
+        # The issue's FSDP (sharded 4-bit storage) and ZeRO-3 variants are not modelled or run yet.
+        name = "QLoRA" if config.peft == PeftMethod.QLORA else "LoRA"
+        return f"{name} runs on DDP in this version (FSDP and DeepSpeed ZeRO-3 adapters are not implemented yet)"
     if min(strategy.world_size, strategy.gpus_per_node, config.micro_batch_size,
            config.gradient_accumulation_steps) < 1:
         return "world size, GPUs per node, micro-batch and accumulation must be >= 1"
