@@ -132,6 +132,7 @@ class Case:
     rank: int = 16
     targets: tuple[str, ...] = ()  # empty = every linear layer of the blocks
     dropout: float = 0.0
+    double_quant: bool = True
 
     @property
     def id(self) -> str:
@@ -142,7 +143,8 @@ class Case:
         peft = ""
         if self.peft != "none":
             peft = f"{self.peft}-r{self.rank}-" + ("+".join(self.targets) if self.targets else "all")
-            peft += f"-d{self.dropout:g}-" if self.dropout else "-"
+            peft += f"-d{self.dropout:g}" if self.dropout else ""
+            peft += "-" if self.double_quant else "-nodq-"
         return (
             f"{peft}{self.family}-{engine}-w{self.world_size}-{self.precision}-{self.checkpointing}"
             f"-mbs{self.micro_batch_size}-{opt}"
@@ -160,7 +162,8 @@ class Case:
 
         targets = list(self.targets) or list(DEFAULT_TARGETS[architecture(PROBLEMS[self.family]) or "builtin"])
         return {"peft": self.peft, "adapter": {"rank": self.rank, "alpha": 2 * self.rank,
-                                               "dropout": self.dropout, "targetModules": targets}}
+                                               "dropout": self.dropout, "targetModules": targets,
+                                               "doubleQuant": self.double_quant}}
 
     def plan_wire(self) -> dict[str, Any]:
         """The Plan memfit-trainer would receive for this case (one step of one micro-batch per rank)."""
@@ -196,6 +199,45 @@ class Case:
                 "learningRate": 1e-4,
             },
         }  # fmt: skip
+
+
+def peft_cases() -> list[Case]:
+    """The PEFT section: LoRA and QLoRA (DDP, as memfit plans them) on GPT, BERT and ViT; ranks 4-64,
+    all or some target modules, adapter dropout, fp32/bf16, checkpointing none/selective/full,
+    micro-batch 1-8, AdamW / 8-bit AdamW / SGD, double quantisation on/off, world size 1 and 2."""
+    c = Case
+    cases = [
+        c("gpt", precision="fp32", micro_batch_size=1, peft="lora"),
+        c("gpt", precision="bf16", micro_batch_size=4, peft="lora"),
+        c("gpt", precision="bf16", checkpointing="full", micro_batch_size=8, peft="lora", rank=64),
+        c("gpt", precision="bf16", micro_batch_size=2, peft="lora", rank=4, targets=("qkv", "proj")),
+        c("gpt", precision="bf16", checkpointing="selective", micro_batch_size=4, peft="lora"),
+        c("gpt", precision="fp32", checkpointing="full", micro_batch_size=2, peft="lora", eight_bit=True),
+        c("gpt", precision="bf16", micro_batch_size=2, peft="lora", dropout=0.1),
+        c("gpt", precision="bf16", micro_batch_size=1, peft="qlora"),
+        c("gpt", precision="bf16", checkpointing="full", micro_batch_size=8, peft="qlora", rank=64),
+        c("gpt", precision="fp32", micro_batch_size=4, peft="qlora", double_quant=False),
+        c("gpt", precision="bf16", micro_batch_size=4, peft="qlora", rank=8, eight_bit=True),
+        c("gpt", precision="bf16", micro_batch_size=2, peft="qlora", targets=("fc", "out"), optimizer="sgd"),
+        c("bert", precision="fp32", micro_batch_size=2, peft="lora"),
+        c("bert", precision="bf16", micro_batch_size=8, peft="lora", rank=32),
+        c("bert", precision="bf16", checkpointing="full", micro_batch_size=4, peft="lora", dropout=0.05),
+        c("bert", precision="bf16", micro_batch_size=4, peft="lora", rank=8, targets=("qkv",)),
+        c("bert", precision="bf16", micro_batch_size=2, peft="qlora"),
+        c("bert", precision="fp32", checkpointing="full", micro_batch_size=8, peft="qlora", rank=4),
+        c("bert", precision="bf16", checkpointing="selective", micro_batch_size=4, peft="qlora", rank=32),
+        c("vit", precision="bf16", micro_batch_size=4, peft="lora"),
+        c("vit", precision="fp32", checkpointing="full", micro_batch_size=8, peft="lora", rank=8),
+        c("vit", precision="bf16", micro_batch_size=2, peft="qlora"),
+        c("vit", precision="bf16", checkpointing="full", micro_batch_size=8, peft="qlora", rank=32),
+    ]
+    cases += [
+        c("gpt", world_size=2, precision="bf16", micro_batch_size=2, peft="lora"),
+        c("gpt", world_size=2, precision="bf16", checkpointing="full", micro_batch_size=4, peft="qlora"),
+        c("bert", world_size=2, precision="fp32", micro_batch_size=1, peft="lora", rank=8),
+        c("bert", world_size=2, precision="bf16", micro_batch_size=4, peft="qlora", rank=32),
+    ]
+    return cases
 
 
 def _ddp_cases(family: str) -> list[Case]:

@@ -68,6 +68,30 @@ class AdapterLayout:
                    if index != ATTENTION_OUTPUT_GROUP and not any(hit for _, hit in members))
 
     @property
+    def private_saved_input_width(self) -> int:
+        """Per token, the saved block inputs that only adapters keep alive (the attention output stays
+        saved by the attention kernel): what adapter dropout frees by saving its own output instead."""
+        return sum(i for index, (i, members) in enumerate(self.groups)
+                   if index != ATTENTION_OUTPUT_GROUP and any(hit for _, hit in members))
+
+    @property
+    def first_input_targeted_width(self) -> int:
+        """Per token, the block's first input if an adapter reads it (0 otherwise)."""
+        i, members = self.groups[0]
+        return i if any(hit for _, hit in members) else 0
+
+    @property
+    def widest_targeted_input(self) -> int:
+        """The widest block input an adapter reads (the MLP's inner width when its output layer is
+        targeted): its backward holds the base's and the adapter's input gradients and their sum."""
+        return max((i for i, members in self.groups if any(hit for _, hit in members)), default=0)
+
+    @property
+    def widest_targeted_output(self) -> int:
+        """The widest output of an adapted layer."""
+        return max((o for _, o in self.targeted), default=0)
+
+    @property
     def dropout_input_width(self) -> int:
         """Per token, the inputs of the adapters' own dropout (one per targeted layer)."""
         return sum(i for i, _ in self.targeted) if self.dropout else 0

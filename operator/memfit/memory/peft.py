@@ -17,7 +17,10 @@ linear layer's input is saved only when a trainable weight reads it (an adapter'
 frozen layers read are not kept; every A output (rank wide) is saved by its B; adapter dropout saves
 its output and a 1-byte mask per targeted layer; nothing before the first block needs a gradient,
 so the first block's first norm saves nothing, and the frozen head saves no input. Under autocast
-each fp32 adapter weight gets a cached 16-bit copy (2A, alive with the activations). QLoRA
+each fp32 adapter weight gets a cached 16-bit copy (2A, alive with the activations). In a block's
+backward an adapted layer's input gradient exists twice before the sum (frozen path and adapter
+path) while that input is freed: one input-sized tensor more, which matters where a block's backward
+is the peak (ViT's first-token head). QLoRA
 dequantises one layer's weight to the compute dtype at a time (a temporary during its matmul).
 Checked against allocator peaks of real CPU steps (benchmarks/memory_accuracy.py --section peft).
 """
@@ -129,8 +132,10 @@ def peft_activation_terms(shape: Shape, strategy: Strategy, layout: AdapterLayou
     attn = norm + _attention_core(shape, dtype)
     mlp = norm + _mlp(shape, dtype)
     adapter = dtype * (layout.adapter_output_width - layout.unsaved_input_width)
-    adapter += (DROPOUT_MASK_BYTES + dtype) * layout.dropout_input_width - dtype * (
-        layout.saved_input_width if layout.dropout else 0)
+    # torch's CPU dropout keeps its mask at the input's dtype; CUDA's native_dropout a bool mask.
+    mask = DROPOUT_MASK_BYTES if strategy.device == Device.CUDA else dtype
+    if layout.dropout:
+        adapter += (mask + dtype) * layout.dropout_input_width - dtype * layout.private_saved_input_width
     block = attn + mlp + adapter
     ckpt = strategy.config.activation_checkpointing
     if ckpt == Checkpointing.FULL:
@@ -143,14 +148,21 @@ def peft_activation_terms(shape: Shape, strategy: Strategy, layout: AdapterLayou
     # Nothing before the first block needs a gradient: its first norm saves nothing (full
     # checkpointing keeps the block input all the same). Outside the blocks: the final norm only.
     first = 0.0 if ckpt == Checkpointing.FULL else norm
+    if layout.dropout and ckpt != Checkpointing.FULL:
+        first += mask * layout.first_input_targeted_width  # its input needs no gradient: no mask
     outside = (DROPOUT_MASK_BYTES * h if shape.dropout else 0) + norm
     stored = layers * per_layer - first + outside
     head_kept = LOGPROB_BYTES * shape.vocab
     head_backward = LOGIT_GRAD_BYTES * shape.vocab if shape.vocab else dtype * h
+    # A block's backward: the flowing gradients plus, where an adapted layer's input gradient is
+    # built from the frozen path and the adapter path, one more tensor as wide as the widest adapted
+    # layer (its input, or under full checkpointing -- the recomputed block's outputs are freed as
+    # backward goes -- its output): read off allocator timelines of ViT steps, whose peak is there.
+    extra_gradient = layout.widest_targeted_output if ckpt == Checkpointing.FULL else layout.widest_targeted_input
     return ActivationTerms(
         activation_bytes_per_sample=(stored + head_kept) * tokens,
         temporary_bytes_per_sample=float(head_backward * tokens),
         block_activation_bytes_per_sample=(stored + recompute) * tokens,
-        block_temporary_bytes_per_sample=float(dtype * (shape.ffn + h) * tokens),
+        block_temporary_bytes_per_sample=float(dtype * (shape.ffn + h + extra_gradient) * tokens),
         last_block_activation_bytes_per_sample=(per_layer + outside + recompute) * tokens,
     )

@@ -7,11 +7,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from memfit.api.common import PeftMethod
 from memfit.api.job import MemoryOptimizedTrainingJobSpec, Minimize
-from memfit.api.plan import Plan
+from memfit.api.peft import adapter_settings
+from memfit.api.plan import FullFinetuneComparison, Plan
 from memfit.api.pool import GPUNodePool
 from memfit.api.profile import ModelShape, Profile
 from memfit.catalog import GpuCatalog
+from memfit.memory.adapter import AdapterLayout, adapter_layout
 from memfit.memory.calibration import Calibration, calibrate
 from memfit.memory.problems import ShapeError, shape_from_problem
 from memfit.memory.shape import Shape
@@ -69,6 +72,7 @@ def search_context(spec: MemoryOptimizedTrainingJobSpec, shape: ModelShape, *, p
         flops = profile.flops_per_sample
     pinned_mbs = spec.strategy.micro_batch_size
     return SearchContext(
+        adapter=job_adapter(spec),
         shape=hot,
         optimizer=spec.training.optimizer,
         global_batch=spec.training.global_batch_size,
@@ -86,10 +90,36 @@ def search_context(spec: MemoryOptimizedTrainingJobSpec, shape: ModelShape, *, p
     )
 
 
+def job_adapter(spec: MemoryOptimizedTrainingJobSpec) -> AdapterLayout | None:
+    """The LoRA/QLoRA layout of the job's adapter settings on its model (None when the job allows no
+    PEFT, or the model's linear layers are not known analytically)."""
+    if spec.strategy.peft.methods() == (PeftMethod.NONE,):
+        return None
+    wire = spec.problem.to_wire()
+    settings = adapter_settings(wire, spec.strategy.peft)
+    return adapter_layout(wire, settings) if settings is not None else None
+
+
+def _peft_choices(ctx: SearchContext, choices: list[Choice], reasons: list[str]) -> list[Choice]:
+    """Drop PEFT choices the memory model cannot describe (unknown linear layers), saying why."""
+    if ctx.adapter is not None or all(c.config.peft == PeftMethod.NONE for c in choices):
+        return choices
+    reasons.append("LoRA/QLoRA: the model's linear layers are not known analytically (builtin, llama, "
+                   "mistral, qwen2, qwen3, gpt2, bert, vit are); it is planned as a full fine-tune only")
+    return [c for c in choices if c.config.peft == PeftMethod.NONE]
+
+
 def build_plan(candidate: Candidate, spec: MemoryOptimizedTrainingJobSpec, *,
-               calibration: Calibration | None = None, profile: Profile | None = None) -> Plan:
+               calibration: Calibration | None = None, profile: Profile | None = None,
+               full_finetune: FullFinetuneComparison | None = None) -> Plan:
     """The Plan contract for a chosen candidate (with the source of each memory term)."""
     s = candidate.strategy
+    peft = s.config.peft != PeftMethod.NONE
+    shape = resolve_shape(spec, profile)
+    parameters = shape.parameters if not isinstance(shape, str) else None
+    trainable = shape.trainable if not isinstance(shape, str) else None
+    if peft and s.adapter is not None and not isinstance(shape, str):
+        trainable = shape.layers * s.adapter.adapter_parameters_per_block
     sources = calibration.sources(s) if calibration is not None else dict.fromkeys(
         ("parameters", "optimizer", "activations", "step", "fragmentation"), "analytic")
     return Plan(
@@ -109,6 +139,10 @@ def build_plan(candidate: Candidate, spec: MemoryOptimizedTrainingJobSpec, *,
         training=spec.training,
         memory_sources=sources,
         find_unused_parameters=profile.unused_parameters if profile is not None else False,
+        adapter=adapter_settings(spec.problem.to_wire(), spec.strategy.peft) if peft else None,
+        parameters=parameters,
+        trainable_parameters=trainable,
+        full_finetune=full_finetune if peft else None,
     )
 
 
@@ -135,6 +169,10 @@ def plan(
         return _no_fit([shape])
     ctx = search_context(spec, shape, profile=profile, measured_peaks=measured_peaks)
     choices, pin_problems = strategy_choices(spec.strategy)
+    peft_reasons: list[str] = []
+    choices = _peft_choices(ctx, choices, peft_reasons)
+    if not choices:
+        pin_problems = pin_problems or peft_reasons
     offers, rejections = resolve_offers(pools, catalog=catalog, allowed=spec.placement.node_pools,
                                         free_gpus=free_gpus)
     baseline = _baseline(ctx, spec, pools, catalog)
@@ -150,11 +188,14 @@ def plan(
     savings = None
     if baseline is not None and baseline.total_cost > 0:
         savings = (1 - chosen.total_cost / baseline.total_cost) * 100
-    notes = tuple(f"{o.pool}: {n}" for o in offers for n in o.notes)
+    notes = tuple(f"{o.pool}: {n}" for o in offers for n in o.notes) + tuple(peft_reasons)
+    comparison = None
+    if chosen.strategy.config.peft != PeftMethod.NONE:
+        comparison = _full_finetune(ctx, spec, offers)
     if ctx.calibration is not None:
         notes += ctx.calibration.notes
     return PlanResult(
-        plan=build_plan(chosen, spec, calibration=ctx.calibration, profile=profile),
+        plan=build_plan(chosen, spec, calibration=ctx.calibration, profile=profile, full_finetune=comparison),
         chosen=chosen,
         alternatives=tuple(ranked[1 : 1 + max_alternatives]),
         rejections=tuple(rejections),
@@ -162,6 +203,23 @@ def plan(
         savings_percent=savings,
         notes=notes,
     )
+
+
+def _full_finetune(ctx: SearchContext, spec: MemoryOptimizedTrainingJobSpec,
+                   offers: Sequence[Offer]) -> FullFinetuneComparison:
+    """The best full fine-tune under the same pins on the same pools: what the plan is compared with
+    (shown, never chosen: the job did not allow it, or it cost more)."""
+    pins = spec.strategy.model_copy(update={"peft": spec.strategy.peft.model_copy(
+        update={"method": PeftMethod.NONE, "allowed": []})})
+    choices, problems = strategy_choices(pins)
+    if not choices:
+        return FullFinetuneComparison(description=f"no full fine-tune under the pins: {'; '.join(problems)}"[:256])
+    found = _best_per_pool(ctx, offers, choices, [], keep=1)
+    if not found:
+        return FullFinetuneComparison(description="a full fine-tune fits none of the pools")
+    best = min(found, key=lambda c: (*objective_key(c, ctx.minimize), c.pool))
+    return FullFinetuneComparison(peak_bytes=best.memory.peak_bytes, estimated_cost=round(best.total_cost, 6),
+                                  description=best.describe()[:256])
 
 
 def _best_per_pool(ctx: SearchContext, offers: Sequence[Offer], choices: Sequence[Choice],
