@@ -30,12 +30,14 @@ from memfit_trainer.metrics import TrainerMetrics
 from memfit_trainer.problems import BatchKey, build_problem
 from memfit_trainer.strategies import CHECKPOINT_FORMATS, make_runner
 from memfit_trainer.strategies.checkpointing import apply_activation_checkpointing
+from memfit_trainer.strategies.peft import apply_peft, save_adapter
 
 ENV_INJECT_OOM_AT_STEP = "MEMFIT_INJECT_OOM_AT_STEP"
 ENV_INJECT_OOM_RANK = "MEMFIT_INJECT_OOM_RANK"
 ENV_INJECT_KILL_AT_STEP = "MEMFIT_INJECT_KILL_AT_STEP"
 ENV_CHECKPOINT_DIR = "MEMFIT_CHECKPOINT_DIR"
 ENV_SEED = "MEMFIT_SEED"
+ENV_OUTPUT_DIR = "MEMFIT_OUTPUT_DIR"
 
 log = logging.getLogger("memfit_trainer")
 
@@ -50,6 +52,7 @@ class TrainOptions:
     inject_oom_rank: int | None = None
     inject_kill_at_step: int | None = None
     keep_checkpoints: int = 2
+    output_dir: Path | None = None  # where a LoRA/QLoRA run writes its adapter (else <checkpoints>/adapter)
 
     @staticmethod
     def from_env(plan: Plan, environ: Mapping[str, str]) -> TrainOptions:
@@ -65,6 +68,7 @@ class TrainOptions:
             inject_oom_rank=int(inject_rank) if inject_rank.isdigit() else None,
             inject_kill_at_step=int(kill) if kill.isdigit() else None,
             keep_checkpoints=keep_from_env(dict(environ)),
+            output_dir=Path(environ[ENV_OUTPUT_DIR]) if environ.get(ENV_OUTPUT_DIR) else None,
         )
 
 
@@ -97,6 +101,8 @@ class RunResult:
     checkpointed_modules: int = 0
     checkpoints_saved: list[int] = field(default_factory=list)
     seconds: float = 0.0
+    adapter_parameters: int = 0
+    adapter_dir: str | None = None
 
 
 class SimulatedOutOfMemoryError(torch.OutOfMemoryError):
@@ -131,6 +137,7 @@ def run_training(
     runner: Any = None
     try:
         problem = build_problem(plan.problem, seed=options.seed)
+        adapters = apply_peft(problem, method=plan.peft, adapter=plan.adapter, precision=plan.precision, device=device)
         recomputed = apply_activation_checkpointing(problem, plan.activation_checkpointing)
         fmt = CHECKPOINT_FORMATS[plan.engine]
         latest = find_latest(options.checkpoint_dir) if options.checkpoint_dir else None
@@ -160,6 +167,7 @@ def run_training(
             memory_meter=meter.name,
             capacity_bytes=meter.capacity_bytes,
             checkpointed_modules=recomputed,
+            adapter_parameters=adapters,
         )
         if metrics is not None:
             metrics.set_plan(plan, capacity_bytes=meter.capacity_bytes)
@@ -170,6 +178,11 @@ def run_training(
                      result=result, start_step=start_step)  # fmt: skip
         result.facts = runner.facts()
         result.peak_bytes = meter.run_peak_bytes
+        folder = options.output_dir or (options.checkpoint_dir / "adapter" if options.checkpoint_dir else None)
+        if adapters and plan.adapter is not None and folder is not None and env.rank == 0:
+            model = problem.model
+            result.adapter_dir = str(save_adapter(model, folder, method=plan.peft, adapter=plan.adapter,
+                                                  base_model=_base_model_name(plan)))
         result.seconds = time.perf_counter() - started
         return result
     finally:
@@ -178,6 +191,13 @@ def run_training(
         runner = None
         gc.collect()
         meter.stop()
+
+
+def _base_model_name(plan: Plan) -> str:
+    problem = plan.problem
+    if problem is not None and problem.huggingface is not None:
+        return problem.huggingface.model
+    return ""
 
 
 def _memory_row(step: int, sample: MemorySample) -> dict[str, int]:

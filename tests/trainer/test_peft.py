@@ -1,0 +1,81 @@
+"""LoRA and QLoRA in the trainer: only the adapters train, the base stays frozen (16-bit or 4-bit), the
+adapter is saved in peft's layout and reproduces the trained model's loss, and a killed run resumes."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from trainer_support import make_plan
+
+pytestmark = pytest.mark.trainer
+
+STEPS, EVERY = 6, 2
+
+
+@pytest.mark.parametrize(
+    ("method", "precision"),
+    [pytest.param("lora", "fp32", id="lora fp32"), pytest.param("lora", "bf16", id="lora bf16"),
+     pytest.param("qlora", "bf16", id="qlora bf16 nf4")],
+)
+def test_only_adapters_train_and_the_saved_adapter_reproduces_the_loss(
+    method: str, precision: str, tmp_path: Path, train_local: Callable[..., Any]
+) -> None:
+    import torch
+    from memfit.api.plan import Plan
+    from memfit_trainer.problems import BatchKey, build_problem
+    from memfit_trainer.strategies.peft import ADAPTER_CONFIG, apply_peft, load_adapter
+
+    builder = make_plan().precision(precision).peft(method).steps(STEPS).learning_rate(1e-2)
+    result = train_local(builder, output_dir=tmp_path / "adapter")
+    losses = [loss for _, loss in result.losses]
+    assert losses[-1] < losses[0]
+    # 2 blocks x r(in + out) over qkv (64->192), proj (64->64), fc (64->256), out (256->64)
+    assert result.adapter_parameters == 2 * 8 * ((64 + 192) + (64 + 64) + (64 + 256) + (256 + 64))
+    # Adam m and v over the adapters only, plus one fp32 step counter per adapter tensor (16)
+    assert result.facts["optimizer_state_bytes"] == 8 * result.adapter_parameters + 4 * 16
+    if method == "qlora":
+        assert "torch.uint8" in result.facts["param_dtypes"]
+    assert (tmp_path / "adapter" / ADAPTER_CONFIG).exists()
+
+    # A fresh model with the same (seeded) base and the saved adapter gives the trained model's loss.
+    plan: Plan = builder.build()
+    assert plan.problem is not None
+    problem = build_problem(plan.problem, seed=0)
+    apply_peft(problem, method=plan.peft, adapter=plan.adapter, precision=plan.precision, device=torch.device("cpu"))
+    assert load_adapter(problem.model, tmp_path / "adapter") == 4 * 2 * 2
+    batch = problem.make_batch(BatchKey(seed=0, step=STEPS + 1, sample_start=0, samples=4))
+    trained = train_local(builder.steps(STEPS + 1), output_dir=tmp_path / "again")
+    dtype = {"bf16": torch.bfloat16, "fp32": None}[precision]
+    with torch.no_grad(), torch.autocast("cpu", dtype=dtype or torch.float32, enabled=dtype is not None):
+        loss = problem.loss_fn(problem.model, batch).item()
+    # step 7's loss (before its update) is the trained model's loss on that batch
+    assert loss == pytest.approx(trained.losses[-1][1], rel=2e-2 if dtype else 1e-4)
+
+
+def test_a_lora_run_resumes_from_its_checkpoint_with_the_same_losses(
+    tmp_path: Path, train_local: Callable[..., Any]
+) -> None:
+    plan = make_plan().bf16().peft("qlora")
+    expected = [loss for _, loss in train_local(plan.steps(STEPS)).losses]
+    folder = tmp_path / "ckpt"
+    train_local(plan.steps(4, every=EVERY).checkpoint_dir(folder), checkpoint_dir=folder)
+    result = train_local(plan.steps(STEPS, EVERY).checkpoint_dir(folder), checkpoint_dir=folder)
+    assert result.resumed_from_step == 4 and result.resumed_natively is True
+    assert [loss for _, loss in result.losses] == pytest.approx(expected[4:], rel=1e-3)
+    assert (folder / "adapter" / "adapter_model.bin").exists()
+
+
+def test_unknown_target_modules_are_refused() -> None:
+    import torch
+    from memfit_trainer.problems import build_problem
+    from memfit_trainer.strategies.peft import PeftError, apply_peft
+
+    plan = make_plan().peft("lora", targets=("q_proj",)).build()
+    assert plan.problem is not None
+    problem = build_problem(plan.problem, seed=0)
+    with pytest.raises(PeftError, match=r"\['q_proj'\] are not linear layers.*fc, out, proj, qkv"):
+        apply_peft(problem, method=plan.peft, adapter=plan.adapter, precision=plan.precision,
+                   device=torch.device("cpu"))
