@@ -208,12 +208,12 @@ def adapter_parameters_per_block(linears: list[tuple[int, int]], rank: int) -> i
 def check_peft(spec: Mapping[str, Any]) -> list[tuple[str, str]]:
     """Every violation of `strategy.peft` (wire form), with its field path and what is allowed."""
     strategy = spec.get("strategy")
-    peft = strategy.get("peft") if isinstance(strategy, Mapping) else None
-    if not isinstance(peft, Mapping):
+    if not isinstance(strategy, Mapping) or not isinstance(peft := strategy.get("peft"), Mapping):
         return []
     base = "spec.strategy.peft"
     found: list[tuple[str, str]] = []
     method, allowed = peft.get("method", "none"), peft.get("allowed") or []
+    allowed = [m for m in allowed if isinstance(m, str)] if isinstance(allowed, list) else []
     if method == "auto" and not allowed:
         found.append((f"{base}.allowed", "method auto needs a non-empty allowed list: any of none, lora, qlora"))
     if method != "auto" and allowed:

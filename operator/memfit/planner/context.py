@@ -9,8 +9,8 @@ from memfit.api.job import Minimize, OptimizerKind
 from memfit.memory.activations import ActivationTerms, activation_terms
 from memfit.memory.adapter import AdapterLayout
 from memfit.memory.calibration import Calibration
-from memfit.memory.predict import MemoryTerms, memory_terms
 from memfit.memory.peft import peft_activation_terms
+from memfit.memory.predict import MemoryTerms, memory_terms
 from memfit.memory.shape import Shape
 from memfit.memory.strategy import Strategy
 from memfit.memory.timing import TimeTerms, time_terms

@@ -50,7 +50,7 @@ MEASURED_START = {
                          ids=list(MEASURED_START))
 def test_static_bytes_match_the_measured_start_of_a_step(method: PeftMethod, precision: Precision, dq: bool,
                                                           measured: int) -> None:
-    shape, strategy, layout = setup(method, precision, double_quant=dq)
+    shape, strategy, _ = setup(method, precision, double_quant=dq)
     estimate = predict_memory(shape, strategy)
     assert estimate.parameters_bytes + estimate.optimizer_bytes == pytest.approx(measured, rel=2e-3)
 
