@@ -110,6 +110,11 @@ def section_of(family: str) -> str:
     return "entrypoint" if "entrypoint" in PROBLEMS[family] else "transformer"
 
 
+def case_section(case: Case) -> str:
+    """`peft` for LoRA/QLoRA cases, else the family's section."""
+    return "peft" if case.peft != "none" else section_of(case.family)
+
+
 def held_out(family: str) -> bool:
     """Families not looked at while the measured-activation model was developed."""
     return family.split("-")[0] in HELD_OUT_FAMILIES
@@ -311,8 +316,9 @@ def _sharded_cases() -> list[Case]:
 
 def full_cases() -> list[Case]:
     """The full benchmark: 30 single-rank DDP cases over three families and 19 sharded ones (the
-    transformer section), and the 36 cases of the entrypoint section."""
-    return [*_ddp_cases("gpt"), *_ddp_cases("bert"), *_ddp_cases("vit"), *_sharded_cases(), *entrypoint_cases()]
+    transformer section), the 36 cases of the entrypoint section and the 27 of the PEFT section."""
+    return [*_ddp_cases("gpt"), *_ddp_cases("bert"), *_ddp_cases("vit"), *_sharded_cases(), *entrypoint_cases(),
+            *peft_cases()]
 
 
 def gpu_cases() -> list[Case]:

@@ -36,10 +36,10 @@ def record(case_id: str) -> tuple[Any, Any]:
     from memfit_trainer.strategies import make_runner
     from memfit_trainer.strategies.checkpointing import apply_activation_checkpointing
     from memfit_trainer.strategies.peft import apply_peft
-    from memory_accuracy_cases import full_cases, peft_cases
+    from memory_accuracy_cases import full_cases
     from torch.profiler import ProfilerActivity, profile, record_function
 
-    case = next((c for c in [*full_cases(), *peft_cases()] if c.id == case_id), None)
+    case = next((c for c in full_cases() if c.id == case_id), None)
     if case is None:
         raise SystemExit(f"memory_timeline: no case {case_id!r} in memory_accuracy_cases.full_cases()")
     env = mdist.read_dist_env(os.environ)
