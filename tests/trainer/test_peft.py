@@ -79,3 +79,25 @@ def test_unknown_target_modules_are_refused() -> None:
     with pytest.raises(PeftError, match=r"\['q_proj'\] are not linear layers.*fc, out, proj, qkv"):
         apply_peft(problem, method=plan.peft, adapter=plan.adapter, precision=plan.precision,
                    device=torch.device("cpu"))
+
+
+@pytest.mark.parametrize("method", ["lora", "qlora"])
+def test_the_merged_model_loads_into_the_plain_model_and_gives_the_trained_loss(
+    method: str, tmp_path: Path, train_local: Callable[..., Any]
+) -> None:
+    import torch
+    from memfit_trainer.problems import BatchKey, build_problem
+    from memfit_trainer.strategies.peft import MERGED_WEIGHTS
+
+    builder = make_plan().bf16().peft(method).steps(STEPS).learning_rate(1e-2)
+    train_local(builder, output_dir=tmp_path / "out", save_merged=True)
+    trained = train_local(builder.steps(STEPS + 1), output_dir=tmp_path / "again")
+    plan = builder.build()
+    assert plan.problem is not None
+    plain = build_problem(plan.problem, seed=0)  # no adapters: the original module names
+    state = torch.load(tmp_path / "out" / MERGED_WEIGHTS, weights_only=True)
+    plain.model.to(torch.bfloat16).load_state_dict(state)
+    batch = plain.make_batch(BatchKey(seed=0, step=STEPS + 1, sample_start=0, samples=4))
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = plain.loss_fn(plain.model, batch).item()
+    assert loss == pytest.approx(trained.losses[-1][1], rel=3e-2)

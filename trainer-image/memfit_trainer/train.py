@@ -30,7 +30,7 @@ from memfit_trainer.metrics import TrainerMetrics
 from memfit_trainer.problems import BatchKey, build_problem
 from memfit_trainer.strategies import CHECKPOINT_FORMATS, make_runner
 from memfit_trainer.strategies.checkpointing import apply_activation_checkpointing
-from memfit_trainer.strategies.peft import apply_peft, save_adapter
+from memfit_trainer.strategies.peft import apply_peft, save_adapter, save_merged
 
 ENV_INJECT_OOM_AT_STEP = "MEMFIT_INJECT_OOM_AT_STEP"
 ENV_INJECT_OOM_RANK = "MEMFIT_INJECT_OOM_RANK"
@@ -38,6 +38,7 @@ ENV_INJECT_KILL_AT_STEP = "MEMFIT_INJECT_KILL_AT_STEP"
 ENV_CHECKPOINT_DIR = "MEMFIT_CHECKPOINT_DIR"
 ENV_SEED = "MEMFIT_SEED"
 ENV_OUTPUT_DIR = "MEMFIT_OUTPUT_DIR"
+ENV_SAVE_MERGED = "MEMFIT_SAVE_MERGED"
 
 log = logging.getLogger("memfit_trainer")
 
@@ -53,6 +54,7 @@ class TrainOptions:
     inject_kill_at_step: int | None = None
     keep_checkpoints: int = 2
     output_dir: Path | None = None  # where a LoRA/QLoRA run writes its adapter (else <checkpoints>/adapter)
+    save_merged: bool = False  # also write the base with the adapter merged in
 
     @staticmethod
     def from_env(plan: Plan, environ: Mapping[str, str]) -> TrainOptions:
@@ -69,6 +71,7 @@ class TrainOptions:
             inject_kill_at_step=int(kill) if kill.isdigit() else None,
             keep_checkpoints=keep_from_env(dict(environ)),
             output_dir=Path(environ[ENV_OUTPUT_DIR]) if environ.get(ENV_OUTPUT_DIR) else None,
+            save_merged=environ.get(ENV_SAVE_MERGED, "") in ("1", "true"),
         )
 
 
@@ -183,6 +186,8 @@ def run_training(
             model = problem.model
             result.adapter_dir = str(save_adapter(model, folder, method=plan.peft, adapter=plan.adapter,
                                                   base_model=_base_model_name(plan)))
+            if options.save_merged:
+                save_merged(model, folder)
         result.seconds = time.perf_counter() - started
         return result
     finally:

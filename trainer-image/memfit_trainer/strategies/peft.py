@@ -147,6 +147,45 @@ def save_adapter(model: nn.Module, directory: Path, *, method: PeftMethod, adapt
     return directory
 
 
+MERGED_WEIGHTS = "model_merged.pt"
+
+
+def merged_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The model's weights with every adapter merged in (W + B A alpha / r; a 4-bit base is dequantised
+    to its compute dtype first), under the base model's own parameter names."""
+    import bitsandbytes as bnb
+
+    state: dict[str, torch.Tensor] = {}
+    lora = {name: m for name, m in model.named_modules() if isinstance(m, LoraLinear)}
+    for name, module in model.named_modules():
+        if isinstance(module, LoraLinear):
+            base = module.base_layer
+            weight = base.weight
+            if isinstance(base, bnb.nn.Linear4bit):
+                weight = bnb.functional.dequantize_4bit(weight.data, weight.quant_state)
+            delta = (module.lora_B.weight.float() @ module.lora_A.weight.float()) * module.scaling
+            state[f"{name}.weight"] = (weight.float() + delta).to(weight.dtype).detach().cpu()
+            if getattr(base, "bias", None) is not None:
+                state[f"{name}.bias"] = base.bias.detach().cpu()
+            continue
+        if any(name == n or name.startswith(f"{n}.") for n in lora):
+            continue
+        for pname, param in module.named_parameters(recurse=False):
+            data = param.data
+            if type(param).__name__ == "Params4bit":  # a quantised layer without an adapter
+                data = bnb.functional.dequantize_4bit(data, param.quant_state)
+            state[f"{name}.{pname}" if name else pname] = data.detach().cpu().clone()
+    return state
+
+
+def save_merged(model: nn.Module, directory: Path) -> Path:
+    """Write the merged model's state dict (loads into the problem's original model)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / MERGED_WEIGHTS
+    torch.save(merged_state(model), path)
+    return path
+
+
 def load_adapter(model: nn.Module, directory: Path) -> int:
     """Load adapter weights saved by `save_adapter` into a model with the same adapters; tensors loaded."""
     state = torch.load(directory / ADAPTER_WEIGHTS, map_location="cpu", weights_only=True)
