@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 
 from memfit.api.problem import Problem
 from memfit.kube.common import (
@@ -49,12 +50,16 @@ def build_profile_job(
     timeout_seconds: int,
     optimizer: str = "adamw",
     optimizer8bit: str = "auto",
+    lora_targets: Sequence[str] = (),
+    lora_rank: int = 16,
 ) -> Manifest:
     """Job `<job>-profile`: runs `memfit-trainer profile` on one GPU of the profiling pool.
 
     `optimizer` is the job's `training.optimizer` and `optimizer8bit` its `strategy.optimizer8bit`
     (a Toggle: auto/enabled/disabled): the profile measures the optimizer the job will train
     with, and `problem_hash` should then be `memfit.api.hashing.profile_cache_key` of them.
+    `lora_targets` / `lora_rank`: when the job allows LoRA/QLoRA, the profiler checks them against the
+    model's modules (a mismatch fails the profile with `strategy.peft.lora.targetModules`).
     """
     labels = job_labels(owner.name, COMPONENT_PROFILER) | {
         LABEL_PROBLEM: problem_hash[:16],
@@ -66,7 +71,8 @@ def build_profile_job(
         "imagePullPolicy": pod.image_pull_policy,
         "command": ["memfit-trainer", "profile"],
         "args": ["--problem", f"{PLAN_MOUNT}/problem.json", "--out", "/tmp/profile.json",
-                 "--optimizer", optimizer, "--optimizer8bit", _toggle(optimizer8bit)],
+                 "--optimizer", optimizer, "--optimizer8bit", _toggle(optimizer8bit),
+                 *(["--lora-targets", ",".join(lora_targets), "--lora-rank", str(lora_rank)] if lora_targets else [])],
         "env": [{"name": "MEMFIT_JOB", "value": owner.name}],
         "resources": {"limits": {GPU_RESOURCE: "1"}},
         "terminationMessagePath": "/dev/termination-log",

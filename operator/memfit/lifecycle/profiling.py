@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import ValidationError
 
+from memfit.api.common import PeftMethod
 from memfit.api.hashing import profile_cache_key
 from memfit.api.job import (
     MemoryOptimizedTrainingJobSpec,
@@ -11,6 +14,7 @@ from memfit.api.job import (
     Phase,
     ProfileSummary,
 )
+from memfit.api.peft import resolve_targets
 from memfit.api.pool import GPUNodePool
 from memfit.api.profile import Profile
 from memfit.kube.common import Placement
@@ -109,6 +113,7 @@ def profile_step(
                     timeout_seconds=spec.profiling.timeout_seconds,
                     optimizer=str(spec.training.optimizer.value),
                     optimizer8bit=str(spec.strategy.optimizer8bit.value),
+                    **_lora_check(spec),
                 )
             )
         )
@@ -241,3 +246,12 @@ def placement_of(pool: GPUNodePool) -> Placement:
         node_selector=dict(pool.spec.node_selector),
         tolerations=tuple(pool.spec.tolerations),
     )
+
+
+def _lora_check(spec: MemoryOptimizedTrainingJobSpec) -> dict[str, Any]:
+    """The LoRA targets and rank the profiler checks against the model, when the job allows LoRA/QLoRA."""
+    peft = spec.strategy.peft
+    if not set(peft.methods()) & {PeftMethod.LORA, PeftMethod.QLORA}:
+        return {}
+    targets = resolve_targets(spec.problem.to_wire(), peft.lora)
+    return {"lora_targets": tuple(targets), "lora_rank": peft.lora.rank} if targets else {}

@@ -74,6 +74,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--verbose", action="store_true", help="Print a table of the measured points to stderr."
     )
+    parser.add_argument(
+        "--lora-targets", default="",
+        help="Comma-separated LoRA target modules the job allows (strategy.peft): checked against the model.",
+    )
+    parser.add_argument("--lora-rank", type=int, default=16, help="LoRA rank to check against the targets.")
 
 
 def register(subparsers: Any) -> argparse.ArgumentParser:
@@ -117,6 +122,8 @@ def run_from_args(args: argparse.Namespace) -> int:
             seed=args.seed,
             ddp=args.engine == "ddp",
             curves=args.curves,
+            lora_targets=tuple(t for t in args.lora_targets.split(",") if t),
+            lora_rank=args.lora_rank,
         )
         outcome = profile_problem(spec, options)
     except ProfileInputError as exc:

@@ -50,6 +50,9 @@ class ProfileOptions:
     # Hugging Face model types); on / off force it.
     curves: str = "auto"
     seed: int = 0
+    # The job allows LoRA/QLoRA: its target modules and rank, checked against the built model.
+    lora_targets: tuple[str, ...] = ()
+    lora_rank: int = 16
 
 
 @dataclass(slots=True)
@@ -104,9 +107,16 @@ def profile_problem(spec: Problem, options: ProfileOptions | None = None) -> Pro
 
     def build() -> TrainingProblem:
         try:
-            return build_problem(spec, seed=options.seed)
+            problem = build_problem(spec, seed=options.seed)
         except ProblemError as exc:
             raise _input_error(exc) from exc
+        if options.lora_targets:  # the job allows LoRA/QLoRA: its targets must exist in this model
+            from memfit_trainer.strategies.peft import target_problems
+
+            found = target_problems(problem, list(options.lora_targets), options.lora_rank)
+            if found:
+                raise ProfileInputError("strategy.peft.lora.targetModules", "; ".join(found))
+        return problem
 
     def on_built(problem: TrainingProblem) -> None:
         shapes.append(model_shape(spec, problem))

@@ -83,6 +83,23 @@ def _block_linears(problem: TrainingProblem) -> list[tuple[str, nn.Linear]]:
     return found
 
 
+def target_problems(problem: TrainingProblem, targets: list[str], rank: int) -> list[str]:
+    """Why adapters of `rank` on `targets` do not fit the model's blocks (empty when they do): a name
+    that is no linear layer of a block, or a rank above a targeted layer's smaller side."""
+    linears = _block_linears(problem)
+    names = {n.rpartition(".")[2] for n, _ in linears}
+    found: list[str] = []
+    missing = sorted(set(targets) - names)
+    if missing:
+        found.append(f"target modules {missing} are not linear layers of the model's blocks; it has: "
+                     f"{', '.join(sorted(names))}")
+    for name, linear in linears:
+        if name.rpartition(".")[2] in targets and rank > min(linear.in_features, linear.out_features):
+            found.append(f"rank {rank} is larger than {name} ({linear.in_features} -> {linear.out_features})")
+            break
+    return found
+
+
 def apply_peft(problem: TrainingProblem, *, method: PeftMethod, adapter: AdapterSettings | None,
                precision: Precision, device: torch.device) -> int:
     """Freeze the base (16-bit, or 4-bit for QLoRA), add adapters to the targets; the adapters' parameter
@@ -97,16 +114,9 @@ def apply_peft(problem: TrainingProblem, *, method: PeftMethod, adapter: Adapter
     model.to(base_dtype)
     linears = _block_linears(problem)
     targets = set(adapter.target_modules)
-    chosen = [(n, m) for n, m in linears if n.rpartition(".")[2] in targets]
-    missing = targets - {n.rpartition(".")[2] for n, _ in chosen}
-    if missing:
-        known = sorted({n.rpartition(".")[2] for n, _ in linears})
-        raise PeftError(f"target modules {sorted(missing)} are not linear layers of the model's blocks; "
-                        f"it has: {', '.join(known)}")
-    for name, linear in chosen:
-        if adapter.rank > min(linear.in_features, linear.out_features):
-            raise PeftError(f"rank {adapter.rank} is larger than {name} ({linear.in_features} -> "
-                            f"{linear.out_features})")
+    problems = target_problems(problem, list(adapter.target_modules), adapter.rank)
+    if problems:
+        raise PeftError("; ".join(problems))
     replaced: dict[str, nn.Module] = {}
     for name, linear in linears:
         base: nn.Module = linear
