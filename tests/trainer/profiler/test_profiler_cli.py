@@ -143,7 +143,7 @@ def test_unwritable_termination_path_still_prints_and_writes_out(
 
 def test_lora_targets_the_model_does_not_have_fail_the_profile_with_the_field(tmp_path: Path) -> None:
     problem = write_problem(tmp_path, TINY["gpt"])
-    code, stdout, stderr = run_profile_cli(
+    code, _, stderr = run_profile_cli(
         ["--problem", str(problem), "--out", "profile.json", "--configs", "fp32:none:1",
          "--lora-targets", "qkv,q_proj", "--lora-rank", "8"],
         tmp_path=tmp_path,
