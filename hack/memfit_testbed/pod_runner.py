@@ -101,6 +101,10 @@ class PodRunner:
         self.stopping = threading.Event()
         (workdir / "logs").mkdir(parents=True, exist_ok=True)
 
+    def claim_dir(self, namespace: str, claim: str) -> Path:
+        """The local folder standing for PersistentVolumeClaim `claim` (kept after its pods end)."""
+        return self.workdir / "claims" / namespace / claim
+
     # --- watch loop ------------------------------------------------------------------------------
 
     def run(self) -> None:
@@ -228,6 +232,9 @@ class PodRunner:
         vols: dict[str, Path] = {}
         for v in spec.get("volumes") or []:
             vols[v["name"]] = run.dir / "volumes" / v["name"]
+            claim = (v.get("persistentVolumeClaim") or {}).get("claimName")
+            if claim:  # a claim outlives its pods, like a real PVC: one folder per (namespace, claim)
+                vols[v["name"]] = self.claim_dir(meta["namespace"], claim)
             materialise_volume(pod, v, vols[v["name"]], self._lookup, lambda sat: self._token(pod, sat))
         subdomains = [spec.get("subdomain", ""), *self._headless_services(meta["namespace"])]
         hostname = spec.get("hostname") or meta["name"]

@@ -3,6 +3,7 @@ adapter is saved in peft's layout and reproduces the trained model's loss, and a
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,7 @@ def test_only_adapters_train_and_the_saved_adapter_reproduces_the_loss(
     import torch
     from memfit.api.plan import Plan
     from memfit_trainer.problems import BatchKey, build_problem
-    from memfit_trainer.strategies.peft import ADAPTER_CONFIG, apply_peft, load_adapter
+    from memfit_trainer.strategies.peft import ADAPTER_CONFIG, EVAL_FILE, apply_peft, eval_loss, load_adapter
 
     builder = make_plan().precision(precision).peft(method).steps(STEPS).learning_rate(1e-2)
     result = train_local(builder, output_dir=tmp_path / "adapter")
@@ -39,6 +40,7 @@ def test_only_adapters_train_and_the_saved_adapter_reproduces_the_loss(
     if method == "qlora":
         assert "torch.uint8" in result.facts["param_dtypes"]
     assert (tmp_path / "adapter" / ADAPTER_CONFIG).exists()
+    recorded = json.loads((tmp_path / "adapter" / EVAL_FILE).read_text())
 
     # A fresh model with the same (seeded) base and the saved adapter gives the trained model's loss.
     plan: Plan = builder.build()
@@ -53,6 +55,9 @@ def test_only_adapters_train_and_the_saved_adapter_reproduces_the_loss(
         loss = problem.loss_fn(problem.model, batch).item()
     # step 7's loss (before its update) is the trained model's loss on that batch
     assert loss == pytest.approx(trained.losses[-1][1], rel=2e-2 if dtype else 1e-4)
+    # and the loss recorded beside the adapter is reproduced by the reloaded adapter
+    again = eval_loss(problem, plan.precision, seed=0, step=recorded["step"], device=torch.device("cpu"))
+    assert again == pytest.approx(recorded["loss"], rel=1e-6)
 
 
 def test_a_lora_run_resumes_from_its_checkpoint_with_the_same_losses(

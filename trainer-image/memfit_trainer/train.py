@@ -30,7 +30,7 @@ from memfit_trainer.metrics import TrainerMetrics
 from memfit_trainer.problems import BatchKey, build_problem
 from memfit_trainer.strategies import CHECKPOINT_FORMATS, make_runner
 from memfit_trainer.strategies.checkpointing import apply_activation_checkpointing
-from memfit_trainer.strategies.peft import apply_peft, save_adapter, save_merged
+from memfit_trainer.strategies.peft import apply_peft, save_adapter, save_merged, write_eval_loss
 
 ENV_INJECT_OOM_AT_STEP = "MEMFIT_INJECT_OOM_AT_STEP"
 ENV_INJECT_OOM_RANK = "MEMFIT_INJECT_OOM_RANK"
@@ -188,6 +188,7 @@ def run_training(
                                                   base_model=_base_model_name(plan)))
             if options.save_merged:
                 save_merged(model, folder)
+            write_eval_loss(problem, plan, folder, seed=options.seed, device=device)
         result.seconds = time.perf_counter() - started
         return result
     finally:

@@ -158,6 +158,30 @@ def save_adapter(model: nn.Module, directory: Path, *, method: PeftMethod, adapt
 
 
 MERGED_WEIGHTS = "model_merged.pt"
+EVAL_FILE = "memfit_eval.json"
+EVAL_SAMPLES = 4
+
+
+def eval_loss(problem: TrainingProblem, precision: Precision, *, seed: int, step: int,
+              device: torch.device) -> float:
+    """The model's loss on the first samples of step `step`'s data (no update): what a reloaded adapter
+    must reproduce."""
+    from memfit_trainer.problems import BatchKey
+
+    batch = problem.make_batch(BatchKey(seed=seed, step=step, sample_start=0, samples=EVAL_SAMPLES))
+    inputs = {k: v.to(device) for k, v in batch.items()}
+    dtype = BASE_DTYPES[precision]
+    with torch.no_grad(), torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32):
+        return float(problem.loss_fn(problem.model, inputs).item())
+
+
+def write_eval_loss(problem: TrainingProblem, plan: Any, directory: Path, *, seed: int,
+                    device: torch.device) -> None:
+    """`memfit_eval.json` beside the adapter: the trained model's loss on the batch after the last step."""
+    step = plan.training.max_steps + 1
+    loss = eval_loss(problem, plan.precision, seed=seed, step=step, device=device)
+    record = {"step": step, "samples": EVAL_SAMPLES, "seed": seed, "loss": loss}
+    (directory / EVAL_FILE).write_text(json.dumps(record, sort_keys=True))
 
 
 def merged_state(model: nn.Module) -> dict[str, torch.Tensor]:
