@@ -65,8 +65,8 @@ def strategy_from_pins(pins: StrategySpec, *, optimizer: OptimizerKind, world_si
                        accumulation_steps: int | None = None, device: Device = Device.CUDA) -> Strategy:
     """One concrete Strategy from a job's strategy fields, `auto` read as the usual setup: DDP (ZeRO-2
     for DeepSpeed, full shard for FSDP), bf16, no checkpointing, no offload, a 32-bit optimizer,
-    micro-batch 1, and the accumulation that keeps `global_batch_size` (1 without one). Not checked:
-    `strategy_problem` says whether it can run."""
+    micro-batch 1, the accumulation that keeps `global_batch_size` (1 without one), and a full
+    fine-tune unless LoRA/QLoRA is pinned. Not checked: `strategy_problem` says whether it can run."""
     engine = Engine.DDP if pins.engine == Engine.AUTO else pins.engine
     micro = pins.micro_batch_size if isinstance(pins.micro_batch_size, int) else 1
     if accumulation_steps is None:
@@ -81,6 +81,9 @@ def strategy_from_pins(pins: StrategySpec, *, optimizer: OptimizerKind, world_si
         optimizer8bit=pins.optimizer8bit == Toggle.ENABLED,
         micro_batch_size=micro,
         gradient_accumulation_steps=accumulation_steps,
+        # A pinned LoRA/QLoRA is the job's; `auto` reads as the full fine-tune (the caller adds the
+        # adapter layout, which needs the problem).
+        peft=pins.peft.method if pins.peft.method in (PeftMethod.LORA, PeftMethod.QLORA) else PeftMethod.NONE,
     )
     return Strategy(config=config, optimizer=optimizer, world_size=world_size,
                     gpus_per_node=gpus_per_node or min(world_size, 8), device=device)
