@@ -81,3 +81,29 @@ def test_a_lora_plan_reports_the_full_fine_tune_it_beats() -> None:
     assert result.plan.estimated_cost < full.estimated_cost
     # 16 layers x rank 16 x (q, o: 2048 + 2048; k, v: 2048 + 512; gate, up, down: 2048 + 8192)
     assert result.plan.trainable_parameters == 16 * 16 * (2 * 4096 + 2 * 2560 + 3 * 10240)
+
+
+@given(
+    allowed=st.lists(st.sampled_from(METHODS), min_size=1, max_size=3, unique=True),
+    layers=st.integers(2, 8),
+    hidden=st.sampled_from([128, 256, 512]),
+    batch=st.sampled_from([4, 8, 16]),
+    products=st.lists(st.sampled_from(["t4", "l4", "a100-40", "h100-80"]), min_size=1, max_size=2),
+    memory_mib=st.sampled_from([200, 400, 800, 3000]),
+    minimize=st.sampled_from(["cost", "time"]),
+)
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_with_peft_allowed_the_planner_finds_the_brute_force_optimum(
+    allowed: list[str], layers: int, hidden: int, batch: int, products: list[str], memory_mib: int, minimize: str
+) -> None:
+    job = (make_job().gpt(layers=layers, hidden=hidden, heads=4, vocab=2000, sequenceLength=256).batch(batch)
+           .peft("auto", *allowed).objective(minimize=minimize).build())
+    pools = [make_pool(f"p{i}", product, per_node=2, memory_mib=memory_mib) for i, product in enumerate(products)]
+    result = plan(job, pools=pools, catalog=CATALOG)
+    expected = best_objective(job, pools, catalog=CATALOG)
+    if expected is None:
+        assert result.chosen is None
+        return
+    assert result.chosen is not None
+    got = result.chosen.hours if minimize == "time" else result.chosen.total_cost
+    assert got == pytest.approx(expected, rel=1e-9)
