@@ -23,7 +23,7 @@ MAX_OBSERVATIONS = 32  # newest kept; each is one finished or failed attempt
 class Observation:
     """A measured peak of one attempt: what auto-downsizing and OOM re-plans learn from."""
 
-    config_key: str  # engine/stage/precision/checkpointing/offload/8bit/mbs/world
+    config_key: str  # engine/stage/precision/checkpointing/offload/8bit/world/gpus/mbs/acc[/peft:rank:targets]
     gpu_product: str
     predicted_peak_bytes: int
     measured_peak_bytes: int
