@@ -81,3 +81,50 @@ def test_a_top_k_router_is_profiled_with_real_arithmetic(tmp_path: Path, monkeyp
     assert profile.compute == "full"
     assert profile.compute_reason is not None and profile.compute_reason.startswith("elided arithmetic unsafe")
     assert len(profile.measurements) == 2
+
+
+GRU_ENTRYPOINT = """
+import torch
+import torch.nn.functional as F
+from memfit_trainer.problems import TrainingProblem
+
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Embedding(500, 128)
+        self.gru = torch.nn.GRU(128, 64, batch_first=True, bidirectional=True)
+        self.head = torch.nn.Linear(128, 10)
+
+    def forward(self, t):
+        x = self.embed(t)
+        return self.head((x + self.gru(x)[0]).mean(1))
+
+
+def problem():
+    model = Net()
+
+    def make_batch(key):
+        g = [torch.Generator().manual_seed(s) for s in key.sample_seeds()]
+        return {"t": torch.stack([torch.randint(0, 500, (64,), generator=x) for x in g]),
+                "y": torch.stack([torch.randint(0, 10, (), generator=x) for x in g])}
+
+    return TrainingProblem(name="gru", model=model, blocks=[model.gru], make_batch=make_batch,
+                           loss_fn=lambda m, b: F.cross_entropy(m(b["t"]), b["y"]), tokens_per_sample=64)
+"""
+
+
+def test_a_step_that_fails_only_when_elided_at_a_larger_batch_is_rerun_for_real(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bidirectional batch-first GRU passes the elided probe (micro-batch 2, small tensors run for
+    real) but its elided step at micro-batch 8 comes back time-major; the profiler reruns the whole
+    profile with real arithmetic instead of failing (found on a model from outside the repository)."""
+    (tmp_path / "gru_problem.py").write_text(GRU_ENTRYPOINT)
+    sys.modules.pop("gru_problem", None)
+    code, profile = _profile(tmp_path, monkeypatch, "gru_problem:problem",
+                             "--configs", "fp32:none:2,fp32:none:8", "--curves", "off")
+    assert code == 0, profile.error
+    assert profile.compute == "full"
+    assert profile.compute_reason is not None and "measured step" in profile.compute_reason
+    assert [m.micro_batch_size for m in profile.measurements] == [2, 8]

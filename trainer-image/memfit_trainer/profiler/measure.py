@@ -162,13 +162,22 @@ def measure_configs(
         model = _wrap_ddp(problem.model, options.device) if options.ddp else problem.model
         session = _Session(problem, model, options, meter, elide, rates, run, pending)
         session.probe(configs[0])
-        for eight_bit in (False, True):
-            group = [c for c in configs if c.optimizer8bit == eight_bit]
-            if group:
-                session.measure_group(group)
-        if options.curves:
-            # Last: the one-rank DDP wrapper's buckets may outlive it, and the curves are relative.
-            session.measure_curves()
+        try:
+            for eight_bit in (False, True):
+                group = [c for c in configs if c.optimizer8bit == eight_bit]
+                if group:
+                    session.measure_group(group)
+            if options.curves:
+                # Last: the one-rank DDP wrapper's buckets may outlive it, and the curves are relative.
+                session.measure_curves()
+        except (torch.OutOfMemoryError, MemoryError, ElisionUnsafe):
+            raise
+        except Exception as exc:
+            if elide is None:
+                raise
+            # The probe passed at one micro-batch; a larger one (or a checkpointed or held-gradient
+            # pass) failed under elided arithmetic: no elided number can be trusted, rerun for real.
+            raise ElisionUnsafe(f"a measured step with elided arithmetic raised {type(exc).__name__}: {exc}") from exc
     results = meter.results()
     run.results = [_result(c, pending.get(c), results) for c in configs]
     run.curves = [_curve(key, points, saved, results) for key, (points, saved) in run.curve_regions.items()]
