@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 # Small enough that a real CPU step takes about a second, large enough that activations and model
@@ -207,9 +207,10 @@ class Case:
 
 
 def peft_cases() -> list[Case]:
-    """The PEFT section: LoRA and QLoRA (DDP, as memfit plans them) on GPT, BERT and ViT; ranks 4-64,
-    all or some target modules, adapter dropout, fp32/bf16, checkpointing none/selective/full,
-    micro-batch 1-8, AdamW / 8-bit AdamW / SGD, double quantisation on/off, world size 1 and 2."""
+    """The PEFT section: LoRA and QLoRA on DDP and LoRA on FSDP2 (as memfit plans them) on GPT, BERT and
+    ViT; ranks 4-64, all or some target modules, adapter dropout, fp32/bf16, checkpointing
+    none/selective/full, micro-batch 1-8, AdamW / 8-bit AdamW / SGD, double quantisation on/off, world
+    size 1 and 2."""
     c = Case
     cases = [
         c("gpt", precision="fp32", micro_batch_size=1, peft="lora"),
@@ -242,6 +243,20 @@ def peft_cases() -> list[Case]:
         c("bert", world_size=2, precision="fp32", micro_batch_size=1, peft="lora", rank=8),
         c("bert", world_size=2, precision="bf16", micro_batch_size=4, peft="qlora", rank=32),
     ]
+    # LoRA on FSDP2 (QLoRA's 4-bit base is not sharded): full shard and grad-op, world size 1 and 2.
+    fsdp = [
+        c("gpt", engine="fsdp", zero_stage=3, precision="bf16", micro_batch_size=4, peft="lora"),
+        c("gpt", engine="fsdp", zero_stage=3, precision="fp32", micro_batch_size=2, peft="lora"),
+        c("gpt", engine="fsdp", zero_stage=2, precision="bf16", micro_batch_size=4, peft="lora"),
+        c("gpt", engine="fsdp", zero_stage=3, precision="bf16", checkpointing="full", micro_batch_size=8, peft="lora",
+          rank=64),
+        c("bert", engine="fsdp", zero_stage=3, precision="bf16", micro_batch_size=4, peft="lora"),
+        c("bert", engine="fsdp", zero_stage=2, precision="fp32", checkpointing="full", micro_batch_size=4,
+          peft="lora"),
+        c("vit", engine="fsdp", zero_stage=3, precision="bf16", micro_batch_size=4, peft="lora"),
+    ]
+    cases += [replace(case, world_size=2) for case in fsdp]
+    cases += [fsdp[0], fsdp[5], fsdp[6]]
     return cases
 
 
@@ -316,7 +331,7 @@ def _sharded_cases() -> list[Case]:
 
 def full_cases() -> list[Case]:
     """The full benchmark: 30 single-rank DDP cases over three families and 19 sharded ones (the
-    transformer section), the 36 cases of the entrypoint section and the 27 of the PEFT section."""
+    transformer section), the 36 cases of the entrypoint section and the 37 of the PEFT section."""
     return [*_ddp_cases("gpt"), *_ddp_cases("bert"), *_ddp_cases("vit"), *_sharded_cases(), *entrypoint_cases(),
             *peft_cases()]
 

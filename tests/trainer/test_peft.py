@@ -106,3 +106,10 @@ def test_the_merged_model_loads_into_the_plain_model_and_gives_the_trained_loss(
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
         loss = plain.loss_fn(plain.model, batch).item()
     assert loss == pytest.approx(trained.losses[-1][1], rel=3e-2)
+
+
+def test_lora_trains_on_fsdp_with_only_the_adapters_in_the_optimizer(train_local: Callable[..., Any]) -> None:
+    result = train_local(make_plan().fsdp(3).bf16().peft("lora").steps(STEPS).learning_rate(1e-2))
+    losses = [loss for _, loss in result.losses]
+    assert losses[-1] < losses[0]
+    assert result.facts["optimizer_state_bytes"] == 8 * result.adapter_parameters + 4 * 16

@@ -148,7 +148,7 @@ def refuse_invalid(error: Exception, *, rank: int | None, environ: Mapping[str, 
 
 
 def _peft_problems(plan: Plan) -> list[str]:
-    """LoRA/QLoRA plans need their adapter settings and run on DDP (FSDP/ZeRO-3 adapters: not yet)."""
+    """LoRA/QLoRA plans need their adapter settings; LoRA runs on DDP and FSDP, QLoRA on DDP."""
     if plan.peft.value == "none":
         return []
     if plan.peft.value == "auto":
@@ -156,6 +156,8 @@ def _peft_problems(plan: Plan) -> list[str]:
     reasons = []
     if plan.adapter is None:
         reasons.append(f"peft {plan.peft.value} needs plan.adapter (rank, alpha, target modules)")
-    if plan.engine.value != "ddp":
-        reasons.append(f"peft {plan.peft.value} runs on engine ddp in this version, not {plan.engine.value}")
+    engines = ("ddp", "fsdp") if plan.peft.value == "lora" else ("ddp",)
+    if plan.engine.value not in engines:
+        reasons.append(f"peft {plan.peft.value} runs on engine {' or '.join(engines)} in this version, "
+                       f"not {plan.engine.value}")
     return reasons

@@ -1,4 +1,4 @@
-"""Memory of LoRA and QLoRA training (DDP): a frozen base in 16 or 4 bits, fp32 adapters with their
+"""Memory of LoRA and QLoRA training (DDP; LoRA on FSDP2 in peft_fsdp.py): a frozen base in 16 or 4 bits, fp32 adapters with their
 gradients and optimizer state, and the activations a frozen base saves.
 
 Model states (per GPU; Ψ all parameters, A adapter parameters, Q the blocks' linear weights):
@@ -27,7 +27,7 @@ Checked against allocator peaks of real CPU steps (benchmarks/memory_accuracy.py
 
 from __future__ import annotations
 
-from memfit.api.common import Checkpointing, PeftMethod
+from memfit.api.common import Checkpointing, Engine, PeftMethod
 from memfit.memory.activations import (
     DROPOUT_MASK_BYTES,
     LOGIT_GRAD_BYTES,
@@ -38,6 +38,7 @@ from memfit.memory.activations import (
     _norm,
 )
 from memfit.memory.adapter import AdapterLayout
+from memfit.memory.peft_fsdp import fsdp_peft_phases, fsdp_peft_states
 from memfit.memory.shape import Shape
 from memfit.memory.states import ModelStates, optimizer_state_bytes_per_param
 from memfit.memory.strategy import Device, Strategy
@@ -82,12 +83,19 @@ def peft_states(shape: Shape, strategy: Strategy, layout: AdapterLayout) -> Mode
         small = float(shape.layers * layout.small_adapter_tensors_per_block)
         eight = optimizer_state_bytes_per_param(strategy.optimizer, eight_bit=True)
         optimizer = eight * (a - small) + state * small
-    params = base_bytes(shape, strategy, layout) + ADAPTER_BYTES * a + shape.buffer_bytes
-    return ModelStates(params, ADAPTER_BYTES * a, optimizer)
+    params = base_bytes(shape, strategy, layout) + ADAPTER_BYTES * a
+    if strategy.config.engine == Engine.FSDP:
+        sharded = fsdp_peft_states(ModelStates(params, ADAPTER_BYTES * a, optimizer), strategy)
+        return ModelStates(sharded.parameters_bytes + shape.buffer_bytes, sharded.gradients_bytes,
+                           sharded.optimizer_bytes)
+    return ModelStates(params + shape.buffer_bytes, ADAPTER_BYTES * a, optimizer)
 
 
 def peft_phases(shape: Shape, strategy: Strategy, layout: AdapterLayout) -> PhaseBytes:
-    """DDP phases with only the adapters trainable (temporaries.py `_ddp` with A for Ψ)."""
+    """DDP phases with only the adapters trainable (temporaries.py `_ddp` with A for Ψ); FSDP2 in
+    peft_fsdp.py."""
+    if strategy.config.engine == Engine.FSDP:
+        return fsdp_peft_phases(shape, strategy, layout)
     a = float(adapter_parameters(shape, layout))
     grads = ADAPTER_BYTES * a
     full = strategy.config.activation_checkpointing == Checkpointing.FULL

@@ -117,10 +117,14 @@ def strategy_problem(strategy: Strategy) -> str | None:
         return "an 8-bit (bitsandbytes) optimizer cannot run with optimizer offload"
     if config.peft == PeftMethod.AUTO:
         return "peft must be concrete (none, lora or qlora), not auto"
-    if config.peft != PeftMethod.NONE and engine != Engine.DDP:
-        # The issue's FSDP (sharded 4-bit storage) and ZeRO-3 variants are not modelled or run yet.
-        name = "QLoRA" if config.peft == PeftMethod.QLORA else "LoRA"
-        return f"{name} runs on DDP in this version (FSDP and DeepSpeed ZeRO-3 adapters are not implemented yet)"
+    if config.peft == PeftMethod.LORA and engine == Engine.DEEPSPEED:
+        return "LoRA runs on DDP or FSDP in this version (DeepSpeed ZeRO-3 adapters are not implemented yet)"
+    if config.peft == PeftMethod.QLORA and engine != Engine.DDP:
+        # bitsandbytes' Params4bit loses its quantisation state under fully_shard (sharded 4-bit
+        # storage through bnb_4bit_quant_storage is not implemented), and ZeRO-3 is not either.
+        return "QLoRA runs on DDP in this version (its 4-bit base is not sharded by FSDP or ZeRO-3 yet)"
+    if config.peft != PeftMethod.NONE and offload != Offload.NONE:
+        return "LoRA/QLoRA plans do not offload in this version"
     if min(strategy.world_size, strategy.gpus_per_node, config.micro_batch_size,
            config.gradient_accumulation_steps) < 1:
         return "world size, GPUs per node, micro-batch and accumulation must be >= 1"

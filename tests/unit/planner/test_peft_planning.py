@@ -107,3 +107,16 @@ def test_with_peft_allowed_the_planner_finds_the_brute_force_optimum(
     assert result.chosen is not None
     got = result.chosen.hours if minimize == "time" else result.chosen.total_cost
     assert got == pytest.approx(expected, rel=1e-9)
+
+
+def test_lora_may_shard_with_fsdp_while_qlora_and_zero3_adapters_are_not_offered() -> None:
+    from memfit.api.common import Engine
+    from memfit.planner.space import strategy_choices
+
+    job = make_job().peft("auto", "lora", "qlora").build()
+    choices, _ = strategy_choices(job.strategy)
+    engines = {(c.config.peft, c.config.engine) for c in choices}
+    assert (PeftMethod.LORA, Engine.FSDP) in engines
+    assert (PeftMethod.QLORA, Engine.FSDP) not in engines
+    assert not {e for m, e in engines if m != PeftMethod.NONE} & {Engine.DEEPSPEED}
+    assert all(c.config.offload.value == "none" for c in choices if c.config.peft != PeftMethod.NONE)
