@@ -163,7 +163,7 @@ class Case:
         """The Plan's LoRA/QLoRA fields (alpha = 2r; targets as given, else every block linear)."""
         if self.peft == "none":
             return {}
-        from memfit.api.peft import DEFAULT_TARGETS, architecture
+        from memfit.api.peft_layers import DEFAULT_TARGETS, architecture
 
         targets = list(self.targets) or list(DEFAULT_TARGETS[architecture(PROBLEMS[self.family]) or "builtin"])
         return {"peft": self.peft, "adapter": {"rank": self.rank, "alpha": 2 * self.rank,

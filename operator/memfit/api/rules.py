@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from memfit.api.peft import check_peft
+from memfit.api.peft_rules import check_peft
 
 Finding = tuple[str, str] | None
 

@@ -14,7 +14,7 @@ from memfit.api.job import (
     Phase,
     ProfileSummary,
 )
-from memfit.api.peft import resolve_targets
+from memfit.api.peft_layers import resolve_targets
 from memfit.api.pool import GPUNodePool
 from memfit.api.profile import Profile
 from memfit.kube.common import Placement
@@ -253,5 +253,5 @@ def _lora_check(spec: MemoryOptimizedTrainingJobSpec) -> dict[str, Any]:
     peft = spec.strategy.peft
     if not set(peft.methods()) & {PeftMethod.LORA, PeftMethod.QLORA}:
         return {}
-    targets = resolve_targets(spec.problem.to_wire(), peft.lora)
+    targets = resolve_targets(spec.problem.to_wire(), list(peft.lora.target_modules))
     return {"lora_targets": tuple(targets), "lora_rank": peft.lora.rank} if targets else {}

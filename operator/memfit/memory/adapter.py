@@ -7,7 +7,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from memfit.api.peft import ATTENTION_OUTPUT_GROUP, AdapterSettings, block_input_groups
+from memfit.api.peft import AdapterSettings
+from memfit.api.peft_layers import ATTENTION_OUTPUT_GROUP, block_input_groups
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,7 +7,8 @@ from typing import Any
 import pytest
 from memfit.api.common import PeftMethod
 from memfit.api.job import MemoryOptimizedTrainingJobSpec
-from memfit.api.peft import DEFAULT_TARGETS, PeftSpec, adapter_settings, target_linears
+from memfit.api.peft import PeftSpec, adapter_settings
+from memfit.api.peft_layers import DEFAULT_TARGETS, target_linears
 from memfit.api.rules import check_spec
 
 GPT = {"builtin": {"kind": "gpt", "layers": 2, "hidden": 64, "heads": 4}}
