@@ -300,6 +300,7 @@ def build_crds() -> dict[str, dict[str, Any]]:
         _col("Age", ".metadata.creationTimestamp", "date"),
         _col("Engine", ".status.plan.engine", priority=1),
         _col("MicroBatch", ".status.plan.microBatchSize", "integer", priority=1),
+        _col("PEFT", ".status.plan.peft", priority=1, desc="none, lora or qlora"),
         _col("Message", ".status.message", priority=1),
     ]
     pool_columns = [
