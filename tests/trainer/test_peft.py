@@ -60,10 +60,13 @@ def test_only_adapters_train_and_the_saved_adapter_reproduces_the_loss(
     assert again == pytest.approx(recorded["loss"], rel=1e-6)
 
 
-def test_a_lora_run_resumes_from_its_checkpoint_with_the_same_losses(
-    tmp_path: Path, train_local: Callable[..., Any]
+@pytest.mark.parametrize(("engine", "method"), [pytest.param("ddp", "qlora", id="qlora ddp"),
+                                                pytest.param("fsdp", "lora", id="lora fsdp")])
+def test_a_peft_run_resumes_from_its_checkpoint_with_the_same_losses(
+    engine: str, method: str, tmp_path: Path, train_local: Callable[..., Any]
 ) -> None:
-    plan = make_plan().bf16().peft("qlora")
+    plan = make_plan().bf16().peft(method)
+    plan = plan.fsdp(3) if engine == "fsdp" else plan
     expected = [loss for _, loss in train_local(plan.steps(STEPS)).losses]
     folder = tmp_path / "ckpt"
     train_local(plan.steps(4, every=EVERY).checkpoint_dir(folder), checkpoint_dir=folder)
