@@ -1,6 +1,6 @@
 """Memory accuracy benchmark: memfit's per-rank peak prediction against real training on CPU, with peers.
 
-    python benchmarks/memory_accuracy.py [--quick] [--json OUT] [--cases ID,ID...]
+    python benchmarks/memory_accuracy.py [--quick] [--json OUT] [--cases ID,ID...] [--section NAME]
 
 1. Truth: each case trains for real under memfit-trainer's engine (DDP, DeepSpeed ZeRO 0-3, FSDP2)
    at world size 1 or 2 (gloo, torchrun), and every rank measures its peak with the CPU allocator's
@@ -15,6 +15,8 @@ memory_accuracy_quick.json with --quick): `predictors: {name: {mape, p95_abs_pct
 coverage, seconds_per_prediction}}` (percentages in %; max_under_pct is the largest under-prediction,
 0 when it never under-predicts) and `cases: [{id, config, truth_bytes, predictions: {name: bytes|null}}]`.
 --quick: 8 single-rank cases of a small decoder in under a minute (part of the trainer test tier).
+--section peft: the 37 LoRA/QLoRA cases alone (issue 20; peers skip them: none models a frozen base),
+written to memory_accuracy_peft.json.
 """
 
 from __future__ import annotations
