@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from pydantic import ValidationError
@@ -52,6 +53,7 @@ def profile_key(
         optimizer8bit=str(spec.strategy.optimizer8bit.value),
         image=settings.pod(spec).image,
         gpu_product=_profiling_product(spec, world),
+        peft=_peft_key(spec),
     )
 
 
@@ -249,9 +251,21 @@ def placement_of(pool: GPUNodePool) -> Placement:
 
 
 def _lora_check(spec: MemoryOptimizedTrainingJobSpec) -> dict[str, Any]:
-    """The LoRA targets and rank the profiler checks against the model, when the job allows LoRA/QLoRA."""
+    """When the job allows LoRA/QLoRA: the targets and rank the profiler checks against the model, and
+    the adapters whose variant it measures."""
     peft = spec.strategy.peft
-    if not set(peft.methods()) & {PeftMethod.LORA, PeftMethod.QLORA}:
+    methods = tuple(m.value for m in peft.methods() if m in (PeftMethod.LORA, PeftMethod.QLORA))
+    if not methods:
         return {}
     targets = resolve_targets(spec.problem.to_wire(), list(peft.lora.target_modules))
-    return {"lora_targets": tuple(targets), "lora_rank": peft.lora.rank} if targets else {}
+    if not targets:
+        return {}
+    return {"lora_targets": tuple(targets), "lora_rank": peft.lora.rank, "lora_dropout": peft.lora.dropout,
+            "peft_methods": methods, "qlora_quant": peft.qlora.quant_type.value,
+            "qlora_double_quant": peft.qlora.double_quant}
+
+
+def _peft_key(spec: MemoryOptimizedTrainingJobSpec) -> str:
+    """The adapter settings the profile's PEFT variant is measured with ("" when none is)."""
+    check = _lora_check(spec)
+    return json.dumps(check, sort_keys=True, separators=(",", ":")) if check else ""

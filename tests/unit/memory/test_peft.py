@@ -97,3 +97,44 @@ def test_lora_on_fsdp_shards_base_adapters_gradients_and_optimizer_state() -> No
     assert two.optimizer_bytes == pytest.approx(one.optimizer_bytes / 2, abs=1)
     # measured at the start of a step on 2 ranks (CPU allocator): 5,846,664 B per rank
     assert two.parameters_bytes + two.optimizer_bytes == pytest.approx(5_846_664, rel=1e-4)
+
+
+def _profile_with_peft_points(shape: Shape, strategy: Strategy, *, extra: int) -> object:
+    """A CPU profile whose LoRA points are the analytic prediction + `extra` bytes."""
+    from memfit.api.profile import Measurement, ModelShape, Profile
+
+    problem = Problem.model_validate(GPT)
+    points = []
+    for b in (1, 2):
+        at = strategy.with_config(micro_batch_size=b, precision=Precision.BF16)
+        peak = predict_memory(shape, at).allocated_bytes + extra
+        points.append(Measurement(precision=Precision.BF16, checkpointing=Checkpointing.NONE, micro_batch_size=b,
+                                  peak_allocated_bytes=peak, step_seconds=0.1, peft=PeftMethod.LORA))
+    full = Measurement(precision=Precision.FP32, checkpointing=Checkpointing.NONE, micro_batch_size=1,
+                       peak_allocated_bytes=74_916_072, step_seconds=0.1)
+    model: ModelShape = shape_from_problem(problem)
+    return Profile(problem_hash="x", device="cpu", shape=model, measurements=[full, *points], optimizer="adamw")
+
+
+@pytest.mark.parametrize("extra", [1 << 20, -(1 << 20)], ids=["model short by 1 MiB", "model over by 1 MiB"])
+def test_the_profiles_peft_variant_only_raises_peft_predictions(extra: int) -> None:
+    from dataclasses import replace
+
+    from memfit.api.common import Engine
+    from memfit.memory import calibrate
+
+    shape, lora, _ = setup(PeftMethod.LORA, Precision.BF16, micro_batch=4)
+    profile = _profile_with_peft_points(shape, lora, extra=extra)
+    calibration = calibrate(profile, shape)  # type: ignore[arg-type]
+    assert len(calibration.peft_points) == 2
+    raised = predict_memory(shape, lora, calibration=calibration).allocated_bytes
+    assert raised - predict_memory(shape, lora).allocated_bytes == max(0, extra)
+    assert calibration.sources(lora)["activations"] == "measured"
+    # Not like the profile (FSDP), or another method: analytic.
+    fsdp = replace(lora, config=lora.config.model_copy(update={"engine": Engine.FSDP, "zero_stage": 3}))
+    assert predict_memory(shape, fsdp, calibration=calibration).allocated_bytes == predict_memory(shape, fsdp).allocated_bytes
+    # The full fine-tune's calibration ignores the PEFT points.
+    without = profile.model_copy(update={"measurements": profile.measurements[:1]})  # type: ignore[attr-defined]
+    full = Strategy(config=PLAIN_FP32_DDP.model_copy(update={"micro_batch_size": 4}), device=Device.CPU)
+    assert (predict_memory(shape, full, calibration=calibrate(without, shape)).allocated_bytes
+            == predict_memory(shape, full, calibration=calibration).allocated_bytes)

@@ -13,7 +13,7 @@ from memfit.api.problem import Problem
 from memfit.api.profile import ActivationCurve, Measurement, ModelShape, Profile
 
 from memfit_trainer.problems import ProblemError, TrainingProblem, build_problem
-from memfit_trainer.profiler.configs import DEFAULT_CONFIGS, ProfileConfig
+from memfit_trainer.profiler.configs import DEFAULT_CONFIGS, MAX_CONFIGS, ProfileConfig
 from memfit_trainer.profiler.errors import ProfileInputError, ProfileRunError
 from memfit_trainer.profiler.measure import (
     ConfigResult,
@@ -24,6 +24,7 @@ from memfit_trainer.profiler.measure import (
     ModelStepError,
     measure_configs,
 )
+from memfit_trainer.profiler.peft_points import measure_peft_variants
 from memfit_trainer.profiler.shape import model_shape
 
 COMPUTE_MODES = ("auto", "full", "elide", "elide-compute")
@@ -50,9 +51,14 @@ class ProfileOptions:
     # Hugging Face model types); on / off force it.
     curves: str = "auto"
     seed: int = 0
-    # The job allows LoRA/QLoRA: its target modules and rank, checked against the built model.
+    # The job allows LoRA/QLoRA: its target modules and rank, checked against the built model, and
+    # the methods whose variant is measured too (bf16, no checkpointing, micro-batch 1 and 2).
     lora_targets: tuple[str, ...] = ()
     lora_rank: int = 16
+    lora_dropout: float = 0.0
+    peft_methods: tuple[str, ...] = ()
+    qlora_quant: str = "nf4"
+    qlora_double_quant: bool = True
 
 
 @dataclass(slots=True)
@@ -157,6 +163,9 @@ def profile_problem(spec: Problem, options: ProfileOptions | None = None) -> Pro
         raise ProfileRunError(f"no configuration could be measured ({reasons})"[:ERROR_MAX_CHARS])
     shape = shapes[0] if shapes else None
     achieved = _achieved_tflops(ok, run.flops_per_sample)
+    room = MAX_CONFIGS - len(ok)
+    peft_points = measure_peft_variants(build, options, device=device, elide=elide, room=room,
+                                        to_measurement=_measurement)
     profile = Profile(
         problem_hash=problem_hash(spec),
         device=device_label(device),
@@ -164,7 +173,7 @@ def profile_problem(spec: Problem, options: ProfileOptions | None = None) -> Pro
         flops_per_sample=run.flops_per_sample,
         achieved_tflops=achieved,
         mfu=_mfu(device, ok, achieved),
-        measurements=[_measurement(r) for r in ok],
+        measurements=[_measurement(r) for r in ok] + peft_points,
         activation_curves=[_activation_curve(c) for c in run.curves if c.micro_batch_sizes],
         optimizer=options.optimizer.value,
         compute="elided" if elide else "full",
