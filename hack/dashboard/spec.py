@@ -137,6 +137,12 @@ COST = Row("Cost", (
     ), unit="currencyUSD", min_value=0),
     Panel("Savings vs baseline per job", "timeseries", (Target(
         f"memfit_job_savings_ratio{{{NS_JOB}}}", "{{job}}"),), unit="percentunit", max_value=1),
+    Panel("Spend: predicted vs actual", "timeseries", (
+        Target(f"sum by (namespace, job) (memfit_job_predicted_cost_dollars{{{NS_JOB}}})", "{{job}} predicted"),
+        Target(f"sum by (namespace, job) (memfit_job_spend_dollars_total{{{NS_JOB}}})", "{{job}} spent"),
+    ), unit="currencyUSD", min_value=0,
+          description="The plan's estimated total cost beside the actual spend so far (GPU-hours x price of "
+                      "every finished profiling run and attempt, failed ones included)."),
     Panel("Plans", "table", (
         Target(f"memfit_job_info{{{NS_JOB_POOL}}}", instant=True, table=True),
         Target(f"memfit_trainer_plan_info{{{NS_JOB_POOL}}}", instant=True, table=True),

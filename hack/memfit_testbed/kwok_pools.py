@@ -19,6 +19,7 @@ from memfit_testbed.paths import KWOK
 DEFAULT_POOLS = KWOK / "gpu-pools.yaml"
 POOL_LABEL = "memfit.dev/pool"
 GPU = "nvidia.com/gpu"
+SIMULATED_GPU_ANNOTATION = "memfit.dev/simulated-gpu"  # the pod runner passes it as MEMFIT_SIMULATED_GPU
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,9 @@ class Pool:
     zone: str = ""
     pods: str = "110"
     gpu: Gpu | None = None
+    # {"fragmentation": 1.02, "contextMiB": 300}: what the pod runner's trainer pods on these nodes report
+    # as a GPU's reservation and context on top of their real CPU allocator bytes (no GPU exists here).
+    simulated_gpu: dict[str, float] | None = None
 
     @staticmethod
     def from_dict(d: dict[str, Any]) -> Pool:
@@ -53,7 +57,8 @@ class Pool:
                       compute_minor=g.get("computeMinor"))
         return Pool(name=d["name"], nodes=int(d["nodes"]), instance_type=d["instanceType"],
                     capacity_type=d["capacityType"], cpu=str(d["cpu"]), memory=str(d["memory"]),
-                    zone=d.get("zone", ""), pods=str(d.get("pods", "110")), gpu=gpu)
+                    zone=d.get("zone", ""), pods=str(d.get("pods", "110")), gpu=gpu,
+                    simulated_gpu=d.get("simulatedGpu"))
 
     def node_name(self, index: int) -> str:
         return f"{self.name}-{index}"
@@ -86,11 +91,13 @@ class Pool:
                 labels["nvidia.com/gpu.compute.minor"] = str(g.compute_minor or 0)
             resources[GPU] = str(g.count)
             taints.append({"key": GPU, "value": "present", "effect": "NoSchedule"})
+        annotations = {"kwok.x-k8s.io/node": "fake"}
+        if self.simulated_gpu is not None:
+            annotations[SIMULATED_GPU_ANNOTATION] = json.dumps(self.simulated_gpu, sort_keys=True)
         return {
             "apiVersion": "v1",
             "kind": "Node",
-            "metadata": {"name": self.node_name(index), "labels": labels,
-                         "annotations": {"kwok.x-k8s.io/node": "fake"}},
+            "metadata": {"name": self.node_name(index), "labels": labels, "annotations": annotations},
             "spec": {"taints": taints},
             "status": {"capacity": dict(resources), "allocatable": dict(resources)},
         }

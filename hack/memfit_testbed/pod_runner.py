@@ -23,6 +23,7 @@ from typing import Any
 from kubernetes import client, config, watch
 from kubernetes.client.exceptions import ApiException
 
+from memfit_testbed.kwok_pools import SIMULATED_GPU_ANNOTATION
 from memfit_testbed.pod_env import (
     LOCAL_IP,
     ConfigError,
@@ -39,6 +40,9 @@ SELECTOR = f"{LABEL}=true"
 MAX_MESSAGE = 4096
 TERMINAL = ("Succeeded", "Failed")
 log = logging.getLogger("pod-runner")
+
+
+ENV_SIMULATED_GPU = "MEMFIT_SIMULATED_GPU"  # memfit_trainer.meters.simulated (not imported: no torch here)
 
 
 def now() -> str:
@@ -263,6 +267,9 @@ class PodRunner:
             full.update(HOSTNAME=hostname, GLOO_SOCKET_IFNAME="lo", MEMFIT_TERMINATION_MESSAGE_PATH=str(msg),
                         MEMFIT_LOCAL_MOUNTS=json.dumps(rw.paths, sort_keys=True))
             full.update(env)
+            simulated = self._simulated_gpu(spec.get("nodeName", ""))
+            if simulated:
+                full[ENV_SIMULATED_GPU] = simulated
             full["PATH"] = f"{self.python_bin}{os.pathsep}{env.get('PATH', os.environ.get('PATH', ''))}"
             exe = shutil.which(argv[0], path=full["PATH"])
             if exe is None:
@@ -391,6 +398,16 @@ class PodRunner:
         shutil.rmtree(run.dir, ignore_errors=True)
 
     # --- API lookups -----------------------------------------------------------------------------
+
+    def _simulated_gpu(self, node: str) -> str:
+        """The node's simulated GPU (kwok_pools.SIMULATED_GPU_ANNOTATION), '' for none."""
+        if not node:
+            return ""
+        try:
+            annotations = raw(self.api.read_node, node)["metadata"].get("annotations") or {}
+        except ApiException:
+            return ""
+        return str(annotations.get(SIMULATED_GPU_ANNOTATION, ""))
 
     def _lookup(self, kind: str, ns: str, name: str) -> dict[str, str] | None:
         try:

@@ -9,7 +9,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
@@ -52,6 +52,9 @@ class JobSnapshot:
     gpu_memory_bytes: float | None = None
     price_per_hour: float | None = None
     baseline_price_per_hour: float | None = None
+    savings_percent: float | None = None
+    spend_dollars: float | None = None
+    predicted_cost_dollars: float | None = None
     engine: str = ""
     precision: str = ""
     zero_stage: str = ""
@@ -72,6 +75,9 @@ class JobSnapshot:
             gpu_memory_bytes=plan.get("gpuMemoryBytes"),
             price_per_hour=plan.get("costPerHour"),
             baseline_price_per_hour=plan.get("baselineCostPerHour"),
+            savings_percent=plan.get("savingsPercent"),
+            spend_dollars=(status.get("spend") or {}).get("total"),
+            predicted_cost_dollars=plan.get("estimatedCost"),
             engine=str(plan.get("engine") or ""),
             precision=str(plan.get("precision") or ""),
             zero_stage=str(plan.get("zeroStage", "")),
@@ -133,8 +139,26 @@ class JobCollector(Collector):
             labels=["namespace", "job"],
         )
         savings = GaugeMetricFamily(
-            "memfit_job_savings_ratio", "1 - plan price / baseline price.", labels=["namespace", "job"]
+            "memfit_job_savings_ratio",
+            "1 - plan total cost / baseline total cost (the plain bf16 DDP setup on the cheapest pool where it "
+            "fits); positive = saved.", labels=["namespace", "job"]
         )
+        spend = CounterMetricFamily(
+            "memfit_job_spend_dollars",
+            "Actual spend: GPU-hours x price of every finished profiling run and attempt, failed ones included.",
+            labels=["namespace", "job"],
+        )
+        predicted = GaugeMetricFamily(
+            "memfit_job_predicted_cost_dollars", "Total cost the current plan was estimated at.",
+            labels=["namespace", "job"],
+        )
+        for j in jobs:
+            if j.spend_dollars is not None:
+                spend.add_metric([j.namespace, j.name], float(j.spend_dollars))
+            if j.predicted_cost_dollars is not None:
+                predicted.add_metric([j.namespace, j.name], float(j.predicted_cost_dollars))
+        yield spend
+        yield predicted
         info = GaugeMetricFamily(
             "memfit_job_info",
             "The planned configuration of a job.",
@@ -153,10 +177,8 @@ class JobCollector(Collector):
         for j in jobs:
             if j.baseline_price_per_hour:
                 baseline.add_metric([j.namespace, j.name], float(j.baseline_price_per_hour))
-                if j.price_per_hour is not None:
-                    savings.add_metric(
-                        [j.namespace, j.name], 1 - float(j.price_per_hour) / j.baseline_price_per_hour
-                    )
+            if j.savings_percent is not None:
+                savings.add_metric([j.namespace, j.name], float(j.savings_percent) / 100)
             if j.pool:
                 info.add_metric(
                     [

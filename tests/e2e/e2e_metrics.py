@@ -20,6 +20,8 @@ OPERATOR_METRICS: dict[str, frozenset[str]] = {
     "memfit_job_price_dollars_per_hour": JOB,
     "memfit_job_baseline_price_dollars_per_hour": frozenset({"namespace", "job"}),
     "memfit_job_savings_ratio": frozenset({"namespace", "job"}),
+    "memfit_job_spend_dollars_total": frozenset({"namespace", "job"}),
+    "memfit_job_predicted_cost_dollars": frozenset({"namespace", "job"}),
     "memfit_job_info": JOB | PLAN_KEYS,
     "memfit_replans_total": frozenset({"namespace", "reason"}),
     "memfit_profiling_failures_total": frozenset({"namespace"}),

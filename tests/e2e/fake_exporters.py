@@ -63,7 +63,11 @@ def operator(reg: CollectorRegistry) -> Callable[[int], None]:
     baseline = Gauge("memfit_job_baseline_price_dollars_per_hour", "b", ["namespace", "job"], registry=reg)
     savings = Gauge("memfit_job_savings_ratio", "s", ["namespace", "job"], registry=reg)
     info = Gauge("memfit_job_info", "i", [*JOB_LABELS, *PLAN], registry=reg)
+    spend = Counter("memfit_job_spend_dollars", "spend", ["namespace", "job"], registry=reg)
+    predicted = Gauge("memfit_job_predicted_cost_dollars", "p", ["namespace", "job"], registry=reg)
     for j in JOBS:
+        spend.labels(j.namespace, j.name).inc(j.price_per_hour / 4)  # a quarter hour spent so far
+        predicted.labels(j.namespace, j.name).set(j.price_per_hour * 10)
         key = (j.namespace, j.name, j.pool)
         gauges["memfit_job_predicted_peak_bytes"].labels(*key).set(j.predicted_bytes)
         gauges["memfit_job_measured_peak_bytes"].labels(*key).set(j.measured_bytes)

@@ -32,6 +32,7 @@ def test_operator_exports_the_contract() -> None:
     snapshot = metrics.JobSnapshot(
         namespace="ml", name="contract", phase="Running", pool="l4", predicted_peak_bytes=1e9,
         measured_peak_bytes=1.1e9, gpu_memory_bytes=2e9, price_per_hour=1.0, baseline_price_per_hour=4.0,
+        savings_percent=75.0, spend_dollars=0.5, predicted_cost_dollars=2.0,
         engine="deepspeed", precision="bf16", zero_stage="2", checkpointing="full", offload="none",
         optimizer8bit="true")
     metrics.JOBS.observe(snapshot)

@@ -67,9 +67,12 @@ def test_quickstart_profiles_plans_trains_and_succeeds(
     status = job["status"]
     assert status["phase"] == "Succeeded", status
     plan = status["plan"]
-    # Baseline A100-80GB; a tiny GPT fits the cheapest pool, so memfit lands elsewhere and saves.
+    # Declared baseline A100-80GB; a tiny GPT fits the cheapest pool, so memfit lands elsewhere and saves
+    # against it. The default baseline (plain bf16 DDP on the cheapest pool where it fits) is what
+    # memfit picks for a tiny GPT, so against it the plan costs the same, never reads as a loss.
     assert plan["nodePool"] != "a100-80-ondemand"
-    assert plan["savingsPercent"] > 0 and plan["savings"].startswith("-")
+    assert plan["declaredSavingsPercent"] > 0 and plan["baseline"].startswith("plain ")
+    assert plan["savingsPercent"] >= 0 and (plan["savings"] == "same cost" or plan["savings"].startswith("saves "))
     assert _condition(job, "Profiled")["status"] == "True"
     assert _condition(job, "Succeeded")["status"] == "True"
     assert status["attempts"][0]["outcome"] == "Succeeded"

@@ -241,3 +241,40 @@ def test_unschedulable_profiling_pod_is_placed_again(kube: Kube, namespace: str,
         return current.spec.template.spec.node_selector != {"memfit.dev/pool": "no-such-pool"}
 
     kube.wait("profiling Job placed again", replaced, timeout=90, interval=1)
+
+
+def test_status_costs_survive_a_restart_of_the_reconcile(kube: Kube, namespace: str, api: KubeApi) -> None:
+    """Baseline, estimated cost and savings are kept by a reconcile that starts from the stored status
+    (a fresh API client and settings, as after an operator restart), and rebuilt from the stored Plan
+    when the status lost its plan summary (seen: `Estimated Cost: 0`, `Baseline Cost: 0`)."""
+    doc = quickstart("restart")
+    seed_profile(api, namespace, doc)
+    create_job(kube, namespace, doc)
+    first = reconcile_job(api, get_job(kube, namespace, "restart"), settings=SETTINGS)  # type: ignore[arg-type]
+    assert first is not None and first.status["phase"] == "Launching"
+    stored = get_job(kube, namespace, "restart")
+    assert stored is not None
+    plan = stored["status"]["plan"]
+    # A tiny job's cost is a few millionths of a dollar: kept, not rounded to 0.
+    assert plan["estimatedCost"] > 0 and plan["baselineCost"] > 0 and plan["declaredBaselineCost"] > 0
+    assert plan["baseline"].startswith("plain ") and plan["declaredBaseline"].startswith("declared: plain ")
+    assert plan["savingsPercent"] >= 0 and plan["declaredSavingsPercent"] > 0
+    assert plan["savings"] == "same cost" or plan["savings"].startswith("saves ")
+
+    # "Restart": a new client and settings object, nothing carried over but what the API server holds.
+    restarted = KubeApi.from_client(client.ApiClient(kube.api_client.configuration))
+    settings = OperatorSettings(trainer_image="memfit-trainer:test")
+    reconcile_job(restarted, get_job(kube, namespace, "restart"), settings=settings)  # type: ignore[arg-type]
+    after = get_job(kube, namespace, "restart")
+    assert after is not None and after["status"]["plan"] == plan
+
+    # The status lost its plan summary (an older operator, a hand edit): rebuilt from the stored Plan.
+    custom = client.CustomObjectsApi(kube.api_client)
+    custom.patch_namespaced_custom_object_status(
+        GROUP, VERSION, namespace, "memoryoptimizedtrainingjobs", "restart", {"status": {"plan": None}}
+    )
+    lost = get_job(kube, namespace, "restart")
+    assert lost is not None and lost["status"].get("plan") is None
+    reconcile_job(restarted, lost, settings=settings)
+    rebuilt = get_job(kube, namespace, "restart")
+    assert rebuilt is not None and rebuilt["status"]["plan"] == plan

@@ -30,6 +30,35 @@ def test_injected_oom_writes_the_message_and_exits_87(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+def test_completed_two_rank_run_reports_every_rank_peak_its_device_and_step_time(tmp_path: Path) -> None:
+    """What the operator learns from: the allocator peak of each rank (largest = peakBytes), where it was
+    measured, and the mean step time after the first step."""
+    run = run_cli(make_plan().ddp().world(2).steps(3), tmp_path)
+    assert run.returncode == 0, run.output[-3000:]
+    message = run.termination
+    assert message is not None and message["reason"] == "Completed"
+    assert len(message["rankPeaks"]) == 2 and all(p > 0 for p in message["rankPeaks"])
+    assert message["peakBytes"] == max(message["rankPeaks"])
+    assert message["device"] == "cpu" and "reservedPeakBytes" not in message  # no caching allocator on CPU
+    assert message["stepSeconds"] > 0
+
+
+def test_simulated_gpu_meter_adds_a_reservation_and_context_to_real_allocator_bytes(tmp_path: Path) -> None:
+    env = {"MEMFIT_SIMULATED_GPU": '{"fragmentation": 1.05, "contextMiB": 300}'}
+    run = run_cli(make_plan().ddp().steps(2), tmp_path, env=env)
+    assert run.returncode == 0, run.output[-3000:]
+    message = run.termination
+    assert message is not None and message["memoryMeter"] == "simulated-gpu"
+    assert message["device"] == "simulated-cuda"
+    assert message["reservedPeakBytes"] == int(message["peakBytes"] * 1.05)
+    assert message["devicePeakBytes"] == message["reservedPeakBytes"] + 300 * 2**20
+
+
+def test_malformed_simulated_gpu_is_an_error_naming_the_variable(tmp_path: Path) -> None:
+    run = run_cli(make_plan().ddp().steps(1), tmp_path, env={"MEMFIT_SIMULATED_GPU": "fast"})
+    assert run.returncode != 0 and "MEMFIT_SIMULATED_GPU must be JSON" in run.output
+
+
 def test_oom_on_one_rank_of_two_fails_the_pod_with_87(tmp_path: Path) -> None:
     """Through the launcher: torchrun exits 1, memfit-trainer maps the workers' message back to 87."""
     env = {"MEMFIT_INJECT_OOM_AT_STEP": "2", "MEMFIT_INJECT_OOM_RANK": "1"}

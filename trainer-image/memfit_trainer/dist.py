@@ -138,6 +138,19 @@ def all_reduce_max(value: float) -> float:
     return float(tensor.item())
 
 
+def all_gather_float(value: float) -> list[float]:
+    """One value from every rank, in rank order (a sum of one-hot vectors: works on gloo and NCCL)."""
+    import torch
+    import torch.distributed as dist
+
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return [value]
+    tensor = torch.zeros(dist.get_world_size(), dtype=torch.float64, device=_collective_device())
+    tensor[dist.get_rank()] = value
+    dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+    return [float(v) for v in tensor.tolist()]
+
+
 def all_reduce_mean(value: float) -> float:
     """The mean of a value over all ranks."""
     import torch

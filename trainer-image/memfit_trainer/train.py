@@ -104,8 +104,18 @@ class RunResult:
     checkpointed_modules: int = 0
     checkpoints_saved: list[int] = field(default_factory=list)
     seconds: float = 0.0
+    reserved_peak_bytes: int | None = None  # CUDA only: the caching allocator's peak reservation
+    device_peak_bytes: int | None = None  # NVML process bytes, where the meter has them
+    device: str = "cpu"  # cpu, cuda, or simulated-cuda (memfit_trainer.meters.simulated)
+    step_seconds: list[float] = field(default_factory=list)
     adapter_parameters: int = 0
     adapter_dir: str | None = None
+
+    @property
+    def mean_step_seconds(self) -> float | None:
+        """Mean seconds per optimizer step after the first (warm-up, lazy init) when there are more."""
+        timed = self.step_seconds[1:] or self.step_seconds
+        return sum(timed) / len(timed) if timed else None
 
 
 class SimulatedOutOfMemoryError(torch.OutOfMemoryError):
@@ -181,6 +191,9 @@ def run_training(
                      result=result, start_step=start_step)  # fmt: skip
         result.facts = runner.facts()
         result.peak_bytes = meter.run_peak_bytes
+        result.reserved_peak_bytes = getattr(meter, "run_reserved_peak_bytes", None)
+        result.device_peak_bytes = getattr(meter, "run_device_peak_bytes", None)
+        result.device = device.type if meter.name != "simulated-gpu" else "simulated-cuda"
         folder = options.output_dir or (options.checkpoint_dir / "adapter" if options.checkpoint_dir else None)
         if adapters and plan.adapter is not None and folder is not None and env.rank == 0:
             model = problem.model
@@ -264,6 +277,7 @@ def _train_steps(
         result.final_loss = loss
         result.losses.append((step, loss))
         result.step_memory.append(_memory_row(step, sample))
+        result.step_seconds.append(seconds)
         if metrics is not None:
             samples = micro * accumulation
             metrics.observe_step(step=step, seconds=seconds, samples=samples, tokens=samples * problem_tokens,

@@ -13,6 +13,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 import torch
+from memfit.api.termination import MAX_RANK_PEAKS
 
 from memfit_trainer import dist as mdist
 from memfit_trainer.metrics import ENV_JOB, ENV_METRICS_PORT, TrainerMetrics
@@ -66,11 +67,15 @@ def _oom_message(
     meter = progress.meter
     peak = 0
     capacity = None
+    reserved = None
+    simulated = False
     if meter is not None:
         with contextlib.suppress(Exception):
             meter.end_step()  # fold in the failing step's peak (CPU meter: close the profiler cycle)
         peak = meter.run_peak_bytes
         capacity = meter.capacity_bytes
+        reserved = getattr(meter, "run_reserved_peak_bytes", None)
+        simulated = meter.name == "simulated-gpu"
     return TerminationMessage(
         reason=reason,
         rank=env.rank,
@@ -80,6 +85,8 @@ def _oom_message(
         capacity_bytes=capacity,
         resumed_from_step=progress.resumed_from_step,
         memory_meter=meter.name if meter is not None else None,
+        reserved_peak_bytes=reserved,
+        device="simulated-cuda" if simulated else "cuda" if reserved is not None else "cpu",
         message=str(error).splitlines()[0][:512] if str(error) else type(error).__name__,
     )
 
@@ -93,8 +100,14 @@ def write_report(result: RunResult, report_dir: Path) -> None:
 
 
 def completed_message(result: RunResult, env: mdist.DistEnv) -> TerminationMessage:
-    """The success message; peakBytes is the largest peak over all ranks (a collective call)."""
-    peak = int(mdist.all_reduce_max(float(result.peak_bytes)))
+    """The success message (collective calls): peakBytes is the largest peak over all ranks, rankPeaks
+    every rank's, reservedPeakBytes the largest CUDA reservation, stepSeconds the slowest rank's mean."""
+    rank_peaks = [int(v) for v in mdist.all_gather_float(float(result.peak_bytes))]
+    peak = max(rank_peaks)
+    reserved = int(mdist.all_reduce_max(float(result.reserved_peak_bytes or 0)))
+    nvml = int(mdist.all_reduce_max(float(result.device_peak_bytes or 0)))
+    mean_step = result.mean_step_seconds
+    step_seconds = mdist.all_reduce_max(mean_step if mean_step is not None else -1.0)
     return TerminationMessage(
         reason=Reason.COMPLETED,
         rank=env.rank,
@@ -104,6 +117,11 @@ def completed_message(result: RunResult, env: mdist.DistEnv) -> TerminationMessa
         final_loss=round(result.final_loss, 6) if result.final_loss is not None else None,
         resumed_from_step=result.resumed_from_step,
         memory_meter=result.memory_meter,
+        rank_peaks=rank_peaks[:MAX_RANK_PEAKS],
+        reserved_peak_bytes=reserved or None,
+        device_peak_bytes=nvml or None,
+        device=result.device,
+        step_seconds=round(step_seconds, 6) if step_seconds >= 0 else None,
     )
 
 

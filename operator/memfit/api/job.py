@@ -257,10 +257,22 @@ class PlanSummary(TrainingConfig):  # the TrainingConfig inline: its fields sit 
     cost_per_hour_text: str = Field(max_length=32, description="e.g. $3.20.")
     estimated_hours: float = Field(ge=0)
     estimated_cost: float = Field(ge=0)
+    baseline: str | None = Field(
+        default=None, max_length=256,
+        description="The default baseline: the plain setup (bf16 DDP, no checkpointing) on the cheapest pool "
+        "where it fits, whole nodes.",
+    )
     baseline_cost_per_hour: float | None = Field(default=None, ge=0)
     baseline_cost: float | None = Field(default=None, ge=0)
-    savings_percent: float | None = Field(default=None)
-    savings: str | None = Field(default=None, max_length=16, description="e.g. -78%.")
+    savings_percent: float | None = Field(
+        default=None, description="100 x (1 - estimatedCost / baselineCost); negative when the plan costs more."
+    )
+    savings: str | None = Field(default=None, max_length=24, description="e.g. saves 78%, or costs 5% more.")
+    declared_baseline: str | None = Field(
+        default=None, max_length=256, description="The plain setup on placement.baseline, reported beside."
+    )
+    declared_baseline_cost: float | None = Field(default=None, ge=0)
+    declared_savings_percent: float | None = Field(default=None)
 
 
 class Attempt(ApiModel):
@@ -277,6 +289,31 @@ class Attempt(ApiModel):
     measured_peak_bytes: int | None = Field(default=None, ge=0)
     predicted_peak_bytes: int | None = Field(default=None, ge=0)
     reason: str = Field(default="", max_length=1024)
+    gpus: int | None = Field(default=None, ge=1, description="GPUs the attempt rented.")
+    price_per_hour: float | None = Field(default=None, ge=0, description="$/h of the attempt's nodes.")
+
+
+class SpendItem(ApiModel):
+    """What one profiling run or training attempt cost: its GPU-hours at its pool's price."""
+
+    kind: Literal["profiling", "training"]
+    attempt: int | None = Field(default=None, ge=0, description="Training attempt index.")
+    node_pool: str = Field(max_length=NAME_MAX)
+    outcome: str = Field(max_length=32, description="Succeeded, OutOfMemory, NoCapacity, Failed, Profiled...")
+    gpus: int = Field(ge=0)
+    seconds: float = Field(ge=0, description="Wall time from start to finish.")
+    gpu_hours: float = Field(ge=0)
+    price_per_hour: float = Field(ge=0)
+    cost: float = Field(ge=0, description="$: hours x price per hour.")
+
+
+class Spend(ApiModel):
+    """Actual spend so far: every finished profiling run and attempt, failed ones included."""
+
+    items: list[SpendItem] = Field(default_factory=list, max_length=34)
+    gpu_hours: float = Field(default=0, ge=0)
+    total: float = Field(default=0, ge=0, description="$ spent on finished runs.")
+    predicted: float | None = Field(default=None, ge=0, description="$ the current plan was estimated to cost.")
 
 
 class MemoryOptimizedTrainingJobStatus(ApiModel):
@@ -289,6 +326,7 @@ class MemoryOptimizedTrainingJobStatus(ApiModel):
     plan: PlanSummary | None = None
     attempts: list[Attempt] = Field(default_factory=list, max_length=32)
     measured_peak_bytes: int | None = Field(default=None, ge=0)
+    spend: Spend | None = Field(default=None, description="GPU-hours x price of every finished run.")
     message: str = Field(default="", max_length=4096, description="Last decision in one line.")
 
 

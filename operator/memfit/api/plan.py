@@ -15,6 +15,30 @@ from memfit.api.training_config import TrainingConfig
 PLAN_SCHEMA = "memfit.dev/plan/v1"
 
 
+def savings_text(percent: float) -> str:
+    """Savings that read as savings: `saves 42%`, `costs 12% more`, `same cost`."""
+    if round(percent) > 0:
+        return f"saves {percent:.0f}%"
+    if round(percent) < 0:
+        return f"costs {-percent:.0f}% more"
+    return "same cost"
+
+
+def round_cost(value: float) -> float:
+    """Six decimals, or six significant digits below 0.001: a tiny job's $0.00000005 stays non-zero
+    (fixed decimals alone rounded it to 0 and the status read `Estimated Cost: 0`)."""
+    return round(value, 6) if abs(value) >= 1e-3 else float(f"{value:.6g}")
+
+
+class BaselineCost(ApiModel):
+    """A baseline as the plan records it, so a status rebuilt from the Plan keeps it."""
+
+    label: str = Field(max_length=256)
+    cost_per_hour: float = Field(ge=0)
+    cost: float = Field(ge=0)
+    savings_percent: float
+
+
 class MemoryBreakdown(ApiModel):
     """Predicted per-GPU peak, by component, in bytes."""
 
@@ -64,6 +88,8 @@ class Plan(TrainingConfig):
         default=False,
         description="DDP find_unused_parameters: the profile saw trainable parameters without a gradient.",
     )
+    baseline: BaselineCost | None = Field(default=None, description="The default (plain) baseline and savings.")
+    declared_baseline: BaselineCost | None = Field(default=None, description="placement.baseline, beside it.")
     adapter: AdapterSettings | None = Field(
         default=None, description="LoRA/QLoRA: rank, alpha, dropout, target modules, 4-bit settings.")
     parameters: int | None = Field(default=None, ge=0, description="Parameters of the model (base, no adapters).")
@@ -89,11 +115,11 @@ class Plan(TrainingConfig):
         """The GPUs, then the configuration: `4xL4 ZeRO-2 bf16 ckpt-full 8-bit-optim mbs 2x4`."""
         return f"{self.world_size}x{self.gpu_product} {super().describe(words=words, batch=batch)}"
 
-    def summary(self, *, baseline_cost_per_hour: float | None = None, baseline_cost: float | None = None,
-                savings_percent: float | None = None) -> PlanSummary:
-        """The status summary (`kubectl get motj` columns); the baseline and savings are not part of
-        the Plan and come from the planner's result (or the stored record)."""
+    def summary(self) -> PlanSummary:
+        """The status summary (`kubectl get motj` columns), rebuilt from the Plan alone: the baselines
+        and savings travel in it, so a status rebuilt after a restart is the same."""
         gib = 1024**3
+        base, declared = self.baseline, self.declared_baseline
         return PlanSummary(
             **self.training_config().model_dump(),
             node_pool=self.node_pool,
@@ -103,12 +129,16 @@ class Plan(TrainingConfig):
             predicted_peak_bytes=self.memory.peak_bytes,
             predicted_peak=f"{self.memory.peak_bytes / gib:.1f}Gi",
             gpu_memory_bytes=self.gpu_memory_bytes,
-            cost_per_hour=round(self.price_per_hour, 4),
+            cost_per_hour=round_cost(self.price_per_hour),
             cost_per_hour_text=f"${self.price_per_hour:.2f}",
-            estimated_hours=round(self.estimated_hours, 4),
-            estimated_cost=round(self.estimated_cost, 4),
-            baseline_cost_per_hour=baseline_cost_per_hour,
-            baseline_cost=baseline_cost,
-            savings_percent=savings_percent,
-            savings=f"{-savings_percent:+.0f}%" if savings_percent is not None else None,
+            estimated_hours=round_cost(self.estimated_hours),
+            estimated_cost=round_cost(self.estimated_cost),
+            baseline=base.label if base else None,
+            baseline_cost_per_hour=round_cost(base.cost_per_hour) if base else None,
+            baseline_cost=round_cost(base.cost) if base else None,
+            savings_percent=round(base.savings_percent, 1) if base else None,
+            savings=savings_text(base.savings_percent) if base else None,
+            declared_baseline=declared.label if declared else None,
+            declared_baseline_cost=round_cost(declared.cost) if declared else None,
+            declared_savings_percent=round(declared.savings_percent, 1) if declared else None,
         )

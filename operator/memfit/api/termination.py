@@ -52,6 +52,12 @@ KEY_PEAK_BYTES = "peakBytes"
 KEY_STEP = "step"
 KEY_MEMORY_METER = "memoryMeter"
 KEY_MESSAGE = "message"
+KEY_RANK_PEAKS = "rankPeaks"  # allocator peak of every rank, rank order (the meter's kind of bytes)
+KEY_RESERVED_PEAK_BYTES = "reservedPeakBytes"  # CUDA caching allocator reservation, max over ranks
+KEY_DEVICE_PEAK_BYTES = "devicePeakBytes"  # NVML process bytes (or a simulated GPU's), max over ranks
+KEY_DEVICE = "device"  # cpu or cuda: where the peaks were measured
+KEY_STEP_SECONDS = "stepSeconds"  # mean seconds per optimizer step (after the first), slowest rank
+MAX_RANK_PEAKS = 64  # keeps the message well under MAX_MESSAGE_BYTES
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +74,11 @@ class TerminationMessage:
     final_loss: float | None = None
     resumed_from_step: int | None = None
     memory_meter: str | None = None
+    rank_peaks: list[int] | None = None
+    reserved_peak_bytes: int | None = None
+    device_peak_bytes: int | None = None
+    device: str | None = None
+    step_seconds: float | None = None
     message: str | None = None
     extra: dict[str, object] = field(default_factory=dict)
 

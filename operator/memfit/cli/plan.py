@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,7 @@ from memfit.catalog import CATALOG
 from memfit.cli.inputs import InputError, load_job, load_pools, load_profile
 from memfit.cli.render import draw_chart, plan_title, render_result
 from memfit.memory import ShapeError, shape_from_problem
-from memfit.planner import PlanResult, catalog_pools, plan
+from memfit.planner import catalog_pools, plan
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -29,10 +30,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         return error.report()
     result = plan(job.spec, pools=pools, profile=profile, catalog=CATALOG)
     if invalid:
-        result = PlanResult(
-            result.plan, result.chosen, result.alternatives, (*invalid, *result.rejections),
-            result.baseline, result.savings_percent, result.reasons, result.notes,
-        )
+        result = replace(result, rejections=(*invalid, *result.rejections))
     if args.json:
         if result.plan is not None:
             print(json.dumps(result.plan.to_wire(), indent=2))

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from memfit.api.job import MemoryOptimizedTrainingJob
+from memfit.api.plan import savings_text
 from memfit.api.profile import ModelShape
 from memfit.memory import MemoryEstimate
 from memfit.planner import Candidate, PlanResult
@@ -89,16 +90,20 @@ def render_result(result: PlanResult, *, title: str) -> str:
         out += [f"  - {reason}" for reason in result.reasons]
     if result.rejections:
         out += ["", "Rejected pools:"] + [f"  - {r.pool}: {r.reason}" for r in result.rejections]
-    b = result.baseline
-    if b is not None:
+    if result.baseline is None:
+        out += ["", "Baseline: the plain setup (bf16 DDP, no checkpointing) fits no allowed pool"]
+    for b, savings in ((result.baseline, result.savings_percent),
+                       (result.declared_baseline, result.declared_savings_percent)):
+        if b is None:
+            continue
         fits = "fits" if b.fits else "does NOT fit"
         out += ["", f"Baseline: {b.label}, micro-batch {b.micro_batch_size}: {fits} "
                     f"(peak {_g(b.peak_bytes)}/{_g(b.usable_bytes)} GiB), {_money(b.price_per_hour)}/h, "
                     f"{b.hours:.3g} h, {_money(b.total_cost)}"]
         if b.note:
             out.append(f"  note: {b.note}")
-        if result.savings_percent is not None:
-            out.append(f"Savings vs baseline: {result.savings_percent:.1f}% of the total cost (predicted)")
+        if savings is not None:
+            out.append(f"  memfit vs this baseline: {savings_text(savings)} of the total cost (predicted)")
     if result.notes:
         out += ["", "Notes:"] + [f"  - {n}" for n in result.notes]
     return "\n".join(out)

@@ -19,20 +19,44 @@ from memfit.kube.names import (
 MAX_OBSERVATIONS = 32  # newest kept; each is one finished or failed attempt
 
 
+KIND_ALLOCATED = "allocated"  # allocator tensor bytes (CPU allocator or torch.cuda.max_memory_allocated)
+DEVICE_CPU = "cpu"
+
+
 @dataclass(frozen=True, slots=True)
 class Observation:
-    """A measured peak of one attempt: what auto-downsizing and OOM re-plans learn from."""
+    """What one finished or failed attempt measured: what auto-downsizing and OOM re-plans learn from.
 
-    config_key: str  # engine/stage/precision/checkpointing/offload/8bit/world/gpus/mbs/acc[/peft:rank:targets]
+    `measured_peak_bytes` is the largest rank's peak of kind `kind` (allocator tensor bytes) measured on
+    `device` (`cpu`, or the GPU product); `rank_peaks` every rank's; `reserved_peak_bytes` the CUDA
+    caching allocator's reservation (GPU only). Observations stored before these fields existed were
+    CUDA allocator peaks on the plan's GPU and read as such."""
+
+    config_key: str  # engine/stage/precision/checkpointing/offload/8bit/world/gpus-per-node/mbs/accumulation[/peft:rank:targets]
     gpu_product: str
     predicted_peak_bytes: int
     measured_peak_bytes: int
     gpu_memory_bytes: int
     out_of_memory: bool
     job: str
+    kind: str = KIND_ALLOCATED
+    device: str = ""  # "" = the plan's GPU product
+    rank_peaks: tuple[int, ...] = ()
+    reserved_peak_bytes: int | None = None
+    device_peak_bytes: int | None = None  # NVML process bytes (GPU only, when the meter had NVML)
+    step_seconds: float | None = None
+    predicted_step_seconds: float | None = None
+
+    @property
+    def measured_on(self) -> str:
+        return self.device or self.gpu_product
+
+    @property
+    def on_gpu(self) -> bool:
+        return self.measured_on != DEVICE_CPU
 
     def to_dict(self) -> dict[str, object]:
-        return {
+        out: dict[str, object] = {
             "configKey": self.config_key,
             "gpuProduct": self.gpu_product,
             "predictedPeakBytes": self.predicted_peak_bytes,
@@ -40,10 +64,20 @@ class Observation:
             "gpuMemoryBytes": self.gpu_memory_bytes,
             "outOfMemory": self.out_of_memory,
             "job": self.job,
+            "kind": self.kind,
+            "rankPeaks": list(self.rank_peaks),
         }
+        optional = {"device": self.device or None, "reservedPeakBytes": self.reserved_peak_bytes,
+                    "devicePeakBytes": self.device_peak_bytes, "stepSeconds": self.step_seconds,
+                    "predictedStepSeconds": self.predicted_step_seconds}
+        out.update({k: v for k, v in optional.items() if v is not None})
+        return out
 
     @classmethod
     def from_dict(cls, raw: dict[str, object]) -> Observation:
+        reserved, nvml, step, predicted_step = (raw.get(k) for k in (
+            "reservedPeakBytes", "devicePeakBytes", "stepSeconds", "predictedStepSeconds"))
+        ranks = raw.get("rankPeaks") or []
         return cls(
             config_key=str(raw["configKey"]),
             gpu_product=str(raw["gpuProduct"]),
@@ -52,6 +86,13 @@ class Observation:
             gpu_memory_bytes=int(str(raw["gpuMemoryBytes"])),
             out_of_memory=bool(raw["outOfMemory"]),
             job=str(raw["job"]),
+            kind=str(raw.get("kind", KIND_ALLOCATED)),
+            device=str(raw.get("device", "")),
+            rank_peaks=tuple(int(str(v)) for v in ranks) if isinstance(ranks, list) else (),
+            reserved_peak_bytes=int(str(reserved)) if reserved is not None else None,
+            device_peak_bytes=int(str(nvml)) if nvml is not None else None,
+            step_seconds=float(str(step)) if step is not None else None,
+            predicted_step_seconds=float(str(predicted_step)) if predicted_step is not None else None,
         )
 
 

@@ -12,9 +12,11 @@ from memfit.api.job import (
     Phase,
     PlanSummary,
     ProfileSummary,
+    SpendItem,
 )
 from memfit.lifecycle import conditions as c
 from memfit.lifecycle.result import Decision, Effect, Event, EventType
+from memfit.lifecycle.spend import spend_of
 
 MAX_STATUS_MESSAGE = 4096
 MAX_ATTEMPT_REASON = 1024
@@ -35,6 +37,8 @@ class Draft:
         self.plan: PlanSummary | None = status.plan
         self.attempts: list[Attempt] = list(status.attempts)
         self.measured_peak_bytes = status.measured_peak_bytes
+        spent = status.spend.items if status.spend else []
+        self.profiling_spend: SpendItem | None = next((i for i in spent if i.kind == "profiling"), None)
         self.effects: list[Effect] = []
         self.events: list[Event] = []
         self.profile_seconds: float | None = None
@@ -110,6 +114,7 @@ class Draft:
             plan=self.plan,
             attempts=self.attempts,
             measured_peak_bytes=self.measured_peak_bytes,
+            spend=spend_of(self.profiling_spend, self.attempts, self.plan),
             message=self.message,
         )
         return Decision(

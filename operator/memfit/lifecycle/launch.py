@@ -72,7 +72,7 @@ def launch_step(
         draft.fail(c.NO_FIT, f"planned pool {plan.node_pool} no longer exists")
         return
     owner = snap.job.owner()
-    summary = summary or plan.summary()  # only the Plan survived: no baseline, no savings
+    summary = summary or plan.summary()  # only the Plan survived: it carries its baselines
     draft.effects.extend(
         launch_effects(
             owner=owner,
@@ -94,9 +94,11 @@ def launch_step(
             outcome=AttemptOutcome.LAUNCHING,
             predicted_peak_bytes=plan.memory.peak_bytes,
             reason=plan.describe(),
+            gpus=plan.world_size,
+            price_per_hour=plan.price_per_hour,
         )
     )
-    savings = f", {summary.savings} vs baseline" if summary.savings else ""
+    savings = f", {summary.savings} vs {summary.baseline}" if summary.savings and summary.baseline else ""
     msg = (
         f"attempt {index}: {plan.describe()} on {plan.node_pool}, "
         f"predicted peak {summary.predicted_peak}, {summary.cost_per_hour_text}/h{savings}"

@@ -7,14 +7,13 @@ from memfit.api.job import AttemptOutcome, MemoryOptimizedTrainingJobSpec, Phase
 from memfit.api.plan import Plan
 from memfit.api.termination import KEY_MEMORY_METER, KEY_MESSAGE, KEY_STEP, TerminationReason
 from memfit.kube.names import train_job_name
-from memfit.kube.profile_cache import CachedProfile, Observation, build_profile_cache
 from memfit.kube.train_job import build_plan_config_map
 from memfit.lifecycle import conditions as c
 from memfit.lifecycle.draft import Draft
 from memfit.lifecycle.launch import launch_effects
+from memfit.lifecycle.learning import ALLOCATOR_METERS, learn
 from memfit.lifecycle.observed import JobSummary
-from memfit.lifecycle.planning import config_key
-from memfit.lifecycle.result import Ensure, WriteData
+from memfit.lifecycle.result import Ensure
 from memfit.lifecycle.snapshot import Snapshot
 
 
@@ -43,6 +42,7 @@ def monitor_step(draft: Draft, snap: Snapshot, spec: MemoryOptimizedTrainingJobS
             )
         )
         return
+    _restore_summary(draft, plan)
     if not children.plan_recorded:
         draft.effects.append(
             Ensure(build_plan_config_map(owner=snap.job.owner(), plan=plan, summary=draft.plan))
@@ -74,6 +74,15 @@ def monitor_step(draft: Draft, snap: Snapshot, spec: MemoryOptimizedTrainingJobS
             draft.event(c.PODS_RUNNING, msg)
 
 
+def _restore_summary(draft: Draft, plan: Plan) -> None:
+    """The status summary is rebuilt from the stored Plan when the status lost it (or part of it): the
+    Plan carries its costs and baselines, so what `kubectl get motj` shows survives restarts intact.
+    A Plan recorded before it carried baselines only fills a missing summary."""
+    summary = plan.summary()
+    if draft.plan != summary and (draft.plan is None or plan.baseline is not None):
+        draft.plan = summary
+
+
 def _succeeded(
     draft: Draft, snap: Snapshot, plan: Plan, job: JobSummary, measured: int | None, digest: str
 ) -> None:
@@ -82,16 +91,19 @@ def _succeeded(
     predicted = plan.memory.peak_bytes
     meters = {str(p.message.get(KEY_MEMORY_METER, "")) for p in job.pods} - {""}
     gpu_truth = bool(meters) and all(m.startswith("cuda") for m in meters)
+    allocator = bool(meters) and all(m in ALLOCATOR_METERS for m in meters)
+    if measured is not None and allocator:
+        # Allocator tensor bytes teach the tensor terms from any device (a CPU stand-in included);
+        # a GPU's reservation its own allocator gap (planner.measured).
+        learn(draft, snap, plan, digest, measured=measured, oom=False, job=job)
     if measured is not None and gpu_truth:
-        # Only GPU measurements calibrate GPU predictions (auto-downsizing); a CPU stand-in's
-        # tensor bytes leave out the CUDA context and allocator, so they are reported, not learned.
-        _learn(draft, snap, plan, digest, measured=measured, oom=False)
         error = f", prediction error {100 * (predicted - measured) / measured:+.1f}%"
         versus = f"measured peak {gib(measured)} vs predicted {gib(predicted)}{error}"
     elif measured is not None:
+        learned = "learned for the tensor terms" if allocator else "not learned"
         versus = (
             f"measured peak {mib(measured)} on {', '.join(sorted(meters)) or 'an unknown meter'} "
-            f"(CPU stand-in, not compared with the GPU prediction {gib(predicted)})"
+            f"(CPU stand-in, not compared with the GPU prediction {gib(predicted)}; {learned})"
         )
     else:
         versus = f"no measured peak reported; predicted {gib(predicted)}"
@@ -117,7 +129,7 @@ def _failed(
         peak = oom.peak_bytes or measured
         reason = f"{kind} at step {oom.message.get(KEY_STEP)} on {plan.node_pool} (peak {gib(peak)})"
         draft.finish_attempt(AttemptOutcome.OUT_OF_MEMORY, measured=peak, reason=reason)
-        _learn(draft, snap, plan, digest, measured=peak or 0, oom=True)
+        learn(draft, snap, plan, digest, measured=peak or 0, oom=True, job=job)
         draft.set(c.RUNNING, False, c.OUT_OF_MEMORY, reason)
         draft.enter(Phase.REPLANNING, f"attempt {plan.attempt}: {reason}; re-planning")
         draft.event(c.OUT_OF_MEMORY, reason, warning=True)
@@ -182,31 +194,6 @@ def _pods_not_created(
     draft.finish_attempt(AttemptOutcome.FAILED, reason=detail)
     draft.fail(c.PODS_NOT_CREATED, detail)
     return True
-
-
-def _learn(draft: Draft, snap: Snapshot, plan: Plan, digest: str, *, measured: int, oom: bool) -> None:
-    """Store the attempt's measured peak with the profile (auto-downsizing and OOM escalation)."""
-    cached = snap.profile_cache
-    if cached is None:
-        return
-    observation = Observation(
-        config_key=config_key(plan),
-        gpu_product=plan.gpu_product,
-        predicted_peak_bytes=plan.memory.peak_bytes,
-        measured_peak_bytes=measured,
-        gpu_memory_bytes=plan.gpu_memory_bytes,
-        out_of_memory=oom,
-        job=f"{snap.job.name}/{plan.attempt}",
-    )
-    if any(o.job == observation.job for o in cached.observations):
-        return
-    updated = CachedProfile(cached.profile, (*cached.observations, observation))
-    draft.effects.append(
-        WriteData(
-            build_profile_cache(namespace=snap.job.namespace, problem_hash=digest, cached=updated),
-            exists=True,
-        )
-    )
 
 
 def mib(value: int) -> str:

@@ -14,11 +14,12 @@ from memfit.api.profile import Profile
 from memfit.api.training_config import TrainingConfig
 from memfit.catalog import GpuCatalog
 from memfit.kube.names import NVME_MOUNT
-from memfit.kube.profile_cache import Observation
+from memfit.kube.profile_cache import KIND_ALLOCATED, Observation
 from memfit.lifecycle.world import PoolCapacity
 from memfit.memory.strategy import Strategy
 from memfit.planner import MeasuredPeak, PlanResult, plan, plan_summary
 from memfit.planner.decide import job_adapter
+from memfit.planner.measured import MeasuredDevice, PeakKind
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,17 +103,30 @@ def strategy_of(key: str, spec: MemoryOptimizedTrainingJobSpec) -> Strategy | No
 
 def measured_peaks(
     observations: Sequence[Observation], spec: MemoryOptimizedTrainingJobSpec
-) -> list[MeasuredPeak]:
-    """Observations as planner inputs; after an OOM the GPU's usable memory is a lower bound of the peak."""
-    out: list[MeasuredPeak] = []
+) -> tuple[list[MeasuredPeak], list[MeasuredDevice]]:
+    """Observations as planner inputs, each compared like for like (planner.measured):
+
+    - an allocator peak (largest rank) teaches the tensor terms, whether measured on a CPU or a GPU;
+    - a GPU run's reservation and NVML bytes teach that GPU product's allocator gap and context;
+    - after an OOM the GPU's usable memory is a lower bound of the whole device peak, on every GPU."""
+    peaks: list[MeasuredPeak] = []
+    devices: list[MeasuredDevice] = []
     for o in observations:
         strategy = strategy_of(o.config_key, spec)
         if strategy is None:
             continue
-        peak = max(o.measured_peak_bytes, o.gpu_memory_bytes) if o.out_of_memory else o.measured_peak_bytes
-        if peak > 0:
-            out.append(MeasuredPeak(strategy=strategy, peak_bytes=peak))
-    return out
+        if o.out_of_memory:
+            peak = max(o.measured_peak_bytes, o.gpu_memory_bytes)
+            if peak > 0:
+                peaks.append(MeasuredPeak(strategy, peak, PeakKind.DEVICE))
+            continue
+        allocated = max((*o.rank_peaks, o.measured_peak_bytes))
+        if o.kind == KIND_ALLOCATED and allocated > 0:
+            peaks.append(MeasuredPeak(strategy, allocated, PeakKind.ALLOCATED))
+        if o.kind == KIND_ALLOCATED and o.on_gpu and o.reserved_peak_bytes and allocated > 0:
+            devices.append(MeasuredDevice(o.measured_on, strategy.world_size, allocated, o.reserved_peak_bytes,
+                                          o.device_peak_bytes))
+    return peaks, devices
 
 
 def free_gpus(pools: Sequence[GPUNodePool], capacity: Mapping[str, PoolCapacity]) -> dict[str, int]:
@@ -148,12 +162,14 @@ def plan_job(
     With `ignore_capacity` every pool counts as empty (up to maxNodes): whether the job could fit at
     all, which tells waiting for capacity apart from NoFit."""
     usable = [p for p in pools if p.metadata.name not in excluded_pools]
+    peaks, devices = measured_peaks(observations, spec)
     result = plan(
         spec,
         pools=usable,
         catalog=catalog,
         profile=profile,
-        measured_peaks=measured_peaks(observations, spec),
+        measured_peaks=peaks,
+        measured_devices=devices,
         free_gpus=None if ignore_capacity else free_gpus(usable, capacity),
     )
     if result.plan is None:

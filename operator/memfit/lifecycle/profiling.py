@@ -27,7 +27,9 @@ from memfit.lifecycle.draft import Draft
 from memfit.lifecycle.observed import JobSummary
 from memfit.lifecycle.result import Delete, Ensure, WriteData
 from memfit.lifecycle.snapshot import LaunchSettings, Snapshot
+from memfit.lifecycle.spend import run_spend
 from memfit.lifecycle.world import World
+from memfit.planner.offers import Offer, resolve_offer
 
 
 def profile_key(
@@ -130,6 +132,7 @@ def profile_step(
         _profiling(draft, pool, name)
         return None
     profile, error = profile_from(job)
+    _record_spend(draft, snap, job, pool, "Profiled" if profile is not None else c.PROFILING_FAILED)
     if profile is None:
         draft.fail(c.PROFILING_FAILED, error)
         return None
@@ -142,6 +145,20 @@ def profile_step(
     draft.profile_seconds = profile.seconds
     mark_profiled(draft, digest, fresh.profile, measured=True)
     return fresh.profile
+
+
+def _record_spend(draft: Draft, snap: Snapshot, job: JobSummary, pool: str, outcome: str) -> None:
+    """The finished profiling run's spend (once): one GPU of `pool` from the Job's start until now."""
+    if draft.profiling_spend is not None or job.started_at is None:
+        return
+    found = snap.pools().pool(pool)
+    offer = resolve_offer(found, catalog=snap.pools().catalog) if found is not None else None
+    if not isinstance(offer, Offer):
+        return
+    draft.profiling_spend = run_spend(
+        kind="profiling", attempt=None, node_pool=pool, outcome=outcome, gpus=1, started=job.started_at,
+        finished=snap.now, price_per_hour=offer.price_per_node_hour / offer.gpus_per_node,
+    )
 
 
 def _profiling(draft: Draft, pool: str, name: str) -> None:

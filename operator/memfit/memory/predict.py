@@ -116,7 +116,9 @@ class MemoryTerms:
     fragmentation: float
     host_bytes: float
     nvme_bytes: float
-    scale: float = 1.0  # correction from measured peaks (auto-downsizing); 1 = none
+    # Correction of the tensor (allocated) part from measured allocator peaks (auto-downsizing); 1 = none.
+    # The fixed overhead (CUDA context, NCCL) is device-specific and is not scaled by it.
+    scale: float = 1.0
     # Measured activation lines (profile curves of user code): ((fixed, per-sample), ...) without and
     # with accumulation, bytes on top of the static ones; they replace the analytic moments.
     measured_lines: tuple[tuple[tuple[float, float], ...], tuple[tuple[float, float], ...]] | None = None
@@ -175,7 +177,7 @@ class MemoryTerms:
     def peak_bytes(self, micro_batch: int, accumulation: int) -> float:
         """Predicted device peak (what NVML would show for the process)."""
         allocated = self.allocated_bytes(micro_batch, accumulation)
-        return (self.fragmentation * allocated + self.overhead_bytes) * self.scale
+        return self.fragmentation * allocated * self.scale + self.overhead_bytes
 
     def smallest_peak(self, per_gpu: int) -> tuple[float, int]:
         """The smallest peak over the micro-batches b that divide `per_gpu`, and that b.
@@ -199,7 +201,7 @@ class MemoryTerms:
         the activations. The answer is exact for the model because every activation moment is
         linear in b.
         """
-        allocated_budget = (budget_bytes / self.scale - self.overhead_bytes) / self.fragmentation
+        allocated_budget = (budget_bytes - self.overhead_bytes) / (self.fragmentation * self.scale)
         room = allocated_budget - self.static_bytes
         if self._fixed_phases() > room:
             return 0
@@ -241,14 +243,14 @@ class MemoryTerms:
             temporaries_bytes=components[4],
             overhead_bytes=max(0, peak_int - sum(components)),
             peak_bytes=peak_int,
-            allocated_bytes=math.ceil(allocated),
+            allocated_bytes=math.ceil(allocated * self.scale),
             host_bytes=math.ceil(self.host_bytes),
             nvme_bytes=math.ceil(self.nvme_bytes),
             phase=phase,
         )
 
     def scaled(self, scale: float) -> MemoryTerms:
-        """The same terms with a measured-peak correction factor."""
+        """The same terms with a measured correction of the tensor (allocated) bytes."""
         return replace(self, scale=scale)
 
 

@@ -7,7 +7,7 @@ No I/O, no clock and no module globals: the GPU catalog comes in as an argument.
 
 from __future__ import annotations
 
-from memfit.planner.baseline import fp32_baseline, static_baseline
+from memfit.planner.baseline import cheapest_plain_baseline, fp32_baseline, plain_baseline, static_baseline
 from memfit.planner.decide import build_plan, plan, resolve_shape, search_context
 from memfit.planner.explain import plan_summary
 from memfit.planner.measured import MeasuredPeak
@@ -23,7 +23,9 @@ __all__ = [
     "PoolRejection",
     "build_plan",
     "catalog_pools",
+    "cheapest_plain_baseline",
     "fp32_baseline",
+    "plain_baseline",
     "plan",
     "plan_summary",
     "resolve_offers",

@@ -1,48 +1,86 @@
 """Baselines the savings are measured against.
 
-- `fp32_baseline`: what the job would run without memfit: fp32 DDP, no checkpointing, no offload,
-  32-bit optimizer, on the spec's baseline pool (placement.baseline, default a100-80) with its node
-  count and all their GPUs (fewer if the global batch is not divisible), at the largest micro-batch
-  memfit predicts to fit. It may not fit at all; its cost is then what it would cost if it ran.
+- `plain_baseline`: what a practitioner runs without memfit: DDP with bf16 autocast (fp16 on GPUs
+  without bf16), the job's optimizer in 32 bits, no checkpointing, no offload, at the largest
+  micro-batch that fits, renting whole nodes. `cheapest_plain_baseline` puts it on the allowed pool
+  where it is cheapest (one whole node: DDP replicates the model, so more nodes never help it fit);
+  this is the default baseline savings are reported against. `placement.baseline` names the pool
+  and node count a user would have used; that declared baseline runs the same plain setup there and
+  is reported beside the default.
+- `fp32_baseline`: the same on fp32 (kept for the planner benchmark's history and `memfit plan`).
 - `static_baseline`: the common static sizing rule: (weights + gradients + optimizer state) in fp32
   x 1.2, on the smallest GPU whose memory holds that, run as fp32 DDP on the baseline's node count.
+
+The baseline is predicted by the same memory and time model as memfit's plan (with the same
+measured-peak corrections), so the two costs compare like for like.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from memfit.api.training_config import PLAIN_FP32_DDP
+from memfit.api.common import Precision
+from memfit.api.training_config import PLAIN_FP32_DDP, TrainingConfig
 from memfit.memory.predict import memory_terms
 from memfit.memory.states import optimizer_state_bytes_per_param
+from memfit.memory.strategy import Strategy
 from memfit.memory.timing import time_terms
 from memfit.planner.context import SearchContext
 from memfit.planner.explain import gib
 from memfit.planner.offers import Offer
 from memfit.planner.result import BaselineResult
-from memfit.planner.space import Choice, divisors
+from memfit.planner.space import divisors
 
-DEFAULT_BASELINE_POOL = "a100-80"
 # Static sizing margin: "(weights + grads + Adam) x 1.2" (the rule of thumb issue 4 compares against).
 STATIC_MARGIN = 1.2
-FP32_DDP = Choice(PLAIN_FP32_DDP, rank=-1)
+
+
+def plain_config(offer: Offer) -> TrainingConfig:
+    """DDP, bf16 autocast (fp16 where the GPU has no bf16), nothing else."""
+    precision = Precision.BF16 if offer.supports_bf16 else Precision.FP16
+    return PLAIN_FP32_DDP.model_copy(update={"precision": precision})
+
+
+def plain_baseline(ctx: SearchContext, offer: Offer, *, nodes: int, label: str | None = None) -> BaselineResult:
+    """The plain setup on `nodes` whole nodes of `offer` (see the module docstring)."""
+    config = plain_config(offer)
+    words = f"plain {config.precision.value} DDP"
+    return _ddp_baseline(ctx, offer, config, nodes=nodes,
+                         label=label or f"{words} on {nodes}x{offer.gpus_per_node} {offer.product} ({offer.pool})")
+
+
+def cheapest_plain_baseline(ctx: SearchContext, offers: Sequence[Offer]) -> BaselineResult | None:
+    """The plain setup on one whole node of the pool where it fits at the lowest total cost (ties: the
+    pool name); None when it fits on no pool."""
+    fitting = [b for b in (plain_baseline(ctx, o, nodes=1) for o in offers) if b.fits]
+    if not fitting:
+        return None
+    return min(fitting, key=lambda b: (b.total_cost, b.pool))
 
 
 def fp32_baseline(ctx: SearchContext, offer: Offer, *, nodes: int, label: str | None = None) -> BaselineResult:
-    """fp32 DDP on `nodes` full nodes of `offer` (see the module docstring)."""
+    """fp32 DDP on `nodes` full nodes of `offer`."""
+    return _ddp_baseline(ctx, offer, PLAIN_FP32_DDP, nodes=nodes,
+                         label=label or f"fp32 DDP on {nodes}x{offer.gpus_per_node} {offer.product} ({offer.pool})")
+
+
+def _ddp_baseline(ctx: SearchContext, offer: Offer, config: TrainingConfig, *, nodes: int,
+                  label: str) -> BaselineResult:
     requested = nodes * offer.gpus_per_node
     world = max(d for d in divisors(ctx.global_batch) if d <= requested)
     g = min(world, offer.gpus_per_node)
     note = "" if world == requested else (
         f"uses {world} of {requested} GPUs: training.globalBatchSize {ctx.global_batch} is not divisible by {requested}"
     )
-    strategy = FP32_DDP.strategy(optimizer=ctx.optimizer, world_size=world, gpus_per_node=g)
+    strategy = Strategy(config=config, optimizer=ctx.optimizer, world_size=world, gpus_per_node=g)
     terms = memory_terms(ctx.shape, strategy, calibration=ctx.calibration)
+    factor = ctx.corrections.factor(strategy)
+    if factor != 1.0:
+        terms = terms.scaled(factor)
     per_gpu = ctx.global_batch // world
     micro = 0
     for b in reversed(divisors(per_gpu)):
-        peak = terms.peak_bytes(b, per_gpu // b)
-        if ctx.fits_gpu(peak, offer.usable_bytes):
+        if ctx.fits_gpu(terms.peak_bytes(b, per_gpu // b), offer.usable_bytes):
             micro = b
             break
     fits = micro > 0
@@ -57,17 +95,16 @@ def fp32_baseline(ctx: SearchContext, offer: Offer, *, nodes: int, label: str | 
                     flops_per_sample_override=ctx.flops_per_sample, mfu=ctx.mfu)
     step = tt.step_seconds(offer.speed, micro)
     hours = ctx.steps * step.step_seconds / 3600
-    price = nodes * offer.price_per_node_hour
-    peak_bytes = int(-(-terms.peak_bytes(micro, per_gpu // micro) // 1))
+    price = nodes * offer.price_per_node_hour  # whole nodes are rented, used or not
     return BaselineResult(
-        label=label or f"fp32 DDP on {nodes}x{offer.gpus_per_node} {offer.product} ({offer.pool})",
+        label=label,
         pool=offer.pool,
         product=offer.product,
         nodes=nodes,
         world_size=world,
         micro_batch_size=micro,
         fits=fits,
-        peak_bytes=peak_bytes,
+        peak_bytes=int(-(-terms.peak_bytes(micro, per_gpu // micro) // 1)),
         usable_bytes=offer.usable_bytes,
         price_per_hour=price,
         step_seconds=step.step_seconds,

@@ -5,12 +5,14 @@ Pure and deterministic: no I/O, no clock, no randomness; the same inputs give th
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
 from memfit.api.common import PeftMethod
 from memfit.api.job import MemoryOptimizedTrainingJobSpec, Minimize
 from memfit.api.peft import adapter_settings
-from memfit.api.plan import FullFinetuneComparison, Plan
+from memfit.api.plan import BaselineCost, FullFinetuneComparison, Plan, round_cost
 from memfit.api.pool import GPUNodePool
 from memfit.api.profile import ModelShape, Profile
 from memfit.catalog import GpuCatalog
@@ -18,9 +20,9 @@ from memfit.memory.adapter import AdapterLayout, adapter_layout
 from memfit.memory.calibration import Calibration, calibrate
 from memfit.memory.problems import ShapeError, shape_from_problem
 from memfit.memory.shape import Shape
-from memfit.planner.baseline import DEFAULT_BASELINE_POOL, fp32_baseline
+from memfit.planner.baseline import cheapest_plain_baseline, plain_baseline, plain_config
 from memfit.planner.context import SearchContext
-from memfit.planner.measured import MeasuredPeak, peak_corrections
+from memfit.planner.measured import MeasuredDevice, MeasuredPeak, peak_corrections
 from memfit.planner.offers import Offer, PoolRejection, catalog_pool, resolve_offer, resolve_offers
 from memfit.planner.result import BaselineResult, Candidate, PlanResult
 from memfit.planner.search import any_fit, objective_key, prepare_offer, search_offer
@@ -58,7 +60,8 @@ def _baseline_offer(name: str, pools: Sequence[GPUNodePool], catalog: GpuCatalog
 
 
 def search_context(spec: MemoryOptimizedTrainingJobSpec, shape: ModelShape, *, profile: Profile | None = None,
-                   measured_peaks: Sequence[MeasuredPeak] = ()) -> SearchContext:
+                   measured_peaks: Sequence[MeasuredPeak] = (),
+                   measured_devices: Sequence[MeasuredDevice] = ()) -> SearchContext:
     """The job's search context (calibrated from the profile's measurements when there are any)."""
     hot = Shape.of(shape)
     calibration: Calibration | None = None
@@ -84,7 +87,7 @@ def search_context(spec: MemoryOptimizedTrainingJobSpec, shape: ModelShape, *, p
         max_nodes=spec.placement.max_nodes,
         pinned_micro_batch=pinned_mbs if isinstance(pinned_mbs, int) else None,
         calibration=calibration,
-        corrections=peak_corrections(measured_peaks, hot, calibration=calibration),
+        corrections=peak_corrections(measured_peaks, hot, calibration=calibration, devices=measured_devices),
         flops_per_sample=flops,
         mfu=mfu,
     )
@@ -111,9 +114,18 @@ def _peft_choices(ctx: SearchContext, choices: list[Choice], reasons: list[str])
 
 def build_plan(candidate: Candidate, spec: MemoryOptimizedTrainingJobSpec, *,
                calibration: Calibration | None = None, profile: Profile | None = None,
-               full_finetune: FullFinetuneComparison | None = None) -> Plan:
-    """The Plan contract for a chosen candidate (with the source of each memory term)."""
+               offer: Offer | None = None, full_finetune: FullFinetuneComparison | None = None) -> Plan:
+    """The Plan contract for a chosen candidate (with the source of each memory term); on an offer with
+    measured device terms, the predicted peak with them and the GPU's physical usable memory. A LoRA/QLoRA
+    plan carries its adapters, its trainable parameters and the full fine-tune it was compared with."""
     s = candidate.strategy
+    memory = candidate.memory.to_breakdown()
+    usable = candidate.usable_bytes
+    if offer is not None and offer.device is not None and offer.physical_usable_bytes is not None:
+        peak = math.ceil(memory.peak_bytes * offer.device.factor + offer.device.offset_bytes)
+        memory = memory.model_copy(update={
+            "peak_bytes": max(0, peak), "overhead_bytes": max(0, memory.overhead_bytes + peak - memory.peak_bytes)})
+        usable = offer.physical_usable_bytes
     peft = s.config.peft != PeftMethod.NONE
     shape = resolve_shape(spec, profile)
     parameters = shape.parameters if not isinstance(shape, str) else None
@@ -128,13 +140,13 @@ def build_plan(candidate: Candidate, spec: MemoryOptimizedTrainingJobSpec, *,
         gpus_per_node=s.gpus_per_node,
         node_pool=candidate.pool,
         gpu_product=candidate.product,
-        gpu_memory_bytes=candidate.usable_bytes,
-        memory=candidate.memory.to_breakdown(),
+        gpu_memory_bytes=usable,
+        memory=memory,
         headroom_percent=candidate.headroom_percent,
-        price_per_hour=round(candidate.price_per_hour, 6),
-        step_seconds=round(candidate.step.step_seconds, 6),
-        estimated_hours=round(candidate.hours, 6),
-        estimated_cost=round(candidate.total_cost, 6),
+        price_per_hour=round_cost(candidate.price_per_hour),
+        step_seconds=round_cost(candidate.step.step_seconds),
+        estimated_hours=round_cost(candidate.hours),
+        estimated_cost=round_cost(candidate.total_cost),
         problem=spec.problem,
         training=spec.training,
         memory_sources=sources,
@@ -153,6 +165,7 @@ def plan(
     catalog: GpuCatalog,
     profile: Profile | None = None,
     measured_peaks: Sequence[MeasuredPeak] = (),
+    measured_devices: Sequence[MeasuredDevice] = (),
     free_gpus: Mapping[str, int] | None = None,
     max_alternatives: int = DEFAULT_ALTERNATIVES,
 ) -> PlanResult:
@@ -167,7 +180,8 @@ def plan(
     shape = resolve_shape(spec, profile)
     if isinstance(shape, str):
         return _no_fit([shape])
-    ctx = search_context(spec, shape, profile=profile, measured_peaks=measured_peaks)
+    ctx = search_context(spec, shape, profile=profile, measured_peaks=measured_peaks,
+                         measured_devices=measured_devices)
     choices, pin_problems = strategy_choices(spec.strategy)
     peft_reasons: list[str] = []
     choices = _peft_choices(ctx, choices, peft_reasons)
@@ -175,33 +189,43 @@ def plan(
         pin_problems = pin_problems or peft_reasons
     offers, rejections = resolve_offers(pools, catalog=catalog, allowed=spec.placement.node_pools,
                                         free_gpus=free_gpus)
-    baseline = _baseline(ctx, spec, pools, catalog)
+    offers = [with_device_terms(o, ctx) for o in offers]
+    baseline = _plain_default(ctx, spec, pools, catalog)
+    declared = _declared_baseline(ctx, spec, pools, catalog)
     if not choices:
-        return PlanResult(None, None, (), tuple(rejections), baseline, None, tuple(pin_problems))
+        return PlanResult(None, None, (), tuple(rejections), baseline, None, tuple(pin_problems),
+                          declared_baseline=declared)
     best_per_pool = _best_per_pool(ctx, offers, choices, rejections, keep=1 + max_alternatives)
     rejections.sort(key=lambda r: r.pool)
     if not best_per_pool:
         reasons = [] if offers or rejections else ["no GPUNodePools to plan on"]
-        return PlanResult(None, None, (), tuple(rejections), baseline, None, tuple(reasons))
+        return PlanResult(None, None, (), tuple(rejections), baseline, None, tuple(reasons),
+                          declared_baseline=declared)
     ranked = sorted(best_per_pool, key=lambda c: (*objective_key(c, ctx.minimize), c.pool))
     chosen = ranked[0]
-    savings = None
-    if baseline is not None and baseline.total_cost > 0:
-        savings = (1 - chosen.total_cost / baseline.total_cost) * 100
-    notes = tuple(f"{o.pool}: {n}" for o in offers for n in o.notes) + tuple(peft_reasons)
+    savings = _savings(chosen, baseline)
+    declared_savings = _savings(chosen, declared)
+    device = next((o for o in offers if o.pool == chosen.pool), None)
     comparison = None
     if chosen.strategy.config.peft != PeftMethod.NONE:
         comparison = _full_finetune(ctx, spec, offers)
+    chosen_plan = build_plan(chosen, spec, calibration=ctx.calibration, profile=profile,
+                             offer=device, full_finetune=comparison).model_copy(update={
+        "baseline": _recorded(baseline, savings), "declared_baseline": _recorded(declared, declared_savings),
+    })
+    notes = tuple(f"{o.pool}: {n}" for o in offers for n in o.notes) + tuple(peft_reasons)
     if ctx.calibration is not None:
         notes += ctx.calibration.notes
     return PlanResult(
-        plan=build_plan(chosen, spec, calibration=ctx.calibration, profile=profile, full_finetune=comparison),
+        plan=chosen_plan,
         chosen=chosen,
         alternatives=tuple(ranked[1 : 1 + max_alternatives]),
         rejections=tuple(rejections),
         baseline=baseline,
         savings_percent=savings,
         notes=notes,
+        declared_baseline=declared,
+        declared_savings_percent=declared_savings,
     )
 
 
@@ -247,15 +271,53 @@ def _best_per_pool(ctx: SearchContext, offers: Sequence[Offer], choices: Sequenc
     return found
 
 
-def _baseline(ctx: SearchContext, spec: MemoryOptimizedTrainingJobSpec,
-              pools: Sequence[GPUNodePool], catalog: GpuCatalog) -> BaselineResult | None:
+def with_device_terms(offer: Offer, ctx: SearchContext) -> Offer:
+    """The offer with the memory budget its GPU product's measured device terms leave for an
+    uncorrected prediction (peak x factor + offset fits usable iff peak fits the budget), so every
+    bound and cache of the search stays valid. The physical usable memory stays in the Plan."""
+    terms = ctx.corrections.device_terms(offer.product)
+    if terms.factor == 1.0 and terms.offset_bytes == 0.0:
+        return offer
+    budget = terms.budget(offer.usable_bytes, headroom_percent=ctx.headroom_percent)
+    note = (f"memory budget {budget / 2**30:.2f} GiB of {offer.usable_gib:.2f} GiB usable: measured on "
+            f"{offer.product}, peaks x {terms.factor:.3f} {terms.offset_bytes / 2**20:+.0f} MiB "
+            f"(allocator gap, CUDA context and NCCL, or an OOM)")
+    return replace(offer, usable_bytes=max(0, budget), notes=(*offer.notes, note), device=terms,
+                   physical_usable_bytes=offer.usable_bytes)
+
+
+def _savings(chosen: Candidate, baseline: BaselineResult | None) -> float | None:
+    """100 x (1 - plan cost / baseline cost); None without a baseline that has a cost."""
+    if baseline is None or baseline.total_cost <= 0:
+        return None
+    return (1 - chosen.total_cost / baseline.total_cost) * 100
+
+
+def _recorded(baseline: BaselineResult | None, savings: float | None) -> BaselineCost | None:
+    if baseline is None or savings is None:
+        return None
+    return BaselineCost(label=baseline.label[:256], cost_per_hour=round_cost(baseline.price_per_hour),
+                        cost=round_cost(baseline.total_cost), savings_percent=round(savings, 3))
+
+
+def _plain_default(ctx: SearchContext, spec: MemoryOptimizedTrainingJobSpec,
+                   pools: Sequence[GPUNodePool], catalog: GpuCatalog) -> BaselineResult | None:
+    """The plain setup on the cheapest allowed pool where it fits (capacity aside: it is what the
+    job would have cost, not what is free now)."""
+    offers, _ = resolve_offers(pools, catalog=catalog, allowed=spec.placement.node_pools)
+    return cheapest_plain_baseline(ctx, [with_device_terms(o, ctx) for o in offers])
+
+
+def _declared_baseline(ctx: SearchContext, spec: MemoryOptimizedTrainingJobSpec,
+                       pools: Sequence[GPUNodePool], catalog: GpuCatalog) -> BaselineResult | None:
+    """The plain setup on the pool and node count of `placement.baseline`, when the user named one."""
     placement = spec.placement.baseline
-    name = placement.node_pool if placement else DEFAULT_BASELINE_POOL
-    nodes = placement.nodes if placement else 1
-    offer = _baseline_offer(name, pools, catalog)
+    if placement is None:
+        return None
+    offer = _baseline_offer(placement.node_pool, pools, catalog)
     if offer is None:
         return None
-    return fp32_baseline(ctx, offer, nodes=nodes)
-
-
-
+    offer = with_device_terms(offer, ctx)
+    words = f"plain {plain_config(offer).precision.value} DDP"
+    label = f"declared: {words} on {placement.nodes}x{offer.gpus_per_node} {offer.product} ({offer.pool})"
+    return plain_baseline(ctx, offer, nodes=placement.nodes, label=label)

@@ -132,12 +132,4 @@ class OfferFailures:
 
 def plan_summary(result: PlanResult) -> PlanSummary | None:
     """The status summary (`kubectl get motj` columns) of a plan, None for NoFit."""
-    if result.plan is None:
-        return None
-    base, savings = result.baseline, result.savings_percent
-    return result.plan.summary(
-        baseline_cost_per_hour=round(base.price_per_hour, 4) if base else None,
-        baseline_cost=round(base.total_cost, 4) if base else None,
-        savings_percent=round(savings, 1) if savings is not None else None,
-    )
-
+    return result.plan.summary() if result.plan is not None else None

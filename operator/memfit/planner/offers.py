@@ -23,6 +23,7 @@ from memfit.api.pool import (
 )
 from memfit.catalog import GpuCatalog, GPUModel
 from memfit.memory.timing import NVLINK_GBPS, PCIE_GBPS, GpuSpeed
+from memfit.planner.measured import DeviceTerms
 
 GIB = 1024**3
 MIB = 1024**2
@@ -68,6 +69,10 @@ class Offer:
     supports_bf16: bool
     max_gpus: int | None = None  # free GPUs right now, when the caller caps by capacity
     notes: tuple[str, ...] = ()
+    # Measured device terms of this GPU product (planner.measured): `usable_bytes` is then the budget
+    # they leave for an uncorrected prediction, and this is the GPU's own usable memory.
+    device: DeviceTerms | None = None
+    physical_usable_bytes: int | None = None
 
     @property
     def usable_gib(self) -> float:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from memfit.api.plan import Plan
+from memfit.api.plan import Plan, savings_text
 from memfit.memory.predict import MemoryEstimate
 from memfit.memory.strategy import Strategy
 from memfit.memory.timing import StepTime
@@ -71,6 +71,8 @@ class PlanResult:
     savings_percent: float | None
     reasons: tuple[str, ...] = ()  # problem-level reasons (no shape, impossible pins)
     notes: tuple[str, ...] = ()
+    declared_baseline: BaselineResult | None = None  # placement.baseline, reported beside the default
+    declared_savings_percent: float | None = None
 
     @property
     def fits(self) -> bool:
@@ -91,7 +93,13 @@ class PlanResult:
         )
         if self.baseline is not None and self.savings_percent is not None:
             text += (
-                f" vs baseline {self.baseline.label} ${self.baseline.total_cost:.2f}: "
-                f"{-self.savings_percent:+.0f}%"
+                f" vs {self.baseline.label} ${self.baseline.total_cost:.2f}: {savings_text(self.savings_percent)}"
+            )
+        elif self.baseline is None:
+            text += "; the plain setup (bf16 DDP) fits no allowed pool"
+        if self.declared_baseline is not None and self.declared_savings_percent is not None:
+            text += (
+                f" ({self.declared_baseline.label} ${self.declared_baseline.total_cost:.2f}: "
+                f"{savings_text(self.declared_savings_percent)})"
             )
         return text

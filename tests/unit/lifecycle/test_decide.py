@@ -252,9 +252,10 @@ def test_all_pods_running_is_running() -> None:
     assert_idempotent(h)
 
 
-def test_success_records_the_measured_peak() -> None:
+def test_success_records_the_measured_peak_and_a_cpu_allocator_peak_teaches_the_tensor_terms() -> None:
     h = running()
-    done = json.dumps({"reason": "Completed", "peakBytes": 3 * 2**20, "memoryMeter": "cpu-tensors"})
+    done = json.dumps({"reason": "Completed", "peakBytes": 3 * 2**20, "memoryMeter": "cpu-allocator-profiler",
+                       "rankPeaks": [3 * 2**20], "device": "cpu", "stepSeconds": 0.25})
     h.pods["j-train-0-0"]["status"] = {"phase": "Succeeded", **terminated(0, done, "Completed")}
     h.finish("j-train-0")
     decision = h.reconcile()
@@ -262,23 +263,40 @@ def test_success_records_the_measured_peak() -> None:
     assert status.phase == Phase.SUCCEEDED and status.measured_peak_bytes == 3 * 2**20
     assert status.attempts[-1].outcome == AttemptOutcome.SUCCEEDED
     assert h.condition("Succeeded")[:2] == ("True", "TrainingSucceeded")
-    assert "measured peak 3.0Mi on cpu-tensors (CPU stand-in" in h.condition("Succeeded")[2]
+    assert "measured peak 3.0Mi on cpu-allocator-profiler (CPU stand-in" in h.condition("Succeeded")[2]
+    assert "learned for the tensor terms" in h.condition("Succeeded")[2]
     assert decision.reasons() == ["TrainingSucceeded"]
-    assert decision.effects == ()  # a CPU stand-in's peak is reported, not learned
+    (write,) = decision.effects  # allocator tensor bytes are learned from a CPU run too
+    assert isinstance(write, WriteData)
+    (seen,) = json.loads(write.manifest["data"]["observations.json"])
+    assert (seen["kind"], seen["device"], seen["rankPeaks"], seen["stepSeconds"]) == ("allocated", "cpu", [3 * 2**20], 0.25)
+    assert "reservedPeakBytes" not in seen
     assert_idempotent(h)
 
 
-def test_gpu_measured_peak_is_learned() -> None:
+def test_a_process_rss_peak_is_reported_not_learned() -> None:
     h = running()
-    done = json.dumps({"reason": "Completed", "peakBytes": 2**30, "memoryMeter": "cuda"})
+    done = json.dumps({"reason": "Completed", "peakBytes": 300 * 2**20, "memoryMeter": "cpu-rss"})
+    h.pods["j-train-0-0"]["status"] = {"phase": "Succeeded", **terminated(0, done, "Completed")}
+    h.finish("j-train-0")
+    decision = h.reconcile()
+    assert decision.effects == () and "not learned" in h.condition("Succeeded")[2]
+
+
+def test_gpu_measured_peaks_are_learned_per_rank_with_their_kind_and_device() -> None:
+    h = running()
+    done = json.dumps({"reason": "Completed", "peakBytes": 2**30, "memoryMeter": "cuda-allocator", "device": "cuda",
+                       "rankPeaks": [2**30 - 5, 2**30], "reservedPeakBytes": 2**30 + 2**28})
     h.pods["j-train-0-0"]["status"] = {"phase": "Succeeded", **terminated(0, done, "Completed")}
     h.finish("j-train-0")
     decision = h.reconcile()
     (write,) = decision.effects
     assert isinstance(write, WriteData) and write.exists
     observations = json.loads(write.manifest["data"]["observations.json"])
-    assert [(o["job"], o["measuredPeakBytes"], o["outOfMemory"]) for o in observations] == [
-        ("j/0", 2**30, False)
+    plan = h.plan_json(0)
+    assert [(o["job"], o["measuredPeakBytes"], o["outOfMemory"], o["kind"], o["device"], o["rankPeaks"],
+             o["reservedPeakBytes"]) for o in observations] == [
+        ("j/0", 2**30, False, "allocated", plan["gpuProduct"], [2**30 - 5, 2**30], 2**30 + 2**28)
     ]
 
 
@@ -555,3 +573,36 @@ def test_the_key_is_kept_once_profiled() -> None:
     h = launched()
     key = h.stored.profile.problem_hash if h.stored.profile else None
     assert key and any(name == f"memfit-profile-{key}" for kind, name in h.objects if kind == "ConfigMap")
+
+
+# --- spend -------------------------------------------------------------------------------------------
+def test_spend_counts_profiling_and_every_finished_attempt_failed_ones_included() -> None:
+    h = Harness()
+    h.reconcile()
+    h.start("j-profile")
+    h.later(360)  # six minutes of one t4-spot GPU
+    h.add_pod("j-profile", phase="Succeeded", **terminated(0, profile_message(h.spec), "Completed"))
+    h.finish("j-profile")
+    h.reconcile()
+    spend = h.stored.spend
+    assert spend is not None and [i.kind for i in spend.items] == ["profiling"]
+    profiling = spend.items[0]
+    assert (profiling.node_pool, profiling.gpus, profiling.seconds, profiling.outcome) == ("t4-spot", 1, 360, "Profiled")
+    assert profiling.cost == pytest.approx(0.1 * profiling.price_per_hour)
+    assert spend.predicted == h.stored.plan.estimated_cost  # type: ignore[union-attr]
+    first = h.plan_json(0)
+    h.add_pod("j-train-0")
+    h.reconcile()
+    h.later(1800)
+    oom(h)
+    h.reconcile()  # the OOM attempt's half hour counts
+    spend = h.stored.spend
+    assert spend is not None and [(i.kind, i.attempt, i.outcome) for i in spend.items] == [
+        ("profiling", None, "Profiled"), ("training", 0, "OutOfMemory")]
+    failed = spend.items[1]
+    assert failed.seconds == 1800 and failed.cost == pytest.approx(0.5 * first["pricePerHour"])
+    assert failed.gpu_hours == pytest.approx(0.5 * first["nodes"] * first["gpusPerNode"])
+    assert spend.total == pytest.approx(profiling.cost + failed.cost)
+    h.reconcile()  # the re-plan: attempt 1 runs, the spend so far is unchanged
+    assert h.stored.spend is not None and h.stored.spend.items == spend.items
+    assert_idempotent(h)

@@ -113,6 +113,44 @@ def test_free_gpus_counts_whole_free_nodes_and_room_to_grow() -> None:
     assert free["t4-spot"] == 2  # unobserved pool: up to maxNodes x GPUs per node
 
 
+def test_a_cpu_measured_allocator_peak_teaches_the_tensor_terms() -> None:
+    job = spec(24)
+    first = run(job).plan
+    assert first is not None
+    allocated = first.memory.parameters_bytes + first.memory.gradients_bytes + first.memory.optimizer_bytes
+    seen = Observation(config_key(first), first.gpu_product, first.memory.peak_bytes, int(allocated * 0.5),
+                       first.gpu_memory_bytes, False, "j/0", device="cpu", rank_peaks=(1, int(allocated * 0.5)))
+    second = run(job, (seen,)).plan
+    assert second is not None and second.estimated_cost <= first.estimated_cost
+    assert second.memory.peak_bytes < first.memory.peak_bytes or config_key(second) != config_key(first)
+
+
+def test_a_measured_peak_above_the_prediction_only_moves_later_runs_up() -> None:
+    job = spec(12)
+    first = run(job).plan
+    assert first is not None
+    big = first.memory.peak_bytes * 2  # well above the predicted allocated bytes
+    seen = Observation(config_key(first), first.gpu_product, first.memory.peak_bytes, big,
+                       first.gpu_memory_bytes, False, "j/0", rank_peaks=(big // 2, big))
+    second = run(job, (seen,)).plan
+    assert second is not None
+    assert second.memory.peak_bytes >= first.memory.peak_bytes or config_key(second) != config_key(first)
+    assert second.estimated_cost >= first.estimated_cost
+
+
+def test_a_reserved_peak_on_one_gpu_does_not_teach_another() -> None:
+    job = spec(12)
+    first = run(job).plan
+    assert first is not None
+    seen = Observation(config_key(first), first.gpu_product, first.memory.peak_bytes, 1, first.gpu_memory_bytes,
+                       False, "j/0", device="Some-Other-GPU", rank_peaks=(first.memory.peak_bytes,),
+                       reserved_peak_bytes=first.memory.peak_bytes * 3, device_peak_bytes=first.memory.peak_bytes * 4)
+    again = run(job, (seen,)).plan
+    assert again is not None
+    # Its tensor bytes still teach the tensor terms; its device terms teach only Some-Other-GPU.
+    assert again.node_pool == first.node_pool or again.estimated_cost >= first.estimated_cost
+
+
 def _lora_spec(rank: int, allowed: tuple[str, ...] = ("none", "lora")) -> MemoryOptimizedTrainingJobSpec:
     return spec(24).model_copy(update={"strategy": spec(24).strategy.model_copy(update={
         "peft": MemoryOptimizedTrainingJobSpec.model_validate({
@@ -133,7 +171,9 @@ def test_a_lora_run_is_keyed_with_its_adapters_and_never_read_as_a_full_fine_tun
     assert strategy_of(key, _lora_spec(8)) is None
     assert strategy_of(key, spec(24)) is None
     # A measured LoRA peak far below a full fine-tune's prediction leaves full fine-tunes alone.
-    seen = Observation(key, plan.gpu_product, plan.memory.peak_bytes // 4, 1, plan.gpu_memory_bytes, False, "j/0")
+    low = plan.memory.peak_bytes // 4
+    seen = Observation(key, plan.gpu_product, plan.memory.peak_bytes, low, plan.gpu_memory_bytes, False, "j/0",
+                       rank_peaks=(low,))
     full_only = run(spec(24)).plan
     assert full_only is not None
     assert run(spec(24), (seen,)).plan == full_only

@@ -8,7 +8,7 @@ from memfit.api.job import StrategySpec
 from memfit.api.plan import Plan
 from memfit.api.pool import GPUNodePool
 from memfit.catalog import CATALOG
-from memfit.planner import catalog_pools, plan
+from memfit.planner import catalog_pools, plain_baseline, plan, resolve_offers, resolve_shape, search_context
 from planner_factories import GIB, LLAMA_1B_CONFIG, LLAMA_7B_CONFIG, make_job, make_pool
 
 L4 = make_pool("l4", "l4")
@@ -143,19 +143,53 @@ def test_entrypoint_without_profile_says_so() -> None:
     assert result.plan is None and "known only from a profile" in result.reasons[0]
 
 
-def test_baseline_and_savings() -> None:
+def test_default_baseline_is_plain_bf16_ddp_on_the_cheapest_pool_where_it_fits() -> None:
+    spec = make_job().hf(LLAMA_1B_CONFIG).batch(64).build()
+    pools = catalog_pools(CATALOG)
+    result = plan(spec, pools=pools, catalog=CATALOG)
+    base, chosen = result.baseline, result.chosen
+    assert base is not None and chosen is not None and base.fits
+    assert base.label.startswith("plain bf16 DDP on 1x8 ")
+    # Every other pool's plain setup costs at least as much (or does not fit).
+    ctx = search_context(spec, resolve_shape(spec, None))  # type: ignore[arg-type]
+    offers, _ = resolve_offers(pools, catalog=CATALOG)
+    others = [plain_baseline(ctx, o, nodes=1) for o in offers]
+    assert min(b.total_cost for b in others if b.fits) == pytest.approx(base.total_cost)
+    assert result.savings_percent == pytest.approx(100 * (1 - chosen.total_cost / base.total_cost))
+    # The plain setup is in memfit's search space: memfit never costs more than it.
+    assert chosen.total_cost <= base.total_cost * (1 + 1e-9)
+    assert result.declared_baseline is None
+
+
+def test_fp16_plain_baseline_on_a_gpu_without_bf16() -> None:
+    result = plan(make_job().build(), pools=[make_pool("t4", "t4")], catalog=CATALOG)
+    assert result.baseline is not None and result.baseline.label.startswith("plain fp16 DDP on 1x1 Tesla-T4")
+
+
+def test_declared_baseline_is_reported_beside_the_default() -> None:
     spec = make_job().hf(LLAMA_1B_CONFIG).batch(64).baseline("a100-80").build()
     result = plan(spec, pools=catalog_pools(CATALOG), catalog=CATALOG)
-    assert result.baseline is not None and result.chosen is not None
-    assert result.baseline.label.startswith("fp32 DDP on 1x8 NVIDIA-A100-SXM4-80GB")
-    assert result.savings_percent == pytest.approx(
-        100 * (1 - result.chosen.total_cost / result.baseline.total_cost))
-    assert result.savings_percent > 50
+    declared, chosen = result.declared_baseline, result.chosen
+    assert declared is not None and chosen is not None
+    assert declared.label.startswith("declared: plain bf16 DDP on 1x8 NVIDIA-A100-SXM4-80GB")
+    assert declared.price_per_hour == pytest.approx(27.45, rel=0.01)  # a whole 8-GPU node is rented
+    assert result.declared_savings_percent == pytest.approx(100 * (1 - chosen.total_cost / declared.total_cost))
+    assert result.plan is not None and result.plan.declared_baseline is not None
+    summary = result.plan.summary()
+    assert summary.declared_baseline == declared.label and summary.declared_savings_percent is not None
 
 
-def test_offline_baseline_pool_comes_from_the_catalog() -> None:
+def test_no_plain_baseline_when_plain_ddp_fits_no_pool() -> None:
+    result = plan(make_job().hf(LLAMA_1B_CONFIG).batch(64).build(), pools=[make_pool("t4", "t4")], catalog=CATALOG)
+    assert result.plan is not None and result.baseline is None and result.savings_percent is None
+    assert "the plain setup (bf16 DDP) fits no allowed pool" in result.message()
+    assert result.plan.summary().savings is None
+
+
+def test_offline_declared_baseline_pool_comes_from_the_catalog() -> None:
     result = plan(make_job().baseline("h100-80", nodes=1).build(), pools=[L4], catalog=CATALOG)
-    assert result.baseline is not None and result.baseline.pool == "h100-80"
+    assert result.declared_baseline is not None and result.declared_baseline.pool == "h100-80"
+    assert result.baseline is not None and result.baseline.pool == "l4"
 
 
 def test_bad_pools_are_rejected_with_reasons_and_the_rest_planned() -> None:

@@ -136,6 +136,11 @@ class CudaMeter:
     def capacity_bytes(self) -> int:
         return int(torch.cuda.get_device_properties(self.device).total_memory)
 
+    @property
+    def run_reserved_peak_bytes(self) -> int:
+        """The caching allocator's largest reservation (allocated bytes plus its fragmentation)."""
+        return int(torch.cuda.max_memory_reserved(self.device))
+
     # --- per region -------------------------------------------------------------------------------
 
     def __enter__(self) -> CudaMeter:

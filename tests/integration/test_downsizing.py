@@ -1,0 +1,72 @@
+"""Auto-downsizing end to end: the real operator, API server, KWOK pools and pod runner; the trainer
+really runs on CPU, with a simulated GPU's reservation and context on top (memfit_testbed.downsizing)."""
+
+from __future__ import annotations
+
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from memfit.controller.kubeapi import KubeApi
+from memfit_testbed import downsizing as d
+from memfit_testbed.cluster_helpers import Kube
+from memfit_testbed.operator_helpers import operator_process
+from memfit_testbed.profiles import seed_profile
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+TIMEOUT = 300.0
+
+
+@pytest.fixture(scope="module")
+def operator(cluster: Any, kube: Kube, tmp_path_factory: pytest.TempPathFactory,
+             request: pytest.FixtureRequest) -> Iterator[Path]:
+    request.getfixturevalue("install_crds")
+    log = tmp_path_factory.mktemp("operator") / "operator.log"
+    with operator_process(cluster.kubeconfig, log) as (proc, port):
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                time.sleep(0.5)
+        else:
+            raise AssertionError(f"operator not healthy:\n{log.read_text()[-3000:]}")
+        yield log
+        assert proc.poll() is None, f"operator exited:\n{log.read_text()[-3000:]}"
+
+
+def runs(kube: Kube, namespace: str, scenario: d.Scenario, count: int) -> list[d.RunRecord]:
+    d.install(kube, scenario)
+    api = KubeApi.from_client(kube.api_client)
+    return d.submit_runs(kube, namespace, scenario, runs=count, timeout=TIMEOUT,
+                         seed=lambda doc: seed_profile(api, namespace, doc))
+
+
+def test_measured_peaks_move_the_next_run_to_the_cheaper_pool(kube: Kube, namespace: str, operator: Path) -> None:
+    first, second, third = runs(kube, namespace, d.DOWN, 3)
+    assert [r.phase for r in (first, second, third)] == ["Succeeded"] * 3, (first, second, third)
+    # Planned on the default device terms: only the large pool fits.
+    assert first.pool == "down-large"
+    # Measured: real CPU allocator bytes, the simulated GPU's smaller gap and context on top.
+    assert first.measured_device_mib is not None and first.measured_device_mib < first.predicted_peak_mib
+    # Learned: the next runs fit the small pool, cost less, and their corrected prediction still covers
+    # what the GPU holds.
+    assert second.pool == third.pool == "down-small"
+    assert second.price_per_hour < first.price_per_hour and second.estimated_cost < first.estimated_cost
+    assert second.measured_device_mib is not None and second.measured_device_mib <= second.predicted_peak_mib
+    assert second.predicted_peak_mib * 1.1 <= second.usable_mib
+
+
+def test_a_measured_peak_above_the_prediction_moves_the_next_run_up(kube: Kube, namespace: str,
+                                                                   operator: Path) -> None:
+    first, second = runs(kube, namespace, d.UP, 2)
+    assert [r.phase for r in (first, second)] == ["Succeeded"] * 2, (first, second)
+    assert first.pool == "up-small"
+    assert first.measured_device_mib is not None and first.measured_device_mib > first.predicted_peak_mib
+    assert second.pool == "up-large"  # every strategy field pinned: only a larger GPU is left
+    assert second.predicted_peak_mib >= first.measured_device_mib
