@@ -36,7 +36,15 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
 
-from memory_accuracy_cases import PROBLEMS, Case, case_section, full_cases, held_out, quick_cases  # noqa: E402
+from memory_accuracy_cases import (  # noqa: E402
+    PROBLEMS,
+    Case,
+    case_section,
+    full_cases,
+    held_out,
+    quick_cases,
+    section_of,
+)
 from provenance import stamp  # noqa: E402
 
 DEFAULT_OUT = ROOT / "results" / "memory_accuracy.json"
@@ -106,6 +114,12 @@ def _max_known(values: list[int | None]) -> int | None:
     return max(known) if known else None
 
 
+def profile_args(key: str) -> list[str]:
+    """Profiler options of a profile key: the depth section's profiles measure 1 and 2 blocks."""
+    depth = section_of(key.split(":")[0]) == "depth" and not key.endswith(":full")
+    return ["--depth", "reduced"] if depth else []
+
+
 def profile_key(case: Case) -> str:
     """Which profile predicts a case: per problem, and for user code per optimizer (the profiling Job
     runs the job's optimizer; builtin problems keep the AdamW profile their calibration was built on)."""
@@ -120,10 +134,10 @@ def profile_problems(keys: set[str], workdir: Path, *, extra: tuple[str, ...] = 
 
     profiles: dict[str, Any] = {}
     for key in sorted(keys):
-        family, optimizer = key.split(":")
+        family, optimizer = key.split(":")[:2]
         problem = workdir / f"problem-{family}.json"
         problem.write_text(json.dumps(PROBLEMS[family]))
-        out = workdir / f"profile-{family}-{optimizer}.json"
+        out = workdir / f"profile-{key.replace(':', '-')}.json"
         started = time.perf_counter()
         proc = subprocess.run(
             [
@@ -137,6 +151,7 @@ def profile_problems(keys: set[str], workdir: Path, *, extra: tuple[str, ...] = 
                 str(out),
                 "--optimizer",
                 optimizer,
+                *profile_args(key),
             ],
             env={**_env(), "MEMFIT_TERMINATION_MESSAGE_PATH": str(workdir / f"termination-{family}")},
             capture_output=True,
@@ -159,6 +174,11 @@ def predict_all(cases: list[Case], profiles: dict[str, Any]) -> dict[str, dict[s
     memfit = {key: memfit_predictor(p["profile"]) for key, p in profiles.items()}
     for case in cases:
         out["memfit"][case.id] = memfit[profile_key(case)](case)
+    full = {key.removesuffix(":full"): predictor for key, predictor in memfit.items() if key.endswith(":full")}
+    if full:  # the depth section, predicted from a full-depth profile too (what reduction costs)
+        out["memfit-full-depth-profile"] = {
+            c.id: full[profile_key(c)](c) if profile_key(c) in full else Prediction(None, 0.0) for c in cases
+        }
     for name, peer in PEERS.items():
         out[name] = {}
         for case in cases:
@@ -223,6 +243,9 @@ def build_report(
         "peft": [c for c in measured if case_section(c) == "peft"],
         "peft-lora": [c for c in measured if case_section(c) == "peft" and c.peft == "lora"],
         "peft-qlora": [c for c in measured if case_section(c) == "peft" and c.peft == "qlora"],
+        "depth-reduced": [c for c in measured if case_section(c) == "depth"],
+        "depth-reduced-in-sample": [c for c in measured if case_section(c) == "depth" and not held_out(c.family)],
+        "depth-reduced-held-out": [c for c in measured if case_section(c) == "depth" and held_out(c.family)],
     }
     for section, members in groups.items():
         pairs = [(truth[c.id]["truth_bytes"], predictions["memfit"][c.id].bytes) for c in members
@@ -356,7 +379,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="8 single-rank cases, under a minute")
     parser.add_argument("--json", type=Path, default=None, help="output JSON (default: benchmarks/results/)")
     parser.add_argument("--cases", default="", help="comma-separated case ids to run (default: all)")
-    parser.add_argument("--section", choices=("all", "transformer", "entrypoint", "peft"), default="all",
+    parser.add_argument("--section", choices=("all", "transformer", "entrypoint", "depth", "peft"), default="all",
                         help="run only one section's cases (peft writes memory_accuracy_peft.json)")
     args = parser.parse_args(argv)
     cases = quick_cases() if args.quick else full_cases()
@@ -368,7 +391,10 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="memfit-accuracy-") as tmp:
         workdir = Path(tmp)
-        profiles = profile_problems({profile_key(c) for c in cases}, workdir)
+        keys = {profile_key(c) for c in cases}
+        # Depth-section problems are profiled at full depth too, to show what the reduction costs.
+        keys |= {f"{k}:full" for k in keys if section_of(k.split(":")[0]) == "depth"}
+        profiles = profile_problems(keys, workdir)
         truth = measure_truth(cases, workdir)
     predictions = predict_all(cases, profiles)
     report = build_report(cases, truth, predictions, profiles)

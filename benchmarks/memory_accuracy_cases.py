@@ -105,8 +105,26 @@ for _family in ENTRYPOINT_FAMILIES:
         PROBLEMS[f"{_family}-{_size}"] = {"entrypoint": f"memfit_zoo:{_family}_{_size}"}
 
 
+# Depth-reduced section (issue 17): deeper transformers profiled with only 1 and 2 of their blocks
+# (`memfit-trainer profile --depth reduced`), predicted at full depth and compared with full-depth
+# truth. The extrapolation was designed on an 8-block decoder; the encoder and vision families were
+# first run when this section was (held out).
+DEPTH_PROBLEMS: dict[str, dict[str, Any]] = {
+    "deep-gpt": {"builtin": {"kind": "gpt", "layers": 12, "hidden": 256, "heads": 4, "vocab": 2048,
+                             "sequenceLength": 256}},
+    "deep-bert": {"builtin": {"kind": "bert", "layers": 16, "hidden": 256, "heads": 4, "vocab": 2048,
+                              "sequenceLength": 128}},
+    "deep-vit": {"builtin": {"kind": "vit", "layers": 24, "hidden": 192, "heads": 3, "imageSize": 96,
+                             "patchSize": 8, "numClasses": 100}},
+}
+PROBLEMS.update(DEPTH_PROBLEMS)
+DEPTH_IN_SAMPLE = ("deep-gpt",)
+
+
 def section_of(family: str) -> str:
-    """`transformer` (builtin problems) or `entrypoint` (user code)."""
+    """`transformer` (builtin problems), `entrypoint` (user code) or `depth` (depth-reduced profiles)."""
+    if family in DEPTH_PROBLEMS:
+        return "depth"
     return "entrypoint" if "entrypoint" in PROBLEMS[family] else "transformer"
 
 
@@ -116,7 +134,9 @@ def case_section(case: Case) -> str:
 
 
 def held_out(family: str) -> bool:
-    """Families not looked at while the measured-activation model was developed."""
+    """Families not looked at while the measured-activation model (or the depth extrapolation) was developed."""
+    if family in DEPTH_PROBLEMS:
+        return family not in DEPTH_IN_SAMPLE
     return family.split("-")[0] in HELD_OUT_FAMILIES
 
 
@@ -331,9 +351,10 @@ def _sharded_cases() -> list[Case]:
 
 def full_cases() -> list[Case]:
     """The full benchmark: 30 single-rank DDP cases over three families and 19 sharded ones (the
-    transformer section), the 36 cases of the entrypoint section and the 37 of the PEFT section."""
+    transformer section), the 36 cases of the entrypoint section, the 24 of the depth section and the 37
+    of the PEFT section."""
     return [*_ddp_cases("gpt"), *_ddp_cases("bert"), *_ddp_cases("vit"), *_sharded_cases(), *entrypoint_cases(),
-            *peft_cases()]
+            *depth_cases(), *peft_cases()]
 
 
 def gpu_cases() -> list[Case]:
@@ -385,6 +406,27 @@ def _entrypoint_cases(family: str) -> list[Case]:
 def entrypoint_cases() -> list[Case]:
     """The entrypoint section: four families x two sizes, 36 cases."""
     return [case for family in ENTRYPOINT_FAMILIES for case in _entrypoint_cases(family)]
+
+
+def _depth_cases(family: str) -> list[Case]:
+    """fp32/bf16, checkpointing none/full, DDP / ZeRO / FSDP at world size 1 and 2: 8 cases."""
+    c = Case
+    ds, fsdp = {"engine": "deepspeed"}, {"engine": "fsdp"}
+    return [
+        c(family, precision="fp32", checkpointing="none", micro_batch_size=2),
+        c(family, precision="bf16", checkpointing="none", micro_batch_size=4),
+        c(family, precision="bf16", checkpointing="full", micro_batch_size=8),
+        c(family, precision="fp32", checkpointing="full", micro_batch_size=4, eight_bit=True),
+        c(family, world_size=2, precision="fp32", checkpointing="none", micro_batch_size=2),
+        c(family, **ds, zero_stage=2, world_size=2, precision="bf16", micro_batch_size=2),
+        c(family, **ds, zero_stage=3, world_size=2, precision="bf16", checkpointing="full", micro_batch_size=4),
+        c(family, **fsdp, zero_stage=3, world_size=2, precision="bf16", micro_batch_size=2),
+    ]
+
+
+def depth_cases() -> list[Case]:
+    """The depth-reduced section: three families of 12-24 blocks x 8 configurations, 24 cases."""
+    return [case for family in DEPTH_PROBLEMS for case in _depth_cases(family)]
 
 
 def quick_cases() -> list[Case]:

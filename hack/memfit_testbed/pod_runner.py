@@ -105,10 +105,6 @@ class PodRunner:
         self.stopping = threading.Event()
         (workdir / "logs").mkdir(parents=True, exist_ok=True)
 
-    def claim_dir(self, namespace: str, claim: str) -> Path:
-        """The local folder standing for PersistentVolumeClaim `claim` (kept after its pods end)."""
-        return self.workdir / "claims" / namespace / claim
-
     # --- watch loop ------------------------------------------------------------------------------
 
     def run(self) -> None:
@@ -236,9 +232,9 @@ class PodRunner:
         vols: dict[str, Path] = {}
         for v in spec.get("volumes") or []:
             vols[v["name"]] = run.dir / "volumes" / v["name"]
-            claim = (v.get("persistentVolumeClaim") or {}).get("claimName")
-            if claim:  # a claim outlives its pods, like a real PVC: one folder per (namespace, claim)
-                vols[v["name"]] = self.claim_dir(meta["namespace"], claim)
+            if claim := (v.get("persistentVolumeClaim") or {}).get("claimName"):
+                # Like a real claim, its data outlives the pod: later pods (a re-plan's attempt) see it.
+                vols[v["name"]] = self.workdir / "claims" / meta["namespace"] / claim
             materialise_volume(pod, v, vols[v["name"]], self._lookup, lambda sat: self._token(pod, sat))
         subdomains = [spec.get("subdomain", ""), *self._headless_services(meta["namespace"])]
         hostname = spec.get("hostname") or meta["name"]

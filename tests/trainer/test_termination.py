@@ -28,6 +28,7 @@ def test_exit_codes_are_distinct_and_documented() -> None:
         Reason.CUDA_OUT_OF_MEMORY: 87,
         Reason.HOST_OUT_OF_MEMORY: 87,
         Reason.INVALID_PLAN: 88,
+        Reason.MEMORY_OVER_PLAN: 89,
     }
     assert (EXIT_OUT_OF_MEMORY, EXIT_INVALID_PLAN) == (87, 88)
     doc = (Path(__file__).resolve().parents[2] / "docs" / "trainer.md").read_text()

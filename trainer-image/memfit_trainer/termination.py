@@ -55,6 +55,7 @@ _PRIORITY: dict[Reason, int] = {
     Reason.COMPLETED: 0,
     Reason.TRAINING_ERROR: 1,
     Reason.INVALID_PLAN: 2,
+    Reason.MEMORY_OVER_PLAN: 2,
     Reason.HOST_OUT_OF_MEMORY: 3,
     Reason.CUDA_OUT_OF_MEMORY: 4,
 }

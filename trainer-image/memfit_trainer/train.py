@@ -25,6 +25,7 @@ from memfit_trainer.checkpoints import (
     native_resume,
     tag_for,
 )
+from memfit_trainer.first_steps import FirstStepsCheck
 from memfit_trainer.meters import MemorySample, StepMeter, step_meter
 from memfit_trainer.metrics import TrainerMetrics
 from memfit_trainer.problems import BatchKey, build_problem
@@ -53,6 +54,7 @@ class TrainOptions:
     inject_oom_rank: int | None = None
     inject_kill_at_step: int | None = None
     keep_checkpoints: int = 2
+    first_steps: Mapping[str, str] = field(default_factory=dict)  # the environment of the first-steps check
     output_dir: Path | None = None  # where a LoRA/QLoRA run writes its adapter (else <checkpoints>/adapter)
     save_merged: bool = False  # also write the base with the adapter merged in
 
@@ -70,6 +72,7 @@ class TrainOptions:
             inject_oom_rank=int(inject_rank) if inject_rank.isdigit() else None,
             inject_kill_at_step=int(kill) if kill.isdigit() else None,
             keep_checkpoints=keep_from_env(dict(environ)),
+            first_steps={k: v for k, v in environ.items() if k.startswith("MEMFIT_")},
             output_dir=Path(environ[ENV_OUTPUT_DIR]) if environ.get(ENV_OUTPUT_DIR) else None,
             save_merged=environ.get(ENV_SAVE_MERGED, "") in ("1", "true"),
         )
@@ -103,6 +106,7 @@ class RunResult:
     facts: dict[str, Any] = field(default_factory=dict)
     checkpointed_modules: int = 0
     checkpoints_saved: list[int] = field(default_factory=list)
+    first_steps_peak_bytes: int = 0  # the largest rank's device peak over the first steps
     seconds: float = 0.0
     reserved_peak_bytes: int | None = None  # CUDA only: the caching allocator's peak reservation
     device_peak_bytes: int | None = None  # NVML process bytes, where the meter has them
@@ -248,6 +252,7 @@ def _train_steps(
     accumulation = plan.gradient_accumulation_steps
     micro = plan.micro_batch_size
     every = training.checkpoint.every_steps
+    check = FirstStepsCheck.for_plan(plan, environ=options.first_steps)
     for step in range(start_step + 1, training.max_steps + 1):
         progress.step = step
         began = time.perf_counter()
@@ -287,9 +292,20 @@ def _train_steps(
                 "step %d/%d loss %.4f %.3fs peak %.1f MiB",
                 step, training.max_steps, loss, seconds, sample.peak_bytes / 2**20,
             )  # fmt: skip
-        if options.checkpoint_dir is not None and (step % every == 0 or step == training.max_steps):
+        saved = options.checkpoint_dir is not None and (step % every == 0 or step == training.max_steps)
+        if saved:
             _save(plan, runner=runner, options=options, step=step, loss=loss, env=env)
             result.checkpoints_saved.append(step)
+        if check is not None and check.checks(step, start_step=start_step):
+            # Every rank takes part (a collective): the largest rank's peak decides for all of them.
+            peak = int(mdist.all_reduce_max(float(check.measured(progress.meter.device_peak_bytes()))))
+            result.first_steps_peak_bytes = max(result.first_steps_peak_bytes, peak)
+            over = check.verdict(step, peak)
+            if over is not None:
+                if options.checkpoint_dir is not None and not saved:  # the re-planned attempt resumes here
+                    _save(plan, runner=runner, options=options, step=step, loss=loss, env=env)
+                    result.checkpoints_saved.append(step)
+                raise over
 
 
 def _save(

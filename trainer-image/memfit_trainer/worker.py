@@ -13,9 +13,10 @@ from dataclasses import asdict
 from pathlib import Path
 
 import torch
-from memfit.api.termination import MAX_RANK_PEAKS
+from memfit.api.termination import KEY_BUDGET_BYTES, MAX_RANK_PEAKS
 
 from memfit_trainer import dist as mdist
+from memfit_trainer.first_steps import MemoryOverPlan
 from memfit_trainer.metrics import ENV_JOB, ENV_METRICS_PORT, TrainerMetrics
 from memfit_trainer.plan_check import InvalidPlanError, RuntimeFacts, check_plan, load_plan, refuse_invalid
 from memfit_trainer.problems import ProblemError
@@ -91,6 +92,21 @@ def _oom_message(
     )
 
 
+def _over_plan_message(error: MemoryOverPlan, *, env: mdist.DistEnv, progress: Progress) -> TerminationMessage:
+    meter = progress.meter
+    return TerminationMessage(
+        reason=Reason.MEMORY_OVER_PLAN,
+        rank=env.rank,
+        step=error.step,
+        peak_bytes=error.peak_bytes,
+        capacity_bytes=meter.capacity_bytes if meter is not None else None,
+        resumed_from_step=progress.resumed_from_step,
+        memory_meter=meter.name if meter is not None else None,
+        message=str(error)[:512],
+        extra={KEY_BUDGET_BYTES: error.budget_bytes},
+    )
+
+
 def write_report(result: RunResult, report_dir: Path) -> None:
     """The per-rank run report, report_dir/rank-<r>.json."""
     report_dir.mkdir(parents=True, exist_ok=True)
@@ -163,6 +179,8 @@ def train_process(plan_path: Path, *, report_dir: Path | None, environ: Mapping[
         return exit_code(Reason.COMPLETED)
     except ProblemError as error:
         return refuse_invalid(error, rank=env.rank, environ=environ)
+    except MemoryOverPlan as error:
+        return _fail(_over_plan_message(error, env=env, progress=progress), environ)
     except torch.OutOfMemoryError as error:
         reason = Reason.CUDA_OUT_OF_MEMORY
         return _fail(_oom_message(error, reason=reason, env=env, progress=progress), environ)

@@ -27,7 +27,8 @@ def problem_hash(problem: Problem) -> str:
 
 
 def profile_cache_key(
-    problem: Problem, *, optimizer: str, optimizer8bit: str, image: str, gpu_product: str, peft: str = ""
+    problem: Problem, *, optimizer: str, optimizer8bit: str, image: str, gpu_product: str, depth: str = "full",
+    peft: str = "",
 ) -> str:
     """The profile cache key: the problem and everything else a profile's numbers depend on.
 
@@ -35,8 +36,9 @@ def profile_cache_key(
     choice (`auto`/`on`/`off`; `off` skips the bitsandbytes points), in the trainer image (torch and
     library versions change what is allocated), on one GPU product, and -- for a job that allows
     LoRA/QLoRA, whose adapters the profile measures too -- the adapter settings (`peft`, empty for other
-    jobs, which keeps their keys). Jobs that differ in any of them must not share a profile. 16 hex
-    digits of SHA-256, like `problem_hash`.
+    jobs, which keeps their keys). Jobs that differ in any of them must not share a profile. `depth` is
+    `full` (the whole model measured: the key of older profiles, unchanged), `reduced` (1 and 2 of its
+    blocks measured) or `analytic` (nothing measured). 16 hex digits of SHA-256, like `problem_hash`.
     """
     key = {
         "problem": problem_config(problem),
@@ -45,6 +47,8 @@ def profile_cache_key(
         "image": image,
         "gpuProduct": gpu_product,
     }
+    if depth != "full":
+        key["depth"] = depth
     if peft:
         key["peft"] = peft
     text = json.dumps(key, sort_keys=True, separators=(",", ":"), ensure_ascii=True)

@@ -151,12 +151,24 @@ class ObjectiveSpec(ApiModel):
     )
 
 
+class ProfilingDepth(StrEnum):
+    AUTO = "auto"
+    FULL = "full"
+    REDUCED = "reduced"
+
+
 class ProfilingSpec(ApiModel):
     """The short profiling run that measures the job's memory."""
 
     node_pool: str = Field(default="auto", max_length=NAME_MAX, description="auto or a GPUNodePool name.")
     timeout_seconds: int = Field(default=600, ge=30, le=86400, description="Deadline of the profiling Job.")
     reuse: bool = Field(default=True, description="Reuse a cached profile of the same problem.")
+    depth: ProfilingDepth = Field(
+        default=ProfilingDepth.AUTO,
+        description="full: profile the whole model; reduced: build the full model on the meta device and "
+        "measure 1 and 2 of its repeated blocks (entrypoints need a `depth` argument); auto: reduced when "
+        "the model's analytic size does not fit the profiling GPU (full for models without one).",
+    )
 
 
 class RecoverySpec(ApiModel):
@@ -220,6 +232,7 @@ class AttemptOutcome(StrEnum):
     RUNNING = "Running"
     SUCCEEDED = "Succeeded"
     OUT_OF_MEMORY = "OutOfMemory"
+    MEMORY_OVER_PLAN = "MemoryOverPlan"  # the first steps measured more than predicted + headroom
     NO_CAPACITY = "NoCapacity"
     FAILED = "Failed"
 
@@ -231,7 +244,7 @@ class AttemptOutcome(StrEnum):
     @property
     def replans(self) -> bool:
         """The attempt ended in a way the next reconcile re-plans (a new attempt)."""
-        return self in (AttemptOutcome.OUT_OF_MEMORY, AttemptOutcome.NO_CAPACITY)
+        return self in (AttemptOutcome.OUT_OF_MEMORY, AttemptOutcome.MEMORY_OVER_PLAN, AttemptOutcome.NO_CAPACITY)
 
 
 class ProfileSummary(ApiModel):

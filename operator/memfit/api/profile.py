@@ -61,6 +61,10 @@ class Measurement(ApiModel):
         default=None,
         description="lora or qlora: measured with the job's adapters (the PEFT variant); absent: full fine-tune.",
     )
+    blocks: int | None = Field(
+        default=None, ge=1, description="Repeated blocks of the measured model (depth-reduced profiles); "
+        "default: the full model.",
+    )
 
 
 class ActivationCurve(ApiModel):
@@ -79,6 +83,26 @@ class ActivationCurve(ApiModel):
     micro_batch_sizes: list[int] = Field(max_length=8)
     peak_bytes: list[int] = Field(max_length=8, description="Peak minus start-of-step allocated bytes.")
     saved_bytes_per_sample: int | None = Field(default=None, ge=0)
+    blocks: int | None = Field(default=None, ge=1, description="Repeated blocks measured; default: all.")
+
+
+class ReducedDepth(ApiModel):
+    """What was counted on one depth-reduced model (the same architecture with fewer blocks)."""
+
+    blocks: int = Field(ge=1)
+    parameters: int = Field(ge=0)
+    trainable_parameters: int | None = Field(default=None, ge=0)
+    small_parameters: int = Field(default=0, ge=0)
+    buffer_bytes: int = Field(default=0, ge=0)
+    flops_per_sample: float = Field(default=0.0, ge=0)
+
+
+class DepthProfile(ApiModel):
+    """A depth-reduced profile: the full model has `layers` repeated blocks, the measurements were taken
+    on models with only `reduced[*].blocks` of them; the predictor scales per-block terms to `layers`."""
+
+    layers: int = Field(ge=1, description="Repeated blocks of the full model (counted on the meta device).")
+    reduced: list[ReducedDepth] = Field(min_length=2, max_length=4)
 
 
 class Profile(ApiModel):
@@ -91,20 +115,25 @@ class Profile(ApiModel):
     flops_per_sample: float = Field(default=0.0, ge=0, description="Training FLOPs per sample (fwd+bwd).")
     achieved_tflops: float | None = Field(default=None, ge=0, description="Measured on the profiling device.")
     mfu: float | None = Field(default=None, ge=0, le=1, description="Model FLOPs utilisation measured.")
-    measurements: list[Measurement] = Field(default_factory=list, max_length=16)
+    measurements: list[Measurement] = Field(default_factory=list, max_length=32)
     activation_curves: list[ActivationCurve] = Field(
-        default_factory=list, max_length=8,
+        default_factory=list, max_length=16,
         description="Per-sample activation terms measured directly (user models without an analytic form).",
     )
     optimizer: str | None = Field(default=None, max_length=16, description="The optimizer the steps ran with.")
-    compute: Literal["full", "elided"] | None = Field(
-        default=None, description="Real arithmetic or elided (shape-exact) steps."
+    compute: Literal["full", "elided", "analytic"] | None = Field(
+        default=None, description="Real arithmetic, elided (shape-exact) steps, or nothing measured (analytic: "
+        "the shape only; the plan gets a larger headroom)."
     )
     compute_reason: str | None = Field(
-        default=None, max_length=256, description="Why the profiler fell back to real arithmetic."
+        default=None, max_length=256,
+        description="Why the profiler fell back to real arithmetic, or measured nothing (analytic).",
     )
     unused_parameters: bool = Field(
         default=False, description="Trainable parameters got no gradient: DDP needs find_unused_parameters."
+    )
+    depth: DepthProfile | None = Field(
+        default=None, description="Set when the model was measured with fewer blocks than it has (large models)."
     )
     seconds: float = Field(default=0.0, ge=0, description="Wall time of the profiling run.")
     error: str | None = Field(default=None, max_length=1024, description="Why profiling failed.")

@@ -27,14 +27,18 @@ class TerminationReason(StrEnum):
     HOST_OUT_OF_MEMORY = "HostOutOfMemory"
     INVALID_PLAN = "InvalidPlan"
     TRAINING_ERROR = "TrainingError"
+    # The first steps' measured peak exceeded the plan's prediction plus headroom: the trainer saved a
+    # checkpoint and stopped before an OOM, so that the operator re-plans (docs/operator.md).
+    MEMORY_OVER_PLAN = "MemoryOverPlan"
 
 
 EXIT_COMPLETED = 0
 EXIT_TRAINING_ERROR = 1
 EXIT_OUT_OF_MEMORY = 87
 EXIT_INVALID_PLAN = 88
+EXIT_MEMORY_OVER_PLAN = 89
 # Exit codes that are decisions for memfit (re-plan or give up), never pod retries.
-FAIL_JOB_EXIT_CODES = (EXIT_OUT_OF_MEMORY, EXIT_INVALID_PLAN)
+FAIL_JOB_EXIT_CODES = (EXIT_OUT_OF_MEMORY, EXIT_INVALID_PLAN, EXIT_MEMORY_OVER_PLAN)
 # The container's own reason when the kernel killed it for host RAM.
 CONTAINER_OOM_KILLED = "OOMKilled"
 
@@ -44,6 +48,7 @@ EXIT_CODES: dict[TerminationReason, int] = {
     TerminationReason.HOST_OUT_OF_MEMORY: EXIT_OUT_OF_MEMORY,
     TerminationReason.INVALID_PLAN: EXIT_INVALID_PLAN,
     TerminationReason.TRAINING_ERROR: EXIT_TRAINING_ERROR,
+    TerminationReason.MEMORY_OVER_PLAN: EXIT_MEMORY_OVER_PLAN,
 }
 
 # Wire keys of the message the operator reads.
@@ -52,6 +57,7 @@ KEY_PEAK_BYTES = "peakBytes"
 KEY_STEP = "step"
 KEY_MEMORY_METER = "memoryMeter"
 KEY_MESSAGE = "message"
+KEY_BUDGET_BYTES = "budgetBytes"  # MemoryOverPlan: the prediction plus headroom the peak exceeded
 KEY_RANK_PEAKS = "rankPeaks"  # allocator peak of every rank, rank order (the meter's kind of bytes)
 KEY_RESERVED_PEAK_BYTES = "reservedPeakBytes"  # CUDA caching allocator reservation, max over ranks
 KEY_DEVICE_PEAK_BYTES = "devicePeakBytes"  # NVML process bytes (or a simulated GPU's), max over ranks

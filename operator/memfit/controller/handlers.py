@@ -173,7 +173,7 @@ def _replan_pending(applied: Applied) -> bool:
 
 def _count(namespace: str, events: list[tuple[str, str, str]]) -> None:
     for _, reason, _ in events:
-        if reason in (AttemptOutcome.OUT_OF_MEMORY, AttemptOutcome.NO_CAPACITY):
+        if reason in (AttemptOutcome.OUT_OF_MEMORY, AttemptOutcome.MEMORY_OVER_PLAN, AttemptOutcome.NO_CAPACITY):
             metrics.REPLANS.labels(namespace, reason).inc()
         elif reason == "ProfilingFailed":
             metrics.PROFILING_FAILURES.labels(namespace).inc()

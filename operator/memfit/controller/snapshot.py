@@ -31,7 +31,7 @@ from memfit.kube.train_job import parse_plan_record
 from memfit.lifecycle import AttemptChildren, JobRef, LaunchSettings, RecordedPlan, Snapshot, World
 from memfit.lifecycle.launch import ANNOTATION_PLAN_JSON
 from memfit.lifecycle.observed import JobSummary, pod_selector, summarize_job
-from memfit.lifecycle.profiling import profile_key
+from memfit.lifecycle.profiling import profile_key, profile_keys
 from memfit.lifecycle.snapshot import (
     is_terminal,
     monitoring,
@@ -113,12 +113,17 @@ def observe_snapshot(
     world_now = pools.get()
     if spec.profiling.node_pool != "auto" and world_now.pool(spec.profiling.node_pool) is None:
         world_now = pools.fresh()  # the shared snapshot may predate a pool created a moment ago
-    digest = profile_key(spec, status, snap.settings, world_now)
-    cache = _profile_cache(api, ref.namespace, digest)
+    cache, digest = None, ""
+    for digest in profile_keys(spec, status, snap.settings, world_now):
+        # A depth-reduced job reuses a full-depth profile of the same problem when one is cached.
+        cache = _profile_cache(api, ref.namespace, digest)
+        if cache is not None:
+            break
     return replace(
         snap,
         world=world_now,
         profile_cache=cache,
+        profile_cache_key=digest if cache is not None else None,
         profiling=_profiling(api, ref) if needs_profiling_job(status, spec, cache) else None,
         recorded_plan=_recorded_plan(api, ref, next_attempt_index(status)),
     )

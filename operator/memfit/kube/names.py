@@ -15,6 +15,10 @@ ANNOTATION_PLAN = f"{GROUP}/plan"
 # in the first N attempts (default 1). Documented in docs/operator.md.
 ANNOTATION_INJECT_OOM_STEP = f"{GROUP}/inject-oom-at-step"
 ANNOTATION_INJECT_OOM_ATTEMPTS = f"{GROUP}/inject-oom-attempts"
+# ... and multiplies its measured peak by this factor in the first N attempts (default 1), so that the
+# first-steps check finds it over the plan (memfit_trainer/first_steps.py).
+ANNOTATION_INJECT_PEAK_FACTOR = f"{GROUP}/inject-peak-factor"
+ANNOTATION_INJECT_PEAK_ATTEMPTS = f"{GROUP}/inject-peak-attempts"
 
 COMPONENT_PROFILER = "profiler"
 COMPONENT_TRAINER = "trainer"

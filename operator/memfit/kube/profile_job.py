@@ -50,6 +50,7 @@ def build_profile_job(
     timeout_seconds: int,
     optimizer: str = "adamw",
     optimizer8bit: str = "auto",
+    depth: str = "full",
     lora_targets: Sequence[str] = (),
     lora_rank: int = 16,
     lora_dropout: float = 0.0,
@@ -61,7 +62,8 @@ def build_profile_job(
 
     `optimizer` is the job's `training.optimizer` and `optimizer8bit` its `strategy.optimizer8bit`
     (a Toggle: auto/enabled/disabled): the profile measures the optimizer the job will train
-    with, and `problem_hash` should then be `memfit.api.hashing.profile_cache_key` of them.
+    with, and `problem_hash` should then be `memfit.api.hashing.profile_cache_key` of them. `depth`
+    `reduced` measures 1 and 2 of the model's repeated blocks (memfit.lifecycle.profile_fit).
     `lora_targets` / `lora_rank`: when the job allows LoRA/QLoRA, the profiler checks them against the
     model's modules (a mismatch fails the profile with `strategy.peft.lora.targetModules`) and, with
     `peft_methods`, also measures those adapters on a frozen base (the PEFT variant).
@@ -83,7 +85,7 @@ def build_profile_job(
         "command": ["memfit-trainer", "profile"],
         "args": ["--problem", f"{PLAN_MOUNT}/problem.json", "--out", "/tmp/profile.json",
                  "--optimizer", optimizer, "--optimizer8bit", _toggle(optimizer8bit),
-                 *peft_args],
+                 *(["--depth", "reduced"] if depth == "reduced" else []), *peft_args],
         "env": [{"name": "MEMFIT_JOB", "value": owner.name}],
         "resources": {"limits": {GPU_RESOURCE: "1"}},
         "terminationMessagePath": "/dev/termination-log",

@@ -37,7 +37,7 @@ def decide(snap: Snapshot, *, timer: Timer = nullcontext) -> Decision:
 def _advance(draft: Draft, snap: Snapshot, spec: MemoryOptimizedTrainingJobSpec, timer: Timer) -> None:
     current = draft.current
     active = current is not None and current.outcome.active
-    digest = profile_key(
+    digest = snap.profile_cache_key or profile_key(
         spec, snap.status, snap.settings, None if active and snap.status.profile else snap.pools()
     )
     if current is not None and active:

@@ -59,6 +59,10 @@ class Draft:
         cond = c.find(self.conditions, type_)
         return cond is not None and cond.status == c.status_of(value)
 
+    def condition_reason(self, type_: str) -> str | None:
+        cond = c.find(self.conditions, type_)
+        return cond.reason if cond is not None else None
+
     def false_since(self, type_: str) -> datetime | None:
         """When the condition last became False (None unless it is False now)."""
         cond = c.find(self.conditions, type_)

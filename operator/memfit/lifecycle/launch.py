@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, suppress
 
 from memfit.api.job import Attempt, AttemptOutcome, MemoryOptimizedTrainingJobSpec, Phase, PlanSummary
 from memfit.api.plan import Plan
 from memfit.api.profile import Profile
 from memfit.kube.common import Owner, PodSettings
-from memfit.kube.names import ANNOTATION_INJECT_OOM_ATTEMPTS, ANNOTATION_INJECT_OOM_STEP, train_job_name
+from memfit.kube.names import (
+    ANNOTATION_INJECT_OOM_ATTEMPTS,
+    ANNOTATION_INJECT_OOM_STEP,
+    ANNOTATION_INJECT_PEAK_ATTEMPTS,
+    ANNOTATION_INJECT_PEAK_FACTOR,
+    train_job_name,
+)
 from memfit.kube.train_job import (
     build_plan_config_map,
     build_pod_group,
@@ -161,12 +167,21 @@ def launch_effects(
 
 
 def fault_injection(annotations: dict[str, str], attempt: int) -> dict[str, str]:
-    """Env for the trainer's OOM fault injection, from the job's annotations (tests, chaos drills)."""
+    """Env for the trainer's fault injection (a simulated OOM, an inflated measured peak), from the
+    job's annotations (tests, chaos drills)."""
+    env: dict[str, str] = {}
     step = annotations.get(ANNOTATION_INJECT_OOM_STEP, "")
+    if step.isdigit() and attempt < _attempts(annotations, ANNOTATION_INJECT_OOM_ATTEMPTS):
+        env["MEMFIT_INJECT_OOM_AT_STEP"] = step
+    factor = annotations.get(ANNOTATION_INJECT_PEAK_FACTOR, "")
+    if factor and attempt < _attempts(annotations, ANNOTATION_INJECT_PEAK_ATTEMPTS):
+        with suppress(ValueError):
+            env["MEMFIT_INJECT_PEAK_FACTOR"] = str(float(factor))
+    return env
+
+
+def _attempts(annotations: dict[str, str], key: str) -> int:
     try:
-        attempts = int(annotations.get(ANNOTATION_INJECT_OOM_ATTEMPTS, "1"))
+        return int(annotations.get(key, "1"))
     except ValueError:
-        attempts = 1
-    if step.isdigit() and attempt < attempts:
-        return {"MEMFIT_INJECT_OOM_AT_STEP": step}
-    return {}
+        return 1

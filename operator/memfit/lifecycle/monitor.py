@@ -5,7 +5,13 @@ from __future__ import annotations
 
 from memfit.api.job import AttemptOutcome, MemoryOptimizedTrainingJobSpec, Phase
 from memfit.api.plan import Plan
-from memfit.api.termination import KEY_MEMORY_METER, KEY_MESSAGE, KEY_STEP, TerminationReason
+from memfit.api.termination import (
+    KEY_BUDGET_BYTES,
+    KEY_MEMORY_METER,
+    KEY_MESSAGE,
+    KEY_STEP,
+    TerminationReason,
+)
 from memfit.kube.names import train_job_name
 from memfit.kube.train_job import build_plan_config_map
 from memfit.lifecycle import conditions as c
@@ -51,7 +57,7 @@ def monitor_step(draft: Draft, snap: Snapshot, spec: MemoryOptimizedTrainingJobS
     measured = max(peaks) if peaks else None
     if job.complete:
         _succeeded(draft, snap, plan, job, measured, digest)
-    elif job.failed or any(p.out_of_memory or p.invalid_plan for p in job.pods):
+    elif job.failed or any(p.out_of_memory or p.invalid_plan or p.over_plan for p in job.pods):
         _failed(draft, snap, plan, job, measured, digest)
     elif job.suspended:
         # Created suspended for Kueue: admission (unsuspend) is Kueue's decision, not a capacity failure.
@@ -123,6 +129,10 @@ def _failed(
         draft.finish_attempt(AttemptOutcome.FAILED, measured=measured, reason=c.INVALID_PLAN)
         draft.fail(c.INVALID_PLAN, str(invalid.message.get(KEY_MESSAGE, invalid.raw_message)))
         return
+    over = next((p for p in job.pods if p.over_plan), None)
+    if over is not None:
+        _over_plan(draft, snap, plan, job, over.peak_bytes or measured or 0, over.message, digest)
+        return
     oom = next((p for p in job.pods if p.out_of_memory), None)
     if oom is not None:
         kind = oom.out_of_memory or TerminationReason.CUDA_OUT_OF_MEMORY
@@ -140,6 +150,22 @@ def _failed(
         detail += f"; {last.raw_message[:512]}"
     draft.finish_attempt(AttemptOutcome.FAILED, measured=measured, reason=detail[:1024])
     draft.fail(c.TRAINING_FAILED, f"training Job {job.name} failed: {detail}")
+
+
+def _over_plan(draft: Draft, snap: Snapshot, plan: Plan, job: JobSummary, peak: int, message: dict[str, object],
+               digest: str) -> None:
+    """The first steps measured more than the plan allows: re-plan before the OOM. The measured peak
+    is learned (the next plan scales this configuration's prediction by it, so it escalates), and the
+    next attempt resumes from the checkpoint the trainer saved when it stopped."""
+    budget = message.get(KEY_BUDGET_BYTES)
+    allowed = f"{gib(int(budget))} allowed" if isinstance(budget, int | float) else "over the plan"
+    reason = (f"first-steps peak {gib(peak)} at step {message.get(KEY_STEP)} on {plan.node_pool} exceeds the "
+              f"predicted {gib(plan.memory.peak_bytes)} + {plan.headroom_percent}% headroom ({allowed})")
+    draft.finish_attempt(AttemptOutcome.MEMORY_OVER_PLAN, measured=peak, reason=reason)
+    learn(draft, snap, plan, digest, measured=peak, oom=False, job=job)
+    draft.set(c.RUNNING, False, c.MEMORY_OVER_PLAN, reason)
+    draft.enter(Phase.REPLANNING, f"attempt {plan.attempt}: {reason}; re-planning before an out-of-memory")
+    draft.event(c.MEMORY_OVER_PLAN, reason, warning=True)
 
 
 def _unschedulable(

@@ -47,6 +47,11 @@ class PodSummary:
         return self.message.get(KEY_REASON) == TerminationReason.INVALID_PLAN
 
     @property
+    def over_plan(self) -> bool:
+        """The trainer's first-steps check stopped it: the measured peak exceeded prediction + headroom."""
+        return self.message.get(KEY_REASON) == TerminationReason.MEMORY_OVER_PLAN
+
+    @property
     def peak_bytes(self) -> int | None:
         value = self.message.get(KEY_PEAK_BYTES)
         return int(value) if isinstance(value, int | float) and value >= 0 else None

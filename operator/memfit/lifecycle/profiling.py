@@ -25,10 +25,20 @@ from memfit.kube.profile_job import build_profile_input, build_profile_job
 from memfit.lifecycle import conditions as c
 from memfit.lifecycle.draft import Draft
 from memfit.lifecycle.observed import JobSummary
+from memfit.lifecycle.profile_fit import (
+    ANALYTIC,
+    ANALYTIC_HEADROOM_PERCENT,
+    FULL,
+    REDUCED,
+    ProfilingChoice,
+    choose_profiling,
+    fits,
+)
 from memfit.lifecycle.result import Delete, Ensure, WriteData
 from memfit.lifecycle.snapshot import LaunchSettings, Snapshot
 from memfit.lifecycle.spend import run_spend
 from memfit.lifecycle.world import World
+from memfit.memory.problems import ShapeError, shape_from_problem
 from memfit.planner.offers import Offer, resolve_offer
 
 
@@ -39,41 +49,67 @@ def profile_key(
     world: World | None,
 ) -> str:
     """The job's profile cache key: `profile_cache_key` of the problem, the optimizer and 8-bit choice,
-    the trainer image and the GPU product the profile is measured on.
+    the trainer image, the GPU product the profile is measured on and its depth (profile_fit.py).
 
     Once the job has a profile, the key recorded in its status is kept (re-plans, monitoring and
     learning after a pool changed use the same cache). Before, the product is the profiling pool's:
-    the pool named in `profiling.nodePool`, else the cheapest allowed pool per GPU by price, from the
-    pools' specs only, so that the key does not move with momentary free capacity. `world` may be None
-    only when the status already records the key."""
+    the pool named in `profiling.nodePool`, else the cheapest allowed pool per GPU by price where the
+    profiled model fits, from the pools' specs only, so that the key does not move with momentary
+    free capacity. `world` may be None only when the status already records the key."""
+    return profile_keys(spec, status, settings, world)[-1]
+
+
+def profile_keys(
+    spec: MemoryOptimizedTrainingJobSpec,
+    status: MemoryOptimizedTrainingJobStatus,
+    settings: LaunchSettings,
+    world: World | None,
+) -> tuple[str, ...]:
+    """The cache keys to look for, in order; the last one is the job's own (`profile_key`). A job that
+    would profile depth-reduced first looks for a full-depth profile of the same problem on the same
+    GPU product, and reuses it when it exists."""
     if status.profile is not None and status.profile.problem_hash:
-        return status.profile.problem_hash
+        return (status.profile.problem_hash,)
     assert world is not None, "the key of a job not yet profiled depends on the pools"
-    return profile_cache_key(
-        spec.problem,
-        optimizer=str(spec.training.optimizer.value),
-        optimizer8bit=str(spec.strategy.optimizer8bit.value),
-        image=settings.pod(spec).image,
-        gpu_product=_profiling_product(spec, world),
-        peft=_peft_key(spec),
-    )
+    choice = profiling_choice(spec, world)
+    product = choice.pool.spec.gpu.product if choice.pool else _profiling_product(spec, world)
+
+    def key(depth: str) -> str:
+        return profile_cache_key(
+            spec.problem,
+            optimizer=str(spec.training.optimizer.value),
+            optimizer8bit=str(spec.strategy.optimizer8bit.value),
+            image=settings.pod(spec).image,
+            gpu_product=product,
+            depth=depth,
+            peft=_peft_key(spec),
+        )
+
+    return (key(FULL), key(choice.depth)) if choice.depth != FULL else (key(FULL),)
+
+
+def profiling_choice(spec: MemoryOptimizedTrainingJobSpec, world: World) -> ProfilingChoice:
+    """Depth and pool of the profile (profile_fit.py): the named pool, else the allowed pools by price."""
+    if spec.profiling.node_pool != "auto":
+        pool = world.pool(spec.profiling.node_pool)
+        return choose_profiling(spec, [pool] if pool else [], world.catalog)
+    return choose_profiling(spec, _by_price(_allowed(spec, world)), world.catalog)
+
+
+def _allowed(spec: MemoryOptimizedTrainingJobSpec, world: World) -> list[GPUNodePool]:
+    return [p for p in world.pools if not spec.placement.node_pools or p.metadata.name in spec.placement.node_pools]
+
+
+def _by_price(pools: list[GPUNodePool]) -> list[GPUNodePool]:
+    return sorted(pools, key=lambda p: ((p.spec.price_per_node_hour or 0.0) / p.spec.gpu.per_node, p.metadata.name))
 
 
 def _profiling_product(spec: MemoryOptimizedTrainingJobSpec, world: World) -> str:
     if spec.profiling.node_pool != "auto":
         pool = world.pool(spec.profiling.node_pool)
         return pool.spec.gpu.product if pool else "unknown"
-    allowed = [
-        p
-        for p in world.pools
-        if not spec.placement.node_pools or p.metadata.name in spec.placement.node_pools
-    ]
-    if not allowed:
-        return "any"
-    cheapest = min(
-        allowed, key=lambda p: ((p.spec.price_per_node_hour or 0.0) / p.spec.gpu.per_node, p.metadata.name)
-    )
-    return cheapest.spec.gpu.product
+    allowed = _by_price(_allowed(spec, world))
+    return allowed[0].spec.gpu.product if allowed else "any"
 
 
 def profile_step(
@@ -85,6 +121,9 @@ def profile_step(
     the cache (condition Profiled). Otherwise the job waits for its own profiling Job to finish, even
     when an older profile of the problem is cached."""
     cached = snap.profile_cache
+    if cached and cached.profile.compute == ANALYTIC:
+        mark_analytic(draft, digest, cached.profile)
+        return cached.profile
     if cached and draft.condition_is(c.PROFILED, True):
         return cached.profile
     if cached and spec.profiling.reuse:
@@ -93,7 +132,10 @@ def profile_step(
         return cached.profile
 
     world = snap.pools()
-    placement = profiling_placement(spec, world)
+    choice = profiling_choice(spec, world)
+    if choice.depth == ANALYTIC:
+        return _store_analytic(draft, snap, spec, digest, choice.reason, cached)
+    placement = profiling_placement(spec, world, choice)
     if placement is None:
         draft.fail(
             c.PROFILING_FAILED,
@@ -117,11 +159,12 @@ def profile_step(
                     timeout_seconds=spec.profiling.timeout_seconds,
                     optimizer=str(spec.training.optimizer.value),
                     optimizer8bit=str(spec.strategy.optimizer8bit.value),
+                    depth=choice.depth,
                     **_lora_check(spec),
                 )
             )
         )
-        _profiling(draft, placement.pool, name)
+        _profiling(draft, placement.pool, name, choice)
         return None
     if job.deleting:
         return None  # a rescheduled profiling Job is still going away; the next reconcile recreates it
@@ -129,13 +172,15 @@ def profile_step(
     if not job.finished and _reschedule(draft, snap, spec, job, pool):
         return None
     if not job.finished:
-        _profiling(draft, pool, name)
+        _profiling(draft, pool, name, choice)
         return None
     profile, error = profile_from(job)
     _record_spend(draft, snap, job, pool, "Profiled" if profile is not None else c.PROFILING_FAILED)
     if profile is None:
         draft.fail(c.PROFILING_FAILED, error)
         return None
+    if profile.compute == ANALYTIC:  # the profiler could not reduce the model: it says why
+        return _store_analytic(draft, snap, spec, digest, profile.compute_reason or "", cached, profile=profile)
     fresh = CachedProfile(
         profile.model_copy(update={"problem_hash": digest[:16]}), cached.observations if cached else ()
     )
@@ -161,9 +206,11 @@ def _record_spend(draft: Draft, snap: Snapshot, job: JobSummary, pool: str, outc
     )
 
 
-def _profiling(draft: Draft, pool: str, name: str) -> None:
+def _profiling(draft: Draft, pool: str, name: str, choice: ProfilingChoice) -> None:
     if draft.phase != Phase.PROFILING:
-        msg = f"profiling on pool {pool} (Job {name})"
+        depth = f", depth-reduced: {choice.reason}" if choice.depth == REDUCED and choice.reason else (
+            ", depth-reduced" if choice.depth == REDUCED else "")
+        msg = f"profiling on pool {pool} (Job {name}{depth})"
         draft.enter(Phase.PROFILING, msg)
         draft.set(c.PROFILED, False, c.PROFILING, msg)
         draft.event(c.PROFILING, msg)
@@ -198,6 +245,41 @@ def _reschedule(
     return True
 
 
+def _store_analytic(
+    draft: Draft, snap: Snapshot, spec: MemoryOptimizedTrainingJobSpec, digest: str, reason: str,
+    cached: CachedProfile | None, *, profile: Profile | None = None,
+) -> Profile | None:
+    """Nothing can be measured: plan from the analytic shape (stored like a profile, so that measured
+    peaks of the attempts are learned as for any other job)."""
+    if profile is None or profile.shape is None:
+        try:
+            shape = shape_from_problem(spec.problem)
+        except ShapeError as exc:
+            draft.fail(c.PROFILING_FAILED, f"{reason}; and no analytic model either: {exc}")
+            return None
+        profile = Profile(problem_hash=digest[:16], shape=shape, compute=ANALYTIC, compute_reason=reason[:256])
+    profile = profile.model_copy(update={"problem_hash": digest[:16]})
+    fresh = CachedProfile(profile, cached.observations if cached else ())
+    draft.effects.append(
+        WriteData(build_profile_cache(namespace=snap.job.namespace, problem_hash=digest, cached=fresh))
+    )
+    mark_analytic(draft, digest, profile)
+    return profile
+
+
+def mark_analytic(draft: Draft, digest: str, profile: Profile) -> None:
+    """Profiled=False, reason AnalyticOnly: the plan rests on the analytic model with more headroom."""
+    draft.profile = ProfileSummary(
+        problem_hash=digest[:16], source=ANALYTIC, config_map=profile_cache_name(digest),
+        parameters=profile.shape.parameters if profile.shape else None,
+    )
+    msg = (f"not profiled: {profile.compute_reason or 'nothing could be measured'}; planned from the analytic "
+           f"memory model with {ANALYTIC_HEADROOM_PERCENT} percentage points more headroom")
+    if not draft.condition_is(c.PROFILED, False) or draft.condition_reason(c.PROFILED) != c.ANALYTIC_ONLY:
+        draft.event(c.ANALYTIC_ONLY, msg, warning=True)
+    draft.set(c.PROFILED, False, c.ANALYTIC_ONLY, msg)
+
+
 def mark_profiled(draft: Draft, digest: str, profile: Profile, *, measured: bool) -> None:
     source = "measured" if measured else "cached"
     draft.profile = ProfileSummary(
@@ -208,6 +290,9 @@ def mark_profiled(draft: Draft, digest: str, profile: Profile, *, measured: bool
     )
     reason = c.PROFILE_MEASURED if measured else c.PROFILE_CACHED
     msg = f"profile {digest[:16]} ({source}) from ConfigMap {profile_cache_name(digest)}"
+    if profile.depth is not None:
+        blocks = " and ".join(str(r.blocks) for r in profile.depth.reduced)
+        msg += f"; depth-reduced: {blocks} of {profile.depth.layers} blocks measured, scaled to {profile.depth.layers}"
     draft.set(c.PROFILED, True, reason, msg)
     draft.event(reason, msg)
 
@@ -237,17 +322,18 @@ def profile_from(summary: JobSummary) -> tuple[Profile | None, str]:
     return None, f"profiling Job {summary.name} finished without a Profile in its termination message"
 
 
-def profiling_placement(spec: MemoryOptimizedTrainingJobSpec, world: World) -> Placement | None:
+def profiling_placement(
+    spec: MemoryOptimizedTrainingJobSpec, world: World, choice: ProfilingChoice | None = None
+) -> Placement | None:
     """The pool the profiling pod runs on: the one named, else the cheapest allowed pool per GPU with a
-    free GPU now (any node when no pool is allowed); None when the named pool does not exist."""
+    free GPU now, among those where the chosen depth fits (any node when no pool is allowed); None
+    when the named pool does not exist."""
     if spec.profiling.node_pool != "auto":
         pool = world.pool(spec.profiling.node_pool)
         return placement_of(pool) if pool else None
-    allowed = [
-        p
-        for p in world.pools
-        if not spec.placement.node_pools or p.metadata.name in spec.placement.node_pools
-    ]
+    allowed = _allowed(spec, world)
+    if choice is not None and choice.pool is not None:
+        allowed = [p for p in allowed if fits(spec, p, choice.depth, world.catalog)] or [choice.pool]
     if not allowed:
         return Placement(pool="any", node_selector={})
 

@@ -102,6 +102,7 @@ class Snapshot:
     settings: LaunchSettings
     world: World | None = None  # pools and capacity; None = not read
     profile_cache: CachedProfile | None = None  # the problem's cached profile; None = none (or not read)
+    profile_cache_key: str | None = None  # the key it was found under, when not the job's own key
     profiling: JobSummary | None = None  # the profiling Job `<job>-profile`; None = none (or not read)
     attempt: AttemptChildren | None = None  # read while an attempt is active
     recorded_plan: RecordedPlan | None = None  # the next attempt's plan ConfigMap, if it exists
@@ -160,7 +161,7 @@ def next_attempt_index(status: MemoryOptimizedTrainingJobStatus) -> int:
 def needs_profile_cache_to_learn(job: JobSummary | None) -> bool:
     """A monitored attempt that finished or ran out of memory stores its measured peak with the
     profile (read-modify-write of the cache), so the reader reads the cache for it."""
-    return job is not None and (job.finished or any(p.out_of_memory for p in job.pods))
+    return job is not None and (job.finished or any(p.out_of_memory or p.over_plan for p in job.pods))
 
 
 def needs_profiling_job(

@@ -44,6 +44,7 @@ from memfit.api.common import Checkpointing, Engine, PeftMethod, Precision
 from memfit.api.job import OptimizerKind
 from memfit.api.profile import Measurement, Profile
 from memfit.api.training_config import PLAIN_FP32_DDP
+from memfit.memory import depth
 from memfit.memory.curves import CurveFit, fit_curve
 from memfit.memory.predict import memory_terms
 from memfit.memory.shape import Shape
@@ -197,7 +198,68 @@ def calibrate(profile: Profile, shape: Shape, *, optimizer: OptimizerKind | None
     and the measured activation lines from `profile.activation_curves`.
 
     `optimizer` is the one the profile's steps ran with (default: the Profile's `optimizer`, else AdamW).
+    A depth-reduced profile (`profile.depth`) is calibrated per measured depth and its terms scaled to
+    the full model's blocks (memfit.memory.depth); `shape` is the full model's.
     """
+    if profile.depth is not None:
+        return _calibrate_reduced(profile, shape, optimizer=optimizer)
+    return _calibrate_one(profile, shape, optimizer=optimizer)
+
+
+def _calibrate_reduced(profile: Profile, shape: Shape, *, optimizer: OptimizerKind | None) -> Calibration:
+    """Calibrate each measured depth against its reduced shape, then extrapolate to `depth.layers`."""
+    assert profile.depth is not None
+    layers = profile.depth.layers
+    per: list[tuple[int, Shape, Calibration]] = []
+    for reduced in sorted(profile.depth.reduced, key=lambda r: r.blocks):
+        small = depth.reduced_shape(shape, reduced)
+        per.append((reduced.blocks, small, _calibrate_one(depth.at_depth(profile, reduced.blocks), small,
+                                                          optimizer=optimizer)))
+    first = per[0][2]
+    shapes = {d: small for d, small, _ in per}
+
+    def slope(at: Shape, key: GroupKey) -> float:
+        strategy = _group_strategy(key, first.optimizer or OptimizerKind.ADAMW, first.device)
+        return memory_terms(at, strategy).per_sample_bytes
+
+    noise = depth.noise_bytes(profile)
+    largest_batch = max((m.micro_batch_size for m in profile.measurements), default=1)
+    # The analytic per-sample error at each depth, in bytes per sample, is what scales with depth.
+    errors = depth.extrapolate_map([(d, cal.activation_scales) for d, _, cal in per], layers, noise_bytes=noise,
+                                   weight=largest_batch, value=lambda d, key, scale: (scale - 1) * slope(shapes[d], key))
+    scales = {key: min(depth.MAX_SCALE, max(depth.MIN_SCALE, 1 + error / full)) if (full := slope(shape, key)) > 0
+              else 1.0 for key, error in errors.items()}
+    curves: dict[CurveKey, list[tuple[int, CurveFit]]] = {}
+    for d, _, cal in per:
+        for key, fit in cal.curves.items():
+            curves.setdefault(key, []).append((d, fit))
+    curve_batch = max((max(c.micro_batch_sizes, default=1) for c in profile.activation_curves), default=1)
+    fragmentations = [cal.fragmentation for _, _, cal in per if cal.fragmentation is not None]
+    blocks = ", ".join(str(d) for d, _, _ in per)
+    notes = [f"depth-reduced profile: blocks {blocks} measured, terms scaled to {layers} blocks"]
+    notes += [f"blocks {d}: {note}" for d, _, cal in per for note in cal.notes]
+    return Calibration(
+        activation_scales=depth.freeze(scales),
+        fixed_residuals=depth.freeze(depth.extrapolate_map([(d, c.fixed_residuals) for d, _, c in per], layers,
+                                                           noise_bytes=noise)),
+        step_residuals=depth.freeze(depth.extrapolate_map([(d, c.step_residuals) for d, _, c in per], layers,
+                                                          noise_bytes=noise)),
+        fragmentation=max(fragmentations) if fragmentations else None,
+        device=first.device,
+        notes=tuple(notes),
+        curves=MappingProxyType({k: depth.extrapolate_curve(v, layers, noise_bytes=noise, micro_batch=curve_batch)
+                                 for k, v in curves.items()}),
+        optimizer=first.optimizer,
+    )
+
+
+def _group_strategy(key: GroupKey, optimizer: OptimizerKind, device: Device) -> Strategy:
+    config = PLAIN_FP32_DDP.model_copy(update={"precision": key[0], "activation_checkpointing": key[1]})
+    return Strategy(config=config, optimizer=optimizer, device=device)
+
+
+def _calibrate_one(profile: Profile, shape: Shape, *, optimizer: OptimizerKind | None) -> Calibration:
+    """`calibrate` for a profile measured at one depth."""
     if optimizer is None:
         try:
             optimizer = OptimizerKind(profile.optimizer or OptimizerKind.ADAMW.value)

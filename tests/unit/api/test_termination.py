@@ -8,6 +8,7 @@ import pytest
 from factories import OWNER, PLACEMENT, POD, make_plan, make_spec
 from memfit.api.termination import (
     EXIT_INVALID_PLAN,
+    EXIT_MEMORY_OVER_PLAN,
     EXIT_OUT_OF_MEMORY,
     TerminationMessage,
     TerminationReason,
@@ -41,7 +42,8 @@ def test_training_job_fails_at_once_on_the_contract_exit_codes() -> None:
     job = build_training_job(owner=OWNER, spec=make_spec(), plan=make_plan(), placement=PLACEMENT, pod=POD)
     rules = job["spec"]["podFailurePolicy"]["rules"]
     fail_job = next(r for r in rules if r["action"] == "FailJob")
-    assert fail_job["onExitCodes"]["values"] == [EXIT_OUT_OF_MEMORY, EXIT_INVALID_PLAN] == [87, 88]
+    assert fail_job["onExitCodes"]["values"] == [EXIT_OUT_OF_MEMORY, EXIT_INVALID_PLAN, EXIT_MEMORY_OVER_PLAN] \
+        == [87, 88, 89]
 
 
 def test_message_round_trips_through_the_observer_parser() -> None:

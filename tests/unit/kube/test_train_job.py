@@ -70,7 +70,7 @@ def test_oom_and_invalid_plan_fail_the_job_and_preemption_is_ignored() -> None:
     job = build_training_job(owner=OWNER, spec=make_spec(), plan=make_plan(), placement=PLACEMENT, pod=POD)
     rules = job["spec"]["podFailurePolicy"]["rules"]
     assert rules[0] == {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]}
-    assert rules[1]["action"] == "FailJob" and rules[1]["onExitCodes"]["values"] == [87, 88]
+    assert rules[1]["action"] == "FailJob" and rules[1]["onExitCodes"]["values"] == [87, 88, 89]
     assert job["spec"]["template"]["spec"]["restartPolicy"] == "Never"
 
 

@@ -575,6 +575,50 @@ def test_the_key_is_kept_once_profiled() -> None:
     assert key and any(name == f"memfit-profile-{key}" for kind, name in h.objects if kind == "ConfigMap")
 
 
+def test_first_steps_over_the_plan_replans_before_an_oom() -> None:
+    h = running()
+    first = h.plan_json(0)
+    predicted = first["memory"]["peakBytes"]
+    peak = 3 * predicted  # far above prediction + headroom
+    message = json.dumps({"reason": "MemoryOverPlan", "peakBytes": peak, "step": 2, "rank": 0,
+                          "budgetBytes": int(predicted * 1.1), "memoryMeter": "cuda-allocator"})
+    h.pods["j-train-0-0"]["status"] = {"phase": "Failed", **terminated(89, message)}
+    h.finish("j-train-0", failed=True, reason="PodFailurePolicy")
+    decision = h.reconcile()
+    attempt = h.stored.attempts[0]
+    assert h.stored.phase == Phase.REPLANNING
+    assert attempt.outcome == AttemptOutcome.MEMORY_OVER_PLAN and attempt.measured_peak_bytes == peak
+    assert attempt.reason.startswith(f"first-steps peak {peak / 2**30:.2f}Gi at step 2 on {first['nodePool']} "
+                                     "exceeds the predicted")
+    assert h.condition("Running")[:2] == ("False", "MemoryOverPlan")
+    assert decision.reasons() == ["MemoryOverPlan"]
+    (write,) = decision.effects  # the measured peak is learned (not as an OOM: it is a real measurement)
+    assert isinstance(write, WriteData)
+    observations = json.loads(write.manifest["data"]["observations.json"])
+    assert [(o["measuredPeakBytes"], o["outOfMemory"]) for o in observations] == [(peak, False)]
+    def checkpoint_dir(job: str) -> str:
+        env = h.job(job)["spec"]["template"]["spec"]["containers"][0]["env"]
+        return next(e["value"] for e in env if e["name"] == "MEMFIT_CHECKPOINT_DIR")
+
+    folder = checkpoint_dir("j-train-0")
+    decision = h.reconcile()
+    assert decision.effects[0] == Delete("j-train-0") and decision.reasons() == ["Replanning"]
+    second = h.plan_json(1)
+    assert second["memory"]["peakBytes"] > predicted  # planned with the measured peak
+    assert checkpoint_dir("j-train-1") == folder  # the next attempt resumes from the saved checkpoint
+    assert_idempotent(h)
+
+
+def test_inject_peak_factor_reaches_the_first_attempt_only() -> None:
+    from memfit.lifecycle.launch import fault_injection
+
+    annotations = {"memfit.dev/inject-peak-factor": "20"}
+    assert fault_injection(annotations, 0) == {"MEMFIT_INJECT_PEAK_FACTOR": "20.0"}
+    assert fault_injection(annotations, 1) == {}
+    assert fault_injection({**annotations, "memfit.dev/inject-peak-attempts": "2"}, 1) == {
+        "MEMFIT_INJECT_PEAK_FACTOR": "20.0"}
+
+
 # --- spend -------------------------------------------------------------------------------------------
 def test_spend_counts_profiling_and_every_finished_attempt_failed_ones_included() -> None:
     h = Harness()

@@ -102,7 +102,9 @@ class CudaMeter:
         self.device = device
         # per step
         self._run_peak = 0
+        self._run_peak_reserved = 0
         self._step_start = 0
+        self._process: NvmlSampler | None = None
         # per region
         self._results: dict[str, RegionMemory] = {}
         self._nvml: NvmlSampler | None = None
@@ -121,6 +123,7 @@ class CudaMeter:
             step_start_bytes=self._step_start,
         )
         self._run_peak = max(self._run_peak, sample.peak_bytes)
+        self._run_peak_reserved = max(self._run_peak_reserved, torch.cuda.max_memory_reserved(self.device))
         torch.cuda.reset_peak_memory_stats(self.device)
         self._step_start = sample.allocated_bytes
         return sample
@@ -136,10 +139,19 @@ class CudaMeter:
     def capacity_bytes(self) -> int:
         return int(torch.cuda.get_device_properties(self.device).total_memory)
 
+    def device_peak_bytes(self) -> int:
+        """The larger of the caching allocator's peak reservation and NVML's per-process used memory now
+        (CUDA context, cuBLAS workspaces and NCCL buffers that PyTorch does not see; the allocator keeps
+        its reservation, so the figure at a step's end includes the step's peak)."""
+        reserved = max(self._run_peak_reserved, torch.cuda.max_memory_reserved(self.device))
+        if self._process is None:
+            self._process = NvmlSampler(self.device.index or 0)
+        return max(reserved, self._process.sample() or 0)
+
     @property
     def run_reserved_peak_bytes(self) -> int:
         """The caching allocator's largest reservation (allocated bytes plus its fragmentation)."""
-        return int(torch.cuda.max_memory_reserved(self.device))
+        return max(self._run_peak_reserved, int(torch.cuda.max_memory_reserved(self.device)))
 
     # --- per region -------------------------------------------------------------------------------
 

@@ -37,6 +37,10 @@ class HostStepMeter:
     def capacity_bytes(self) -> int:
         return host_total_bytes()
 
+    def device_peak_bytes(self) -> int:
+        """On a CPU the device is the allocator (or the RSS): the run's peak."""
+        return self._run_peak
+
 
 class RssMeter(HostStepMeter):
     """Process RSS and its high-water mark (VmHWM, reset per step through /proc/self/clear_refs).

@@ -57,6 +57,11 @@ class StepMeter(Protocol):
     @property
     def capacity_bytes(self) -> int: ...
 
+    def device_peak_bytes(self) -> int:
+        """The run's peak as the device sees it: CUDA reserved bytes and NVML process memory on a GPU,
+        the allocator's (or RSS) peak on a CPU (the first-steps check)."""
+        ...
+
 
 class RegionMeter(Protocol):
     """The profiler's view: a session (context manager) with named regions, complete after it ends."""

@@ -12,7 +12,7 @@ from memfit.api.problem import Problem as ProblemSpec
 from memfit_trainer.problems.base import Batch, BatchKey, TrainingProblem, default_attention_of
 from memfit_trainer.problems.builtin import build_builtin
 from memfit_trainer.problems.entrypoint import load_entrypoint
-from memfit_trainer.problems.errors import ProblemError
+from memfit_trainer.problems.errors import DepthNotSupported, ProblemError
 from memfit_trainer.problems.huggingface import build_huggingface
 
 Problem = TrainingProblem
@@ -21,6 +21,7 @@ Problem = TrainingProblem
 __all__ = [
     "Batch",
     "BatchKey",
+    "DepthNotSupported",
     "Problem",
     "ProblemError",
     "TrainingProblem",
@@ -29,13 +30,21 @@ __all__ = [
 ]
 
 
-def build_problem(spec: ProblemSpec, *, seed: int = 0) -> TrainingProblem:
-    """Build the model and data source of a job's problem with deterministic initial weights."""
+def build_problem(spec: ProblemSpec, *, seed: int = 0, depth: int | None = None,
+                  check: bool = True) -> TrainingProblem:
+    """Build the model and data source of a job's problem with deterministic initial weights.
+
+    `depth` builds the same architecture with only that many repeated blocks (depth-reduced
+    profiles): builtin problems get `layers = depth`, Hugging Face configs `num_hidden_layers =
+    depth`, entrypoints are called with `depth=` (ProblemError when the function takes no `depth`).
+    `check=False` skips the entrypoint's batch check (a build on the meta device draws no data).
+    """
     torch.manual_seed(seed)
     if spec.builtin is not None:
-        return build_builtin(spec.builtin)
+        builtin = spec.builtin if depth is None else spec.builtin.model_copy(update={"layers": depth})
+        return build_builtin(builtin)
     if spec.huggingface is not None:
-        return build_huggingface(spec.huggingface)
+        return build_huggingface(spec.huggingface, depth=depth)
     if spec.entrypoint is not None:
-        return load_entrypoint(spec.entrypoint)
+        return load_entrypoint(spec.entrypoint, depth=depth, check=check)
     raise ProblemError("problem: exactly one of builtin, huggingface or entrypoint must be set")

@@ -3,15 +3,28 @@
 from __future__ import annotations
 
 import importlib
+import inspect
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
 from memfit_trainer.problems.base import BatchKey, TrainingProblem
-from memfit_trainer.problems.errors import ProblemError
+from memfit_trainer.problems.errors import DepthNotSupported, ProblemError
 
 
-def load_entrypoint(entrypoint: str) -> TrainingProblem:
-    """Import `module:function`, call it and check that it returned a TrainingProblem."""
+def accepts_depth(factory: Callable[..., Any]) -> bool:
+    """True when the entrypoint function takes a `depth` argument (or **kwargs)."""
+    try:
+        parameters = inspect.signature(factory).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(p.name == "depth" or p.kind == inspect.Parameter.VAR_KEYWORD for p in parameters)
+
+
+def load_entrypoint(entrypoint: str, *, depth: int | None = None, check: bool = True) -> TrainingProblem:
+    """Import `module:function`, call it (with `depth=` when given) and check that it returned a
+    TrainingProblem."""
     module_name, sep, attribute = entrypoint.partition(":")
     if not sep or not module_name or not attribute:
         raise ProblemError(f"problem.entrypoint {entrypoint!r} must look like 'package.module:function'")
@@ -24,8 +37,13 @@ def load_entrypoint(entrypoint: str) -> TrainingProblem:
     factory = getattr(module, attribute, None)
     if not callable(factory):
         raise ProblemError(f"problem.entrypoint {entrypoint!r}: {module_name} has no callable {attribute!r}")
+    if depth is not None and not accepts_depth(factory):
+        raise DepthNotSupported(
+            f"problem.entrypoint {entrypoint!r}: the function takes no `depth` argument, so its model "
+            "cannot be built with fewer blocks. To fix: add `depth: int | None = None` and build that many blocks"
+        )
     try:
-        problem = factory()
+        problem = factory() if depth is None else factory(depth=depth)
     except MemoryError:
         raise
     except Exception as exc:
@@ -35,7 +53,8 @@ def load_entrypoint(entrypoint: str) -> TrainingProblem:
             f"problem.entrypoint {entrypoint!r} returned {type(problem).__name__}; "
             "it must return memfit_trainer.problems.TrainingProblem"
         )
-    check_problem(problem, where=f"problem.entrypoint {entrypoint!r}")
+    if check:
+        check_problem(problem, where=f"problem.entrypoint {entrypoint!r}")
     return problem
 
 

@@ -5,3 +5,7 @@ from __future__ import annotations
 
 class ProblemError(ValueError):
     """The problem cannot be built; the message names the field and says how to fix it."""
+
+
+class DepthNotSupported(ProblemError):
+    """The problem cannot be built with fewer blocks (no `depth` argument, no layer count in its config)."""

@@ -12,7 +12,7 @@ from torch import nn
 
 from memfit_trainer.problems.base import Batch, BatchKey, TrainingProblem
 from memfit_trainer.problems.data import token_batch
-from memfit_trainer.problems.errors import ProblemError
+from memfit_trainer.problems.errors import DepthNotSupported, ProblemError
 
 
 def _transformers() -> Any:
@@ -42,6 +42,20 @@ def _config(spec: HuggingFaceProblem, transformers: Any) -> Any:
         raise ProblemError(f"problem.huggingface.config: unknown model_type {model_type!r}: {exc}") from exc
 
 
+def _reduce_depth(config: Any, depth: int, model: str) -> None:
+    layers = getattr(config, "num_hidden_layers", None)
+    if not isinstance(layers, int):
+        raise DepthNotSupported(f"problem.huggingface: config of {model!r} has no num_hidden_layers; "
+                           "its depth cannot be reduced")
+    if depth > layers:
+        raise DepthNotSupported(f"problem.huggingface: depth {depth} is larger than the model's {layers} layers")
+    config.num_hidden_layers = depth
+    for name, value in list(vars(config).items()):
+        # Per-layer settings (e.g. `layer_types`) must have one entry per remaining layer.
+        if isinstance(value, list) and len(value) == layers and layers > 1 and name != "architectures":
+            setattr(config, name, value[:depth])
+
+
 def _largest_module_list(model: nn.Module) -> list[nn.Module]:
     lists = [m for m in model.modules() if isinstance(m, nn.ModuleList)]
     if not lists:
@@ -59,11 +73,16 @@ def _hidden_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
     return model(input_ids=batch["input_ids"]).last_hidden_state.float().pow(2).mean()
 
 
-def build_huggingface(spec: HuggingFaceProblem) -> TrainingProblem:
-    """A transformers model with random weights from its config; causal-LM head when one exists."""
+def build_huggingface(spec: HuggingFaceProblem, *, depth: int | None = None) -> TrainingProblem:
+    """A transformers model with random weights from its config; causal-LM head when one exists.
+
+    `depth` sets the config's `num_hidden_layers` (the generic name every transformers config maps to
+    its layer count) and cuts per-layer lists (`layer_types`) to match."""
     transformers = _transformers()
     config = _config(spec, transformers)
     config.use_cache = False
+    if depth is not None:
+        _reduce_depth(config, depth, spec.model)
     vocab = int(getattr(config, "vocab_size", 0) or 0)
     if vocab < 2:
         raise ProblemError(f"problem.huggingface: config of {spec.model!r} has no vocab_size")

@@ -69,6 +69,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=("auto", "on", "off"),
         help="Measure activation curves (per-sample terms): auto = for problems without an analytic form.",
     )
+    parser.add_argument(
+        "--depth",
+        default="full",
+        choices=("full", "reduced"),
+        help="reduced: count the full model on the meta device and measure 1 and 2 of its repeated blocks "
+        "(models too large for the profiling device); full: the whole model.",
+    )
     parser.add_argument("--steps", type=int, default=None, help="Measured steps per configuration.")
     parser.add_argument("--seed", type=int, default=0, help="Seed for the initial weights and data.")
     parser.add_argument(
@@ -129,6 +136,7 @@ def run_from_args(args: argparse.Namespace) -> int:
             seed=args.seed,
             ddp=args.engine == "ddp",
             curves=args.curves,
+            depth=args.depth,
             lora_targets=tuple(t for t in args.lora_targets.split(",") if t),
             lora_rank=args.lora_rank,
             lora_dropout=args.lora_dropout,

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import TextIO
 
-from memfit.api.profile import Profile
+from memfit.api.profile import Measurement, Profile
 
 TERMINATION_ENV = "MEMFIT_TERMINATION_MESSAGE_PATH"
 DEFAULT_TERMINATION_PATH = Path("/dev/termination-log")
@@ -15,12 +15,28 @@ MAX_MESSAGE_BYTES = 4096  # Kubernetes truncates termination messages at 4 KiB
 
 
 def compact_json(profile: Profile) -> str:
-    """The Profile's compact JSON, shortened to fit 4 KiB (measurements dropped from the end)."""
+    """The Profile's compact JSON, shortened to fit 4 KiB: measurements dropped from the end, then
+    activation curves. A depth-reduced profile loses a configuration at every depth at once (a
+    configuration measured at one depth only could not be scaled to the full model)."""
     text = profile.to_json()
-    while len(text.encode("utf-8")) > MAX_MESSAGE_BYTES and profile.measurements:
-        profile = profile.model_copy(update={"measurements": profile.measurements[:-1]})
+    while len(text.encode("utf-8")) > MAX_MESSAGE_BYTES:
+        if profile.measurements:
+            last = _config(profile.measurements[-1])
+            kept = [m for m in profile.measurements if _config(m) != last]
+            profile = profile.model_copy(update={"measurements": kept})
+        elif profile.activation_curves:
+            tail = profile.activation_curves[-1]
+            key = (tail.precision, tail.checkpointing, tail.gradients_held)
+            curves = [c for c in profile.activation_curves if (c.precision, c.checkpointing, c.gradients_held) != key]
+            profile = profile.model_copy(update={"activation_curves": curves})
+        else:
+            break
         text = profile.to_json()
     return text
+
+
+def _config(m: Measurement) -> tuple[object, ...]:
+    return (m.precision, m.checkpointing, m.micro_batch_size, m.optimizer8bit)
 
 
 def termination_path() -> Path | None:

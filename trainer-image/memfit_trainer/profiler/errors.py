@@ -20,3 +20,13 @@ class ProfileInputError(ValueError):
 
 class ProfileRunError(RuntimeError):
     """The problem is valid but profiling failed (every configuration failed, or the step crashed)."""
+
+
+class DepthUnavailable(ProfileInputError):
+    """A depth-reduced profile is not possible for this model (no repeated blocks, an entrypoint
+    without a `depth` argument or one that ignores it): the profile says so and carries only the
+    full model's shape, and the operator plans analytically (condition AnalyticOnly)."""
+
+    def __init__(self, message: str, *, shape: object | None = None) -> None:
+        super().__init__("depth", message)
+        self.shape = shape
