@@ -67,7 +67,7 @@ def test_tiny_peft_job_trains_and_its_adapter_reproduces_the_loss(
     import torch
     from memfit.api.plan import Plan
     from memfit_trainer.problems import build_problem
-    from memfit_trainer.strategies.peft import ADAPTER_CONFIG, EVAL_FILE, apply_peft, eval_loss, load_adapter
+    from memfit_trainer.strategies.peft import ADAPTER_CONFIG, EVAL_FILE, MEMFIT_ADAPTER, apply_peft, eval_loss, load_adapter
 
     name = f"tiny-{method}"
     _bound_claim(kube, namespace, "models", request)
@@ -86,7 +86,8 @@ def test_tiny_peft_job_trains_and_its_adapter_reproduces_the_loss(
 
     folder = cluster.workdir / "pod-runner" / "claims" / namespace / "models" / "out" / name
     config = json.loads((folder / ADAPTER_CONFIG).read_text())
-    assert config["peft_type"] == "LORA" and config["r"] == 4 and config["memfit_method"] == method
+    assert config["peft_type"] == "LORA" and config["r"] == 4
+    assert json.loads((folder / MEMFIT_ADAPTER).read_text())["method"] == method
     recorded = json.loads((folder / EVAL_FILE).read_text())
     assert plan.problem is not None
     problem = build_problem(plan.problem, seed=recorded["seed"])

@@ -116,3 +116,31 @@ def test_lora_trains_on_fsdp_with_only_the_adapters_in_the_optimizer(train_local
     losses = [loss for _, loss in result.losses]
     assert losses[-1] < losses[0]
     assert result.facts["optimizer_state_bytes"] == 8 * result.adapter_parameters + 4 * 16
+
+
+def test_the_saved_adapter_loads_with_the_peft_library_and_gives_the_trained_loss(
+    tmp_path: Path, train_local: Callable[..., Any]
+) -> None:
+    """What a user does with the output: `peft.PeftModel.from_pretrained(base, adapter_dir)` on the
+    plain (seeded) base model reproduces the loss of the model memfit trained."""
+    import torch
+    from memfit_trainer.problems import BatchKey, build_problem
+    from peft import PeftModel
+
+    builder = make_plan().precision("fp32").peft("lora").steps(STEPS).learning_rate(1e-2)
+    train_local(builder, output_dir=tmp_path / "adapter")
+    trained = train_local(builder.steps(STEPS + 1), output_dir=tmp_path / "again")
+    plan = builder.build()
+    assert plan.problem is not None
+    plain = build_problem(plan.problem, seed=0)
+    model = PeftModel.from_pretrained(plain.model, str(tmp_path / "adapter"))
+    model.eval()
+    lora_a = [n for n, _ in model.named_parameters() if "lora_A" in n]
+    assert len(lora_a) == 2 * 4  # 2 blocks x qkv, proj, fc, out
+    batch = plain.make_batch(BatchKey(seed=0, step=STEPS + 1, sample_start=0, samples=4))
+    with torch.no_grad():
+        loss = plain.loss_fn(model, batch).item()
+        with model.disable_adapter():
+            base_loss = plain.loss_fn(model, batch).item()
+    assert loss == pytest.approx(trained.losses[-1][1], rel=1e-4)
+    assert base_loss != pytest.approx(loss, rel=1e-3)  # the adapter's weights were loaded, not just its shape

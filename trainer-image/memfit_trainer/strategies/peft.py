@@ -27,6 +27,7 @@ from memfit_trainer.problems import TrainingProblem
 
 BASE_DTYPES = {Precision.BF16: torch.bfloat16, Precision.FP16: torch.float16, Precision.FP32: torch.float32}
 ADAPTER_CONFIG = "adapter_config.json"
+MEMFIT_ADAPTER = "memfit_adapter.json"  # memfit's own facts, beside peft's config (peft warns on extra keys)
 ADAPTER_WEIGHTS = "adapter_model.bin"
 PEFT_PREFIX = "base_model.model."
 
@@ -148,12 +149,14 @@ def save_adapter(model: nn.Module, directory: Path, *, method: PeftMethod, adapt
         "peft_type": "LORA", "task_type": None, "base_model_name_or_path": base_model, "r": adapter.rank,
         "lora_alpha": adapter.alpha, "lora_dropout": adapter.dropout,
         "target_modules": sorted(adapter.target_modules), "bias": "none", "fan_in_fan_out": False,
-        "inference_mode": True, "memfit_method": method.value,
+        "inference_mode": True,
     }
+    facts: dict[str, Any] = {"method": method.value}
     if method == PeftMethod.QLORA:
-        config["memfit_quantization"] = {"quant_type": adapter.quant_type.value,
-                                         "double_quant": adapter.double_quant, "blocksize": 64}
+        facts["quantization"] = {"quant_type": adapter.quant_type.value,
+                                 "double_quant": adapter.double_quant, "blocksize": 64}
     (directory / ADAPTER_CONFIG).write_text(json.dumps(config, indent=2, sort_keys=True))
+    (directory / MEMFIT_ADAPTER).write_text(json.dumps(facts, indent=2, sort_keys=True))
     return directory
 
 
