@@ -1,6 +1,6 @@
 """Memory accuracy benchmark: memfit's per-rank peak prediction against real training on CPU, with peers.
 
-    python benchmarks/memory_accuracy.py [--quick] [--json OUT] [--cases ID,ID...]
+    python benchmarks/memory_accuracy.py [--quick] [--json OUT] [--cases ID,ID...] [--section NAME]
 
 1. Truth: each case trains for real under memfit-trainer's engine (DDP, DeepSpeed ZeRO 0-3, FSDP2)
    at world size 1 or 2 (gloo, torchrun), and every rank measures its peak with the CPU allocator's
@@ -15,6 +15,8 @@ memory_accuracy_quick.json with --quick): `predictors: {name: {mape, p95_abs_pct
 coverage, seconds_per_prediction}}` (percentages in %; max_under_pct is the largest under-prediction,
 0 when it never under-predicts) and `cases: [{id, config, truth_bytes, predictions: {name: bytes|null}}]`.
 --quick: 8 single-rank cases of a small decoder in under a minute (part of the trainer test tier).
+--section peft: the 37 LoRA/QLoRA cases alone (issue 20; peers skip them: none models a frozen base),
+written to memory_accuracy_peft.json.
 """
 
 from __future__ import annotations
@@ -34,11 +36,20 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
 
-from memory_accuracy_cases import PROBLEMS, Case, full_cases, held_out, quick_cases, section_of  # noqa: E402
+from memory_accuracy_cases import (  # noqa: E402
+    PROBLEMS,
+    Case,
+    case_section,
+    full_cases,
+    held_out,
+    quick_cases,
+    section_of,
+)
 from provenance import stamp  # noqa: E402
 
 DEFAULT_OUT = ROOT / "results" / "memory_accuracy.json"
 QUICK_OUT = ROOT / "results" / "memory_accuracy_quick.json"
+PEFT_OUT = ROOT / "results" / "memory_accuracy_peft.json"
 # The sources this benchmark measures: the memory model, the contracts, the trainer and profiler that
 # produce the truth and the profiles, and the benchmark itself.
 MEASURES = ["operator/memfit/memory", "operator/memfit/api", "trainer-image/memfit_trainer",
@@ -63,8 +74,8 @@ def measure_truth(cases: list[Case], workdir: Path, *, device: str = "cpu") -> d
     # One launch per world size and section: a training job runs in its own process, and state that
     # earlier cases leave in a shared worker (library flags set by DeepSpeed/FSDP runs) changed the
     # entrypoint section's truths by up to 20 % (encoder-decoder attention) when they shared one.
-    for world, section in sorted({(c.world_size, section_of(c.family)) for c in cases}):
-        group = [c for c in cases if c.world_size == world and section_of(c.family) == section]
+    for world, section in sorted({(c.world_size, case_section(c)) for c in cases}):
+        group = [c for c in cases if c.world_size == world and case_section(c) == section]
         spec = workdir / f"cases-w{world}-{section}.json"
         spec.write_text(json.dumps([{"id": c.id, "plan": c.plan_wire()} for c in group]))
         out = workdir / f"truth-w{world}-{section}"
@@ -112,7 +123,7 @@ def profile_args(key: str) -> list[str]:
 def profile_key(case: Case) -> str:
     """Which profile predicts a case: per problem, and for user code per optimizer (the profiling Job
     runs the job's optimizer; builtin problems keep the AdamW profile their calibration was built on)."""
-    if section_of(case.family) == "entrypoint":
+    if case_section(case) == "entrypoint":
         return f"{case.family}:{case.optimizer}"
     return f"{case.family}:adamw"
 
@@ -171,7 +182,9 @@ def predict_all(cases: list[Case], profiles: dict[str, Any]) -> dict[str, dict[s
     for name, peer in PEERS.items():
         out[name] = {}
         for case in cases:
-            if section_of(case.family) == "entrypoint":  # peers need an analytic or builtin model
+            # Peers need a builtin model, and none models a frozen base: they would predict the full
+            # fine-tune of a PEFT case.
+            if case_section(case) in ("entrypoint", "peft"):
                 out[name][case.id] = Prediction(None, 0.0)
                 continue
             try:
@@ -223,13 +236,16 @@ def build_report(
         predictors[name] = summarise(pairs, seconds)
     sections: dict[str, Any] = {}
     groups = {
-        "transformer": [c for c in measured if section_of(c.family) == "transformer"],
-        "entrypoint": [c for c in measured if section_of(c.family) == "entrypoint"],
-        "entrypoint-in-sample": [c for c in measured if section_of(c.family) == "entrypoint" and not held_out(c.family)],
-        "entrypoint-held-out": [c for c in measured if section_of(c.family) == "entrypoint" and held_out(c.family)],
-        "depth-reduced": [c for c in measured if section_of(c.family) == "depth"],
-        "depth-reduced-in-sample": [c for c in measured if section_of(c.family) == "depth" and not held_out(c.family)],
-        "depth-reduced-held-out": [c for c in measured if section_of(c.family) == "depth" and held_out(c.family)],
+        "transformer": [c for c in measured if case_section(c) == "transformer"],
+        "entrypoint": [c for c in measured if case_section(c) == "entrypoint"],
+        "entrypoint-in-sample": [c for c in measured if case_section(c) == "entrypoint" and not held_out(c.family)],
+        "entrypoint-held-out": [c for c in measured if case_section(c) == "entrypoint" and held_out(c.family)],
+        "peft": [c for c in measured if case_section(c) == "peft"],
+        "peft-lora": [c for c in measured if case_section(c) == "peft" and c.peft == "lora"],
+        "peft-qlora": [c for c in measured if case_section(c) == "peft" and c.peft == "qlora"],
+        "depth-reduced": [c for c in measured if case_section(c) == "depth"],
+        "depth-reduced-in-sample": [c for c in measured if case_section(c) == "depth" and not held_out(c.family)],
+        "depth-reduced-held-out": [c for c in measured if case_section(c) == "depth" and held_out(c.family)],
     }
     for section, members in groups.items():
         pairs = [(truth[c.id]["truth_bytes"], predictions["memfit"][c.id].bytes) for c in members
@@ -363,12 +379,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="8 single-rank cases, under a minute")
     parser.add_argument("--json", type=Path, default=None, help="output JSON (default: benchmarks/results/)")
     parser.add_argument("--cases", default="", help="comma-separated case ids to run (default: all)")
-    parser.add_argument("--section", choices=("all", "transformer", "entrypoint", "depth"), default="all",
-                        help="run only one section's cases")
+    parser.add_argument("--section", choices=("all", "transformer", "entrypoint", "depth", "peft"), default="all",
+                        help="run only one section's cases (peft writes memory_accuracy_peft.json)")
     args = parser.parse_args(argv)
     cases = quick_cases() if args.quick else full_cases()
     if args.section != "all":
-        cases = [c for c in cases if section_of(c.family) == args.section]
+        cases = [c for c in cases if case_section(c) == args.section]
     if args.cases:
         wanted = set(args.cases.split(","))
         cases = [c for c in cases if c.id in wanted]
@@ -386,7 +402,7 @@ def main(argv: list[str] | None = None) -> int:
     report["mode"] = "quick" if args.quick else "full"
     report["provenance"] = stamp(MEASURES)
     print_table(report)
-    out = args.json or (QUICK_OUT if args.quick else DEFAULT_OUT)
+    out = args.json or (QUICK_OUT if args.quick else PEFT_OUT if args.section == "peft" else DEFAULT_OUT)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=1) + "\n")
     print(f"\nwrote {out} ({report['seconds']} s)")

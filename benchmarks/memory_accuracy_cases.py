@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 # Small enough that a real CPU step takes about a second, large enough that activations and model
@@ -128,6 +128,11 @@ def section_of(family: str) -> str:
     return "entrypoint" if "entrypoint" in PROBLEMS[family] else "transformer"
 
 
+def case_section(case: Case) -> str:
+    """`peft` for LoRA/QLoRA cases, else the family's section."""
+    return "peft" if case.peft != "none" else section_of(case.family)
+
+
 def held_out(family: str) -> bool:
     """Families not looked at while the measured-activation model (or the depth extrapolation) was developed."""
     if family in DEPTH_PROBLEMS:
@@ -148,6 +153,11 @@ class Case:
     micro_batch_size: int = 1
     optimizer: str = "adamw"
     eight_bit: bool = False
+    peft: str = "none"  # none | lora | qlora (the PEFT section)
+    rank: int = 16
+    targets: tuple[str, ...] = ()  # empty = every linear layer of the blocks
+    dropout: float = 0.0
+    double_quant: bool = True
 
     @property
     def id(self) -> str:
@@ -155,14 +165,30 @@ class Case:
             self.engine
         ]
         opt = self.optimizer + ("8bit" if self.eight_bit else "")
+        peft = ""
+        if self.peft != "none":
+            peft = f"{self.peft}-r{self.rank}-" + ("+".join(self.targets) if self.targets else "all")
+            peft += f"-d{self.dropout:g}" if self.dropout else ""
+            peft += "-" if self.double_quant else "-nodq-"
         return (
-            f"{self.family}-{engine}-w{self.world_size}-{self.precision}-{self.checkpointing}"
+            f"{peft}{self.family}-{engine}-w{self.world_size}-{self.precision}-{self.checkpointing}"
             f"-mbs{self.micro_batch_size}-{opt}"
         )
 
     def config(self) -> dict[str, Any]:
         """The case's settings as written to the results JSON."""
         return asdict(self)
+
+    def _peft_wire(self) -> dict[str, Any]:
+        """The Plan's LoRA/QLoRA fields (alpha = 2r; targets as given, else every block linear)."""
+        if self.peft == "none":
+            return {}
+        from memfit.api.peft_layers import DEFAULT_TARGETS, architecture
+
+        targets = list(self.targets) or list(DEFAULT_TARGETS[architecture(PROBLEMS[self.family]) or "builtin"])
+        return {"peft": self.peft, "adapter": {"rank": self.rank, "alpha": 2 * self.rank,
+                                               "dropout": self.dropout, "targetModules": targets,
+                                               "doubleQuant": self.double_quant}}
 
     def plan_wire(self) -> dict[str, Any]:
         """The Plan memfit-trainer would receive for this case (one step of one micro-batch per rank)."""
@@ -190,6 +216,7 @@ class Case:
             "estimatedHours": 0,
             "estimatedCost": 0,
             "problem": PROBLEMS[self.family],
+            **self._peft_wire(),
             "training": {
                 "globalBatchSize": self.micro_batch_size * self.world_size,
                 "maxSteps": 3,
@@ -197,6 +224,60 @@ class Case:
                 "learningRate": 1e-4,
             },
         }  # fmt: skip
+
+
+def peft_cases() -> list[Case]:
+    """The PEFT section: LoRA and QLoRA on DDP and LoRA on FSDP2 (as memfit plans them) on GPT, BERT and
+    ViT; ranks 4-64, all or some target modules, adapter dropout, fp32/bf16, checkpointing
+    none/selective/full, micro-batch 1-8, AdamW / 8-bit AdamW / SGD, double quantisation on/off, world
+    size 1 and 2."""
+    c = Case
+    cases = [
+        c("gpt", precision="fp32", micro_batch_size=1, peft="lora"),
+        c("gpt", precision="bf16", micro_batch_size=4, peft="lora"),
+        c("gpt", precision="bf16", checkpointing="full", micro_batch_size=8, peft="lora", rank=64),
+        c("gpt", precision="bf16", micro_batch_size=2, peft="lora", rank=4, targets=("qkv", "proj")),
+        c("gpt", precision="bf16", checkpointing="selective", micro_batch_size=4, peft="lora"),
+        c("gpt", precision="fp32", checkpointing="full", micro_batch_size=2, peft="lora", eight_bit=True),
+        c("gpt", precision="bf16", micro_batch_size=2, peft="lora", dropout=0.1),
+        c("gpt", precision="bf16", micro_batch_size=1, peft="qlora"),
+        c("gpt", precision="bf16", checkpointing="full", micro_batch_size=8, peft="qlora", rank=64),
+        c("gpt", precision="fp32", micro_batch_size=4, peft="qlora", double_quant=False),
+        c("gpt", precision="bf16", micro_batch_size=4, peft="qlora", rank=8, eight_bit=True),
+        c("gpt", precision="bf16", micro_batch_size=2, peft="qlora", targets=("fc", "out"), optimizer="sgd"),
+        c("bert", precision="fp32", micro_batch_size=2, peft="lora"),
+        c("bert", precision="bf16", micro_batch_size=8, peft="lora", rank=32),
+        c("bert", precision="bf16", checkpointing="full", micro_batch_size=4, peft="lora", dropout=0.05),
+        c("bert", precision="bf16", micro_batch_size=4, peft="lora", rank=8, targets=("qkv",)),
+        c("bert", precision="bf16", micro_batch_size=2, peft="qlora"),
+        c("bert", precision="fp32", checkpointing="full", micro_batch_size=8, peft="qlora", rank=4),
+        c("bert", precision="bf16", checkpointing="selective", micro_batch_size=4, peft="qlora", rank=32),
+        c("vit", precision="bf16", micro_batch_size=4, peft="lora"),
+        c("vit", precision="fp32", checkpointing="full", micro_batch_size=8, peft="lora", rank=8),
+        c("vit", precision="bf16", micro_batch_size=2, peft="qlora"),
+        c("vit", precision="bf16", checkpointing="full", micro_batch_size=8, peft="qlora", rank=32),
+    ]
+    cases += [
+        c("gpt", world_size=2, precision="bf16", micro_batch_size=2, peft="lora"),
+        c("gpt", world_size=2, precision="bf16", checkpointing="full", micro_batch_size=4, peft="qlora"),
+        c("bert", world_size=2, precision="fp32", micro_batch_size=1, peft="lora", rank=8),
+        c("bert", world_size=2, precision="bf16", micro_batch_size=4, peft="qlora", rank=32),
+    ]
+    # LoRA on FSDP2 (QLoRA's 4-bit base is not sharded): full shard and grad-op, world size 1 and 2.
+    fsdp = [
+        c("gpt", engine="fsdp", zero_stage=3, precision="bf16", micro_batch_size=4, peft="lora"),
+        c("gpt", engine="fsdp", zero_stage=3, precision="fp32", micro_batch_size=2, peft="lora"),
+        c("gpt", engine="fsdp", zero_stage=2, precision="bf16", micro_batch_size=4, peft="lora"),
+        c("gpt", engine="fsdp", zero_stage=3, precision="bf16", checkpointing="full", micro_batch_size=8, peft="lora",
+          rank=64),
+        c("bert", engine="fsdp", zero_stage=3, precision="bf16", micro_batch_size=4, peft="lora"),
+        c("bert", engine="fsdp", zero_stage=2, precision="fp32", checkpointing="full", micro_batch_size=4,
+          peft="lora"),
+        c("vit", engine="fsdp", zero_stage=3, precision="bf16", micro_batch_size=4, peft="lora"),
+    ]
+    cases += [replace(case, world_size=2) for case in fsdp]
+    cases += [fsdp[0], fsdp[5], fsdp[6]]
+    return cases
 
 
 def _ddp_cases(family: str) -> list[Case]:
@@ -270,9 +351,10 @@ def _sharded_cases() -> list[Case]:
 
 def full_cases() -> list[Case]:
     """The full benchmark: 30 single-rank DDP cases over three families and 19 sharded ones (the
-    transformer section), the 36 cases of the entrypoint section and the 24 of the depth section."""
+    transformer section), the 36 cases of the entrypoint section, the 24 of the depth section and the 37
+    of the PEFT section."""
     return [*_ddp_cases("gpt"), *_ddp_cases("bert"), *_ddp_cases("vit"), *_sharded_cases(), *entrypoint_cases(),
-            *depth_cases()]
+            *depth_cases(), *peft_cases()]
 
 
 def gpu_cases() -> list[Case]:

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from memfit.api.common import Checkpointing, Engine, Offload, Precision
+from memfit.api.common import Checkpointing, Engine, Offload, PeftMethod, Precision
 from memfit.api.job import OptimizerKind
 from memfit.api.problem import Problem
 from memfit.api.profile import Profile
@@ -57,10 +57,19 @@ def _strategy(case: Case) -> Any:
         optimizer8bit=case.eight_bit,
         micro_batch_size=case.micro_batch_size,
         gradient_accumulation_steps=1,
+        peft=PeftMethod(case.peft),
     )
+    layout = None
+    if case.peft != "none":  # the adapters' layout, from the plan the truth worker ran
+        from memfit.api.plan import Plan
+        from memfit.memory.adapter import adapter_layout
+
+        plan = Plan.model_validate(case.plan_wire())
+        assert plan.adapter is not None
+        layout = adapter_layout(PROBLEMS[case.family], plan.adapter)
     # The predictor is asked about the device the case ran on.
     return Strategy(config=config, optimizer=OptimizerKind(case.optimizer), world_size=case.world_size,
-                    gpus_per_node=case.world_size, device=Device(TRUTH_DEVICE))
+                    gpus_per_node=case.world_size, device=Device(TRUTH_DEVICE), adapter=layout)
 
 
 def memfit_predictor(profile: Profile) -> Callable[[Case], Prediction]:

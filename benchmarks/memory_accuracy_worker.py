@@ -33,6 +33,7 @@ def run_case(plan_wire: dict[str, Any], env: Any, device: Any) -> dict[str, Any]
     from memfit_trainer.problems import BatchKey, build_problem
     from memfit_trainer.strategies import make_runner
     from memfit_trainer.strategies.checkpointing import apply_activation_checkpointing
+    from memfit_trainer.strategies.peft import apply_peft
 
     plan = Plan.model_validate(plan_wire)
     assert plan.problem is not None
@@ -44,6 +45,7 @@ def run_case(plan_wire: dict[str, Any], env: Any, device: Any) -> dict[str, Any]
     with meter:
         with meter.region("build"):
             problem = build_problem(plan.problem, seed=0)
+            apply_peft(problem, method=plan.peft, adapter=plan.adapter, precision=plan.precision, device=device)
             apply_activation_checkpointing(problem, plan.activation_checkpointing)
             runner = make_runner(plan=plan, problem=problem, device=device, world_size=env.world_size)
         mbs = plan.micro_batch_size

@@ -35,6 +35,7 @@ def record(case_id: str) -> tuple[Any, Any]:
     from memfit_trainer.problems import BatchKey, build_problem
     from memfit_trainer.strategies import make_runner
     from memfit_trainer.strategies.checkpointing import apply_activation_checkpointing
+    from memfit_trainer.strategies.peft import apply_peft
     from memory_accuracy_cases import full_cases
     from torch.profiler import ProfilerActivity, profile, record_function
 
@@ -52,6 +53,7 @@ def record(case_id: str) -> tuple[Any, Any]:
     try:
         with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
             problem = build_problem(plan.problem, seed=0)
+            apply_peft(problem, method=plan.peft, adapter=plan.adapter, precision=plan.precision, device=device)
             apply_activation_checkpointing(problem, plan.activation_checkpointing)
             runner = make_runner(plan=plan, problem=problem, device=device, world_size=env.world_size)
             mbs = plan.micro_batch_size

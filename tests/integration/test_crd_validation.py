@@ -64,6 +64,9 @@ CEL_CASES: dict[str, tuple[dict[str, Any], str]] = {
     ),
     "ddp does not shard": ({"strategy": {"engine": "ddp", "zeroStage": 3}}, "engine ddp does not shard"),
     "ddp does not offload": ({"strategy": {"engine": "ddp", "offload": "cpu"}}, "engine ddp cannot offload"),
+    "peft auto needs allowed": ({"strategy": {"peft": {"method": "auto"}}}, "peft method auto needs a non-empty"),
+    "peft allowed needs auto": ({"strategy": {"peft": {"method": "lora", "allowed": ["qlora"]}}},
+                                "peft allowed applies only to method auto"),
 }
 
 
@@ -101,6 +104,8 @@ SCHEMA_CASES: dict[str, tuple[dict[str, Any], str]] = {
         "spec.placement.nodePools",
     ),
     "long image": ({"image": "x" * 600}, "spec.image"),
+    "unknown peft method": ({"strategy": {"peft": {"method": "prefix-tuning"}}}, "spec.strategy.peft.method"),
+    "lora rank 0": ({"strategy": {"peft": {"method": "lora", "lora": {"rank": 0}}}}, "spec.strategy.peft.lora.rank"),
 }
 
 
@@ -118,7 +123,7 @@ def test_schema_bounds_reject(
 
 def test_examples_are_accepted_and_defaulted(kube: Kube, namespace: str, install_crds: list[str]) -> None:
     custom = client.CustomObjectsApi(kube.api_client)
-    for path in ("quickstart.yaml", "llama-finetune.yaml"):
+    for path in ("quickstart.yaml", "llama-finetune.yaml", "llama-8b-lora.yaml", "llama-70b-qlora.yaml"):
         doc = yaml.safe_load((REPO / "examples" / path).read_text())
         doc["metadata"].pop("namespace", None)
         created = custom.create_namespaced_custom_object(

@@ -78,6 +78,12 @@ class PlanBuilder:
     def global_batch(self, samples: int) -> PlanBuilder:
         return self._with(globalBatchSize=samples)
 
+    def peft(self, method: str, *, rank: int = 8, targets: tuple[str, ...] = ("qkv", "proj", "fc", "out"),
+             dropout: float = 0.0) -> PlanBuilder:
+        """LoRA/QLoRA with adapters of `rank` on `targets` (alpha 2r)."""
+        adapter = {"rank": rank, "alpha": 2 * rank, "dropout": dropout, "targetModules": list(targets)}
+        return self._with(peft=method, adapter=adapter)
+
     def wire(self) -> dict[str, Any]:
         f = {
             "engine": "ddp",
@@ -129,7 +135,7 @@ class PlanBuilder:
             "problem": f.get("problemSpec", {"builtin": TINY_GPT}),
             "training": training,
         }  # fmt: skip
-        for optional in ("checkpointDir", "nvmePath"):
+        for optional in ("checkpointDir", "nvmePath", "peft", "adapter"):
             if optional in f:
                 plan[optional] = f[optional]
         return plan

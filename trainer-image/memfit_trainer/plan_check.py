@@ -52,6 +52,7 @@ def plan_problems(plan: Plan, facts: RuntimeFacts) -> list[str]:
         reasons.append("training is missing: the plan must carry the job's training spec")
     reasons += _engine_problems(plan, facts)
     reasons += _precision_problems(plan, facts)
+    reasons += _peft_problems(plan)
     if plan.world_size != facts.world_size:
         reasons.append(
             f"plan is for {plan.nodes} node(s) x {plan.gpus_per_node} GPU(s) = world size {plan.world_size}, "
@@ -144,3 +145,19 @@ def refuse_invalid(error: Exception, *, rank: int | None, environ: Mapping[str, 
     message = TerminationMessage(reason=Reason.INVALID_PLAN, rank=rank, message=str(error))
     write_termination_message(message, termination_path(dict(environ)))
     return exit_code(Reason.INVALID_PLAN)
+
+
+def _peft_problems(plan: Plan) -> list[str]:
+    """LoRA/QLoRA plans need their adapter settings; LoRA runs on DDP and FSDP, QLoRA on DDP."""
+    if plan.peft.value == "none":
+        return []
+    if plan.peft.value == "auto":
+        return ["peft is 'auto': the planner must resolve it before launch"]
+    reasons = []
+    if plan.adapter is None:
+        reasons.append(f"peft {plan.peft.value} needs plan.adapter (rank, alpha, target modules)")
+    engines = ("ddp", "fsdp") if plan.peft.value == "lora" else ("ddp",)
+    if plan.engine.value not in engines:
+        reasons.append(f"peft {plan.peft.value} runs on engine {' or '.join(engines)} in this version, "
+                       f"not {plan.engine.value}")
+    return reasons

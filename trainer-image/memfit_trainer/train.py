@@ -31,12 +31,15 @@ from memfit_trainer.metrics import TrainerMetrics
 from memfit_trainer.problems import BatchKey, build_problem
 from memfit_trainer.strategies import CHECKPOINT_FORMATS, make_runner
 from memfit_trainer.strategies.checkpointing import apply_activation_checkpointing
+from memfit_trainer.strategies.peft import apply_peft, save_adapter, save_merged, write_eval_loss
 
 ENV_INJECT_OOM_AT_STEP = "MEMFIT_INJECT_OOM_AT_STEP"
 ENV_INJECT_OOM_RANK = "MEMFIT_INJECT_OOM_RANK"
 ENV_INJECT_KILL_AT_STEP = "MEMFIT_INJECT_KILL_AT_STEP"
 ENV_CHECKPOINT_DIR = "MEMFIT_CHECKPOINT_DIR"
 ENV_SEED = "MEMFIT_SEED"
+ENV_OUTPUT_DIR = "MEMFIT_OUTPUT_DIR"
+ENV_SAVE_MERGED = "MEMFIT_SAVE_MERGED"
 
 log = logging.getLogger("memfit_trainer")
 
@@ -52,6 +55,8 @@ class TrainOptions:
     inject_kill_at_step: int | None = None
     keep_checkpoints: int = 2
     first_steps: Mapping[str, str] = field(default_factory=dict)  # the environment of the first-steps check
+    output_dir: Path | None = None  # where a LoRA/QLoRA run writes its adapter (else <checkpoints>/adapter)
+    save_merged: bool = False  # also write the base with the adapter merged in
 
     @staticmethod
     def from_env(plan: Plan, environ: Mapping[str, str]) -> TrainOptions:
@@ -68,6 +73,8 @@ class TrainOptions:
             inject_kill_at_step=int(kill) if kill.isdigit() else None,
             keep_checkpoints=keep_from_env(dict(environ)),
             first_steps={k: v for k, v in environ.items() if k.startswith("MEMFIT_")},
+            output_dir=Path(environ[ENV_OUTPUT_DIR]) if environ.get(ENV_OUTPUT_DIR) else None,
+            save_merged=environ.get(ENV_SAVE_MERGED, "") in ("1", "true"),
         )
 
 
@@ -105,6 +112,8 @@ class RunResult:
     device_peak_bytes: int | None = None  # NVML process bytes, where the meter has them
     device: str = "cpu"  # cpu, cuda, or simulated-cuda (memfit_trainer.meters.simulated)
     step_seconds: list[float] = field(default_factory=list)
+    adapter_parameters: int = 0
+    adapter_dir: str | None = None
 
     @property
     def mean_step_seconds(self) -> float | None:
@@ -145,6 +154,7 @@ def run_training(
     runner: Any = None
     try:
         problem = build_problem(plan.problem, seed=options.seed)
+        adapters = apply_peft(problem, method=plan.peft, adapter=plan.adapter, precision=plan.precision, device=device)
         recomputed = apply_activation_checkpointing(problem, plan.activation_checkpointing)
         fmt = CHECKPOINT_FORMATS[plan.engine]
         latest = find_latest(options.checkpoint_dir) if options.checkpoint_dir else None
@@ -174,6 +184,7 @@ def run_training(
             memory_meter=meter.name,
             capacity_bytes=meter.capacity_bytes,
             checkpointed_modules=recomputed,
+            adapter_parameters=adapters,
         )
         if metrics is not None:
             metrics.set_plan(plan, capacity_bytes=meter.capacity_bytes)
@@ -187,6 +198,14 @@ def run_training(
         result.reserved_peak_bytes = getattr(meter, "run_reserved_peak_bytes", None)
         result.device_peak_bytes = getattr(meter, "run_device_peak_bytes", None)
         result.device = device.type if meter.name != "simulated-gpu" else "simulated-cuda"
+        folder = options.output_dir or (options.checkpoint_dir / "adapter" if options.checkpoint_dir else None)
+        if adapters and plan.adapter is not None and folder is not None and env.rank == 0:
+            model = problem.model
+            result.adapter_dir = str(save_adapter(model, folder, method=plan.peft, adapter=plan.adapter,
+                                                  base_model=_base_model_name(plan)))
+            if options.save_merged:
+                save_merged(model, folder)
+            write_eval_loss(problem, plan, folder, seed=options.seed, device=device)
         result.seconds = time.perf_counter() - started
         return result
     finally:
@@ -195,6 +214,13 @@ def run_training(
         runner = None
         gc.collect()
         meter.stop()
+
+
+def _base_model_name(plan: Plan) -> str:
+    problem = plan.problem
+    if problem is not None and problem.huggingface is not None:
+        return problem.huggingface.model
+    return ""
 
 
 def _memory_row(step: int, sample: MemorySample) -> dict[str, int]:

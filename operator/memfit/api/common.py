@@ -82,6 +82,23 @@ class Offload(StrEnum):
     NVME = "nvme"
 
 
+class PeftMethod(StrEnum):
+    """Parameter-efficient fine-tuning: none (full fine-tune), LoRA adapters on a frozen 16-bit base,
+    QLoRA adapters on a frozen 4-bit base; `auto` lets the planner choose among `peft.allowed`."""
+
+    AUTO = "auto"
+    NONE = "none"
+    LORA = "lora"
+    QLORA = "qlora"
+
+
+class QuantType(StrEnum):
+    """bitsandbytes 4-bit data type of a QLoRA base: NormalFloat4 (Dettmers et al. 2023) or FP4."""
+
+    NF4 = "nf4"
+    FP4 = "fp4"
+
+
 class Toggle(StrEnum):
     """A choice the planner makes unless the user pins it."""
 

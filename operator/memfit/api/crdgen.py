@@ -93,6 +93,20 @@ CEL_RULES: dict[str, list[dict[str, str]]] = {
             "reason": "FieldValueForbidden",
         },
     ],
+    "MemoryOptimizedTrainingJob.spec.strategy.peft": [
+        {
+            "rule": "!has(self.method) || self.method != 'auto' || (has(self.allowed) && size(self.allowed) > 0)",
+            "message": "peft method auto needs a non-empty allowed list: any of none, lora, qlora",
+            "fieldPath": ".allowed",
+            "reason": "FieldValueRequired",
+        },
+        {
+            "rule": "!has(self.allowed) || size(self.allowed) == 0 || (has(self.method) && self.method == 'auto')",
+            "message": "peft allowed applies only to method auto",
+            "fieldPath": ".allowed",
+            "reason": "FieldValueForbidden",
+        },
+    ],
 }
 
 
@@ -286,6 +300,7 @@ def build_crds() -> dict[str, dict[str, Any]]:
         _col("Age", ".metadata.creationTimestamp", "date"),
         _col("Engine", ".status.plan.engine", priority=1),
         _col("MicroBatch", ".status.plan.microBatchSize", "integer", priority=1),
+        _col("PEFT", ".status.plan.peft", priority=1, desc="none, lora or qlora"),
         _col("Message", ".status.message", priority=1),
     ]
     pool_columns = [

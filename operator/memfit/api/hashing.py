@@ -27,16 +27,18 @@ def problem_hash(problem: Problem) -> str:
 
 
 def profile_cache_key(
-    problem: Problem, *, optimizer: str, optimizer8bit: str, image: str, gpu_product: str, depth: str = "full"
+    problem: Problem, *, optimizer: str, optimizer8bit: str, image: str, gpu_product: str, depth: str = "full",
+    peft: str = "",
 ) -> str:
     """The profile cache key: the problem and everything else a profile's numbers depend on.
 
     A profile measures the problem with the job's optimizer (its state and step scratch) and 8-bit
     choice (`auto`/`on`/`off`; `off` skips the bitsandbytes points), in the trainer image (torch and
-    library versions change what is allocated), on one GPU product. Jobs that differ in any of them
-    must not share a profile. `depth` is `full` (the whole model measured: the key of older
-    profiles, unchanged), `reduced` (1 and 2 of its blocks measured) or `analytic` (nothing measured).
-    16 hex digits of SHA-256, like `problem_hash`.
+    library versions change what is allocated), on one GPU product, and -- for a job that allows
+    LoRA/QLoRA, whose adapters the profile measures too -- the adapter settings (`peft`, empty for other
+    jobs, which keeps their keys). Jobs that differ in any of them must not share a profile. `depth` is
+    `full` (the whole model measured: the key of older profiles, unchanged), `reduced` (1 and 2 of its
+    blocks measured) or `analytic` (nothing measured). 16 hex digits of SHA-256, like `problem_hash`.
     """
     key = {
         "problem": problem_config(problem),
@@ -47,5 +49,7 @@ def profile_cache_key(
     }
     if depth != "full":
         key["depth"] = depth
+    if peft:
+        key["peft"] = peft
     text = json.dumps(key, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:HASH_HEX_DIGITS]

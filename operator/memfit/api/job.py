@@ -22,6 +22,7 @@ from memfit.api.common import (
     Precision,
     Toggle,
 )
+from memfit.api.peft import PeftSpec
 from memfit.api.problem import Problem
 from memfit.api.rules import check_spec
 from memfit.api.training_config import TrainingConfig
@@ -95,6 +96,25 @@ class StrategySpec(ApiModel):
     micro_batch_size: MicroBatch = Field(
         default="auto",
         description="auto or samples per GPU per forward pass; must divide the global batch per GPU.",
+    )
+    peft: PeftSpec = Field(
+        default_factory=PeftSpec,
+        description="LoRA/QLoRA the planner may use: none (default, full fine-tune), lora, qlora, or auto "
+        "with an allowed list. memfit never switches to a method the user did not allow.",
+    )
+
+
+class OutputSpec(ApiModel):
+    """Where the trained result goes: a LoRA/QLoRA run writes its adapter (peft's layout) there, and the
+    merged model when asked."""
+
+    volume_claim: str = Field(max_length=NAME_MAX, description="PersistentVolumeClaim mounted at /output.")
+    path: str = Field(
+        default="", max_length=1024, pattern=r"^[A-Za-z0-9._/-]*$",
+        description="Folder on the volume (relative), e.g. out/llama-8b-lora; empty = the job's name.",
+    )
+    merged: bool = Field(
+        default=False, description="Also write the base with the adapter merged in (LoRA/QLoRA runs)."
     )
 
 
@@ -178,6 +198,7 @@ class MemoryOptimizedTrainingJobSpec(ApiModel):
     )
     problem: Problem = Field(description="What to train: exactly one of builtin, huggingface, entrypoint.")
     training: TrainingSpec = Field(default_factory=TrainingSpec, description="Batch, steps, optimizer.")
+    output: OutputSpec | None = Field(default=None, description="Where the adapter (and merged model) go.")
     strategy: StrategySpec = Field(default_factory=StrategySpec, description="Pinned or auto settings.")
     placement: PlacementSpec = Field(default_factory=PlacementSpec, description="Pools and node limits.")
     objective: ObjectiveSpec = Field(default_factory=ObjectiveSpec, description="Cost or time, limits.")

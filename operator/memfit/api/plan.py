@@ -8,6 +8,7 @@ from pydantic import Field
 
 from memfit.api.common import ApiModel
 from memfit.api.job import PlanSummary, TrainingSpec
+from memfit.api.peft import AdapterSettings
 from memfit.api.problem import Problem
 from memfit.api.training_config import TrainingConfig
 
@@ -52,6 +53,14 @@ class MemoryBreakdown(ApiModel):
     nvme_bytes: int = Field(default=0, ge=0, description="NVMe per GPU for offload.")
 
 
+class FullFinetuneComparison(ApiModel):
+    """A LoRA/QLoRA plan next to the best full fine-tune the planner found (or why there is none)."""
+
+    peak_bytes: int | None = Field(default=None, ge=0, description="Predicted per-GPU peak of the full fine-tune.")
+    estimated_cost: float | None = Field(default=None, ge=0, description="Its total cost.")
+    description: str = Field(default="", max_length=256, description="Its GPUs and configuration, or why none fits.")
+
+
 class Plan(TrainingConfig):
     """Everything a training pod needs to apply the chosen configuration: the TrainingConfig (inline,
     its fields flat in the JSON) on a pool, with the predictions it was chosen on."""
@@ -81,6 +90,12 @@ class Plan(TrainingConfig):
     )
     baseline: BaselineCost | None = Field(default=None, description="The default (plain) baseline and savings.")
     declared_baseline: BaselineCost | None = Field(default=None, description="placement.baseline, beside it.")
+    adapter: AdapterSettings | None = Field(
+        default=None, description="LoRA/QLoRA: rank, alpha, dropout, target modules, 4-bit settings.")
+    parameters: int | None = Field(default=None, ge=0, description="Parameters of the model (base, no adapters).")
+    trainable_parameters: int | None = Field(default=None, ge=0, description="Parameters the optimizer trains.")
+    full_finetune: FullFinetuneComparison | None = Field(
+        default=None, description="For a LoRA/QLoRA plan: the full fine-tune it was compared with.")
     attempt: int = Field(default=0, ge=0)
     checkpoint_dir: str | None = Field(default=None, max_length=1024)
     nvme_path: str | None = Field(default=None, max_length=1024)
@@ -88,6 +103,13 @@ class Plan(TrainingConfig):
     @property
     def world_size(self) -> int:
         return self.nodes * self.gpus_per_node
+
+    @property
+    def trainable_fraction(self) -> float | None:
+        """Trainable / all parameters (LoRA: the adapters' share), when both are known."""
+        if not self.parameters or self.trainable_parameters is None:
+            return None
+        return self.trainable_parameters / self.parameters
 
     def describe(self, *, words: bool = False, batch: bool = True) -> str:
         """The GPUs, then the configuration: `4xL4 ZeRO-2 bf16 ckpt-full 8-bit-optim mbs 2x4`."""

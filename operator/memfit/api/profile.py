@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from memfit.api.common import ApiModel, Checkpointing, Precision
+from memfit.api.common import ApiModel, Checkpointing, PeftMethod, Precision
 
 PROFILE_SCHEMA = "memfit.dev/profile/v1"
 
@@ -57,6 +57,10 @@ class Measurement(ApiModel):
     peak_backward_bytes: int | None = Field(default=None, ge=0, description="Peak of forward + backward.")
     peak_step_bytes: int | None = Field(default=None, ge=0, description="Peak of the optimizer step.")
     step_seconds: float = Field(ge=0)
+    peft: PeftMethod | None = Field(
+        default=None,
+        description="lora or qlora: measured with the job's adapters (the PEFT variant); absent: full fine-tune.",
+    )
     blocks: int | None = Field(
         default=None, ge=1, description="Repeated blocks of the measured model (depth-reduced profiles); "
         "default: the full model.",

@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from memfit.api.peft_rules import check_peft
+
 Finding = tuple[str, str] | None
 
 
@@ -108,5 +110,6 @@ SPEC_RULES: tuple[Callable[[Any], Finding], ...] = (
 
 
 def check_spec(spec: Any) -> list[tuple[str, str]]:
-    """Every cross-field violation of a MOTJ spec (wire form)."""
-    return [finding for rule in SPEC_RULES if (finding := rule(spec)) is not None]
+    """Every cross-field violation of a MOTJ spec (wire form), the `strategy.peft` rules included."""
+    found = [finding for rule in SPEC_RULES if (finding := rule(spec)) is not None]
+    return found + (check_peft(spec) if isinstance(spec, dict) else [])

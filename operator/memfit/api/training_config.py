@@ -11,11 +11,12 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from memfit.api.common import ApiModel, Checkpointing, Engine, Offload, Precision
+from memfit.api.common import ApiModel, Checkpointing, Engine, Offload, PeftMethod, Precision
 
-ConfigKey = tuple[Engine, int, Precision, Checkpointing, Offload, bool]
+ConfigKey = tuple[Engine, int, Precision, Checkpointing, Offload, bool, PeftMethod]
 
 _OFFLOAD_WORDS = {Offload.CPU: "CPU offload", Offload.NVME: "NVMe offload"}
+_PEFT_WORDS = {PeftMethod.LORA: "LoRA", PeftMethod.QLORA: "QLoRA"}
 
 
 class TrainingConfig(ApiModel):
@@ -35,6 +36,10 @@ class TrainingConfig(ApiModel):
     optimizer8bit: bool
     micro_batch_size: int = Field(ge=1)
     gradient_accumulation_steps: int = Field(ge=1)
+    peft: PeftMethod = Field(
+        default=PeftMethod.NONE,
+        description="none (full fine-tune), lora (adapters on a frozen 16-bit base) or qlora (on a 4-bit base).",
+    )
 
     def training_config(self) -> TrainingConfig:
         """The bare configuration (a Plan or PlanSummary embeds one; this drops their other fields)."""
@@ -46,11 +51,12 @@ class TrainingConfig(ApiModel):
         """The configuration without its batch split: what two runs must share for the memory of one to
         speak for the other (measured peaks, caches)."""
         return (self.engine, self.zero_stage, self.precision, self.activation_checkpointing, self.offload,
-                self.optimizer8bit)
+                self.optimizer8bit, self.peft)
 
     def describe(self, *, words: bool = False, batch: bool = True) -> str:
         """`ZeRO-2 bf16 ckpt-full offload-cpu 8-bit-optim mbs 2x4`; with `words`, for sentences:
-        `ZeRO-2, bf16, full checkpointing, CPU offload, 8-bit optimizer` (never the batch split)."""
+        `ZeRO-2, bf16, full checkpointing, CPU offload, 8-bit optimizer` (never the batch split); a LoRA or
+        QLoRA configuration starts with `LoRA` / `QLoRA`."""
         if self.engine == Engine.DEEPSPEED:
             sharding = f"ZeRO-{self.zero_stage}"
         elif self.engine == Engine.FSDP:
@@ -60,6 +66,8 @@ class TrainingConfig(ApiModel):
         else:
             sharding = "DDP"
         parts = [sharding, self.precision.value]
+        if self.peft in _PEFT_WORDS:
+            parts.insert(0, _PEFT_WORDS[self.peft])
         ckpt = self.activation_checkpointing
         if ckpt != Checkpointing.NONE:
             parts.append(f"{ckpt.value} checkpointing" if words else f"ckpt-{ckpt.value}")

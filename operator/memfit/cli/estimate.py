@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
-from memfit.api.common import Checkpointing, Engine, Offload, Precision, Toggle
+from memfit.api.common import Checkpointing, Engine, Offload, PeftMethod, Precision, Toggle
 from memfit.api.job import MemoryOptimizedTrainingJob, OptimizerKind, StrategySpec
+from memfit.api.peft import adapter_settings
 from memfit.api.problem import BuiltinProblem, HuggingFaceProblem
 from memfit.api.profile import ModelShape
 from memfit.api.validation import violations_from
@@ -34,6 +36,7 @@ from memfit.memory import (
     strategy_from_pins,
     strategy_problem,
 )
+from memfit.memory.adapter import adapter_layout
 from memfit.planner import PoolRejection, catalog_pools
 from memfit.planner.offers import resolve_offer
 
@@ -103,14 +106,39 @@ def _estimate_strategy(args: argparse.Namespace, job: MemoryOptimizedTrainingJob
     }
     pins = job.spec.strategy if job is not None else StrategySpec()
     pins = pins.model_copy(update={k: v for k, v in flags.items() if v is not None})
+    if args.peft or args.lora_rank or args.lora_targets:
+        lora = pins.peft.lora.model_copy(update={k: v for k, v in {
+            "rank": args.lora_rank, "target_modules": args.lora_targets.split(",") if args.lora_targets else None,
+        }.items() if v})
+        method = PeftMethod(args.peft) if args.peft else pins.peft.method
+        pins = pins.model_copy(update={"peft": pins.peft.model_copy(
+            update={"method": method, "allowed": [], "lora": lora})})
     optimizer = OptimizerKind(args.optimizer) if args.optimizer else (
         job.spec.training.optimizer if job else OptimizerKind.ADAMW
     )
-    return strategy_from_pins(
+    strategy = strategy_from_pins(
         pins, optimizer=optimizer, world_size=args.world_size, gpus_per_node=args.gpus_per_node,
         global_batch_size=job.spec.training.global_batch_size if job else None,
         accumulation_steps=args.accumulation, device=Device(args.device),
     )
+    if strategy.config.peft == PeftMethod.NONE:
+        return strategy
+    wire = _problem_wire(args, job)
+    settings = adapter_settings(wire, pins.peft)
+    layout = adapter_layout(wire, settings) if settings is not None else None
+    if layout is None:
+        raise InputError(["--peft: LoRA/QLoRA estimates need a model whose linear layers memfit knows "
+                          "(builtin, llama, mistral, qwen2, qwen3, gpt2, bert, vit)"])
+    return replace(strategy, adapter=layout)
+
+
+def _problem_wire(args: argparse.Namespace, job: MemoryOptimizedTrainingJob | None) -> dict[str, Any]:
+    if job is not None:
+        return job.spec.problem.to_wire()
+    if args.hf_config:
+        config = json.loads(Path(args.hf_config).read_text(encoding="utf-8"))
+        return {"huggingface": {"model": "local/config", "config": config}}
+    return {"builtin": parse_builtin(args.builtin).to_wire()}
 
 
 def cmd_estimate(args: argparse.Namespace) -> int:
@@ -185,6 +213,9 @@ def register(subparsers: Any) -> None:
     e.add_argument("--micro-batch", type=int)
     e.add_argument("--accumulation", type=int)
     e.add_argument("--profile", help="Profile JSON to calibrate with")
+    e.add_argument("--peft", choices=["none", "lora", "qlora"], help="LoRA (16-bit base) or QLoRA (4-bit base)")
+    e.add_argument("--lora-rank", type=int, help="adapter rank (default 16)")
+    e.add_argument("--lora-targets", help="comma-separated target modules (default: every block linear layer)")
     e.add_argument("--gpu", help="catalog GPU key: also print usable memory and step time")
     e.add_argument("--device", choices=[d.value for d in Device], default=Device.CUDA.value,
                    help="where the step runs (cpu: the CPU optimizer kernels, as the CPU profiler measures)")

@@ -81,6 +81,7 @@ def render_result(result: PlanResult, *, title: str) -> str:
         out += ["", "Plan (predicted):", _table(headers, [_candidate_row("1", c)]), ""]
         out += [f"  memory per GPU at the peak ({c.memory.phase}), {c.headroom_percent}% headroom kept:",
                 breakdown_table(c.memory, usable_bytes=c.usable_bytes)]
+        out += peft_lines(result)
         if result.alternatives:
             rows = [_candidate_row(str(i), a) for i, a in enumerate(result.alternatives, start=2)]
             out += ["", "Alternatives (best on each other pool):", _table(headers, rows)]
@@ -106,6 +107,40 @@ def render_result(result: PlanResult, *, title: str) -> str:
     if result.notes:
         out += ["", "Notes:"] + [f"  - {n}" for n in result.notes]
     return "\n".join(out)
+
+
+def _less(ours: float, theirs: float) -> str:
+    """`33% less` / `12% more` (savings read as savings, never as a negative number)."""
+    if theirs <= 0:
+        return "n/a"
+    change = 100 * (1 - ours / theirs)
+    return f"{change:.0f}% less" if change >= 0 else f"{-change:.0f}% more"
+
+
+def peft_lines(result: PlanResult) -> list[str]:
+    """For a LoRA/QLoRA plan: the adapters, the trainable fraction and the difference against the
+    best full fine-tune (memory per GPU and total cost)."""
+    plan, c = result.plan, result.chosen
+    if plan is None or c is None or plan.adapter is None:
+        return []
+    a = plan.adapter
+    method = "QLoRA" if plan.peft.value == "qlora" else "LoRA"
+    quant = f", {a.quant_type.value}{' double-quant' if a.double_quant else ''} base" if method == "QLoRA" else ""
+    out = ["", f"{method}: rank {a.rank}, alpha {a.alpha}, dropout {a.dropout:g}, targets "
+               f"{', '.join(a.target_modules)}{quant}"]
+    fraction = plan.trainable_fraction
+    if fraction is not None and plan.trainable_parameters is not None:
+        out.append(f"  trainable: {plan.trainable_parameters:,} of {plan.parameters:,} parameters "
+                   f"({100 * fraction:.3g}%)")
+    full = plan.full_finetune
+    if full is not None and full.peak_bytes is not None and full.estimated_cost is not None:
+        out.append(f"  vs the best full fine-tune ({full.description}): peak {_g(c.memory.peak_bytes)} vs "
+                   f"{_g(full.peak_bytes)} GiB per GPU ({_less(c.memory.peak_bytes, full.peak_bytes)}), "
+                   f"{_money(c.total_cost)} vs {_money(full.estimated_cost)} "
+                   f"({_less(c.total_cost, full.estimated_cost)})")
+    elif full is not None:
+        out.append(f"  vs a full fine-tune: {full.description}")
+    return out
 
 
 def plan_title(job: MemoryOptimizedTrainingJob, shape: ModelShape | None, source: str) -> str:

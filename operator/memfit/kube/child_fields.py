@@ -49,6 +49,10 @@ def child_field_problems(spec: MemoryOptimizedTrainingJobSpec) -> list[str]:
             "training.checkpoint.volumeClaim: must be a PersistentVolumeClaim name (DNS subdomain: "
             "lowercase letters, digits, '-' and '.')"
         )
+    output = spec.output.volume_claim if spec.output is not None else ""
+    if output and not _subdomain(output):
+        problems.append("output.volumeClaim: must be a PersistentVolumeClaim name (DNS subdomain: lowercase "
+                        "letters, digits, '-' and '.')")
     pool = spec.profiling.node_pool
     if pool != "auto" and not _subdomain(pool):
         problems.append("profiling.nodePool: must be auto or a GPUNodePool name (DNS subdomain)")

@@ -29,6 +29,7 @@ MAX_JOB_NAME = 40
 PLAN_MOUNT = "/etc/memfit"
 CHECKPOINT_MOUNT = "/checkpoints"
 NVME_MOUNT = "/nvme"
+OUTPUT_MOUNT = "/output"
 MASTER_PORT = 29500
 METRICS_PORT = 9400
 

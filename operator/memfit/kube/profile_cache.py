@@ -32,7 +32,7 @@ class Observation:
     caching allocator's reservation (GPU only). Observations stored before these fields existed were
     CUDA allocator peaks on the plan's GPU and read as such."""
 
-    config_key: str  # engine/stage/precision/checkpointing/offload/8bit/world/gpus-per-node/mbs/accumulation
+    config_key: str  # engine/stage/precision/checkpointing/offload/8bit/world/gpus-per-node/mbs/accumulation[/peft:rank:targets]
     gpu_product: str
     predicted_peak_bytes: int
     measured_peak_bytes: int

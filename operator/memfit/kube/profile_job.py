@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 
 from memfit.api.problem import Problem
 from memfit.kube.common import (
@@ -50,6 +51,12 @@ def build_profile_job(
     optimizer: str = "adamw",
     optimizer8bit: str = "auto",
     depth: str = "full",
+    lora_targets: Sequence[str] = (),
+    lora_rank: int = 16,
+    lora_dropout: float = 0.0,
+    peft_methods: Sequence[str] = (),
+    qlora_quant: str = "nf4",
+    qlora_double_quant: bool = True,
 ) -> Manifest:
     """Job `<job>-profile`: runs `memfit-trainer profile` on one GPU of the profiling pool.
 
@@ -57,7 +64,16 @@ def build_profile_job(
     (a Toggle: auto/enabled/disabled): the profile measures the optimizer the job will train
     with, and `problem_hash` should then be `memfit.api.hashing.profile_cache_key` of them. `depth`
     `reduced` measures 1 and 2 of the model's repeated blocks (memfit.lifecycle.profile_fit).
+    `lora_targets` / `lora_rank`: when the job allows LoRA/QLoRA, the profiler checks them against the
+    model's modules (a mismatch fails the profile with `strategy.peft.lora.targetModules`) and, with
+    `peft_methods`, also measures those adapters on a frozen base (the PEFT variant).
     """
+    peft_args: list[str] = []
+    if lora_targets:
+        peft_args = ["--lora-targets", ",".join(lora_targets), "--lora-rank", str(lora_rank)]
+    if lora_targets and peft_methods:
+        peft_args += ["--lora-dropout", str(lora_dropout), "--peft-methods", ",".join(peft_methods),
+                      "--qlora-quant", qlora_quant, "--qlora-double-quant", "on" if qlora_double_quant else "off"]
     labels = job_labels(owner.name, COMPONENT_PROFILER) | {
         LABEL_PROBLEM: problem_hash[:16],
         LABEL_POOL: placement.pool,
@@ -69,7 +85,7 @@ def build_profile_job(
         "command": ["memfit-trainer", "profile"],
         "args": ["--problem", f"{PLAN_MOUNT}/problem.json", "--out", "/tmp/profile.json",
                  "--optimizer", optimizer, "--optimizer8bit", _toggle(optimizer8bit),
-                 *(["--depth", "reduced"] if depth == "reduced" else [])],
+                 *(["--depth", "reduced"] if depth == "reduced" else []), *peft_args],
         "env": [{"name": "MEMFIT_JOB", "value": owner.name}],
         "resources": {"limits": {GPU_RESOURCE: "1"}},
         "terminationMessagePath": "/dev/termination-log",

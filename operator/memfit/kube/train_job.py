@@ -30,6 +30,7 @@ from memfit.kube.names import (
     MASTER_PORT,
     METRICS_PORT,
     NVME_MOUNT,
+    OUTPUT_MOUNT,
     PLAN_MOUNT,
     job_labels,
     plan_config_map_name,
@@ -118,6 +119,17 @@ def _env(*, owner: Owner, plan: Plan) -> list[Manifest]:
     ]
 
 
+def _output_env(*, owner: Owner, spec: MemoryOptimizedTrainingJobSpec) -> list[Manifest]:
+    """MEMFIT_OUTPUT_DIR (and MEMFIT_SAVE_MERGED) when the job names an output volume."""
+    if spec.output is None:
+        return []
+    folder = spec.output.path.strip("/") or owner.name
+    env: list[Manifest] = [{"name": "MEMFIT_OUTPUT_DIR", "value": f"{OUTPUT_MOUNT}/{folder}"}]
+    if spec.output.merged:
+        env.append({"name": "MEMFIT_SAVE_MERGED", "value": "1"})
+    return env
+
+
 def build_training_job(
     *,
     owner: Owner,
@@ -155,6 +167,10 @@ def build_training_job(
         if claim
         else {"name": "checkpoints", "emptyDir": {}}
     )
+    output = spec.output
+    if output is not None:
+        mounts.append({"name": "output", "mountPath": OUTPUT_MOUNT})
+        volumes.append({"name": "output", "persistentVolumeClaim": {"claimName": output.volume_claim}})
     if plan.offload == Offload.NVME:
         mounts.append({"name": "nvme", "mountPath": NVME_MOUNT})
         volumes.append(
@@ -172,7 +188,7 @@ def build_training_job(
         # `memfit-trainer train` starts torchrun for multi-GPU plans and keeps the trainer's exit codes.
         "command": ["memfit-trainer", "train"],
         "args": ["--plan", f"{PLAN_MOUNT}/plan.json"],
-        "env": _env(owner=owner, plan=plan)
+        "env": _env(owner=owner, plan=plan) + _output_env(owner=owner, spec=spec)
         + [{"name": k, "value": v} for k, v in sorted((extra_env or {}).items())],
         # Each local rank serves its metrics on METRICS_PORT + local rank.
         "ports": [

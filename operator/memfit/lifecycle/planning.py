@@ -5,8 +5,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from memfit.api.common import Checkpointing, Engine, Offload, Precision
+from memfit.api.common import Checkpointing, Engine, Offload, PeftMethod, Precision
 from memfit.api.job import MemoryOptimizedTrainingJobSpec, PlanSummary
+from memfit.api.peft import adapter_settings
 from memfit.api.plan import Plan
 from memfit.api.pool import GPUNodePool
 from memfit.api.profile import Profile
@@ -17,6 +18,7 @@ from memfit.kube.profile_cache import KIND_ALLOCATED, Observation
 from memfit.lifecycle.world import PoolCapacity
 from memfit.memory.strategy import Strategy
 from memfit.planner import MeasuredPeak, PlanResult, plan, plan_summary
+from memfit.planner.decide import job_adapter
 from memfit.planner.measured import MeasuredDevice, PeakKind
 
 
@@ -33,8 +35,13 @@ class PlanOutcome:
 
 
 def config_key(p: Plan) -> str:
-    """The configuration that ran, as stored with a measured peak (parsed back by `strategy_of`)."""
-    return "/".join(
+    """The configuration that ran, as stored with a measured peak (parsed back by `strategy_of`).
+
+    A LoRA/QLoRA run adds an 11th part, `<method>:<rank>:<targets joined by +>`: its peak speaks only
+    for the same adapters (the profile cache, and so its observations, is shared by every job of the
+    problem), and must never be read as a full fine-tune's.
+    """
+    parts = [
         str(x)
         for x in (
             p.engine.value,
@@ -48,14 +55,34 @@ def config_key(p: Plan) -> str:
             p.micro_batch_size,
             p.gradient_accumulation_steps,
         )
-    )
+    ]
+    if p.peft != PeftMethod.NONE and p.adapter is not None:
+        parts.append(_adapter_tag(p.peft, p.adapter.rank, p.adapter.target_modules))
+    return "/".join(parts)
+
+
+def _adapter_tag(method: PeftMethod, rank: int, targets: Sequence[str]) -> str:
+    return f"{method.value}:{rank}:{'+'.join(sorted(targets))}"
 
 
 def strategy_of(key: str, spec: MemoryOptimizedTrainingJobSpec) -> Strategy | None:
-    """Inverse of `config_key`; None for a key from another version."""
+    """Inverse of `config_key`; None for a key from another version, or a LoRA/QLoRA run whose
+    adapters differ from this job's."""
     parts = key.split("/")
-    if len(parts) != 10:
+    if len(parts) not in (10, 11):
         return None
+    peft, adapter = PeftMethod.NONE, None
+    if len(parts) == 11:
+        method = parts[10].split(":")[0]
+        if method not in (PeftMethod.LORA.value, PeftMethod.QLORA.value):
+            return None
+        peft = PeftMethod(method)
+        settings = adapter_settings(spec.problem.to_wire(), spec.strategy.peft)
+        if settings is None or parts[10] != _adapter_tag(peft, settings.rank, settings.target_modules):
+            return None
+        adapter = job_adapter(spec)
+        if adapter is None:
+            return None
     try:
         config = TrainingConfig(
             engine=Engine(parts[0]),
@@ -66,9 +93,10 @@ def strategy_of(key: str, spec: MemoryOptimizedTrainingJobSpec) -> Strategy | No
             optimizer8bit=parts[5] == "1",
             micro_batch_size=int(parts[8]),
             gradient_accumulation_steps=int(parts[9]),
+            peft=peft,
         )
         return Strategy(config=config, optimizer=spec.training.optimizer, world_size=int(parts[6]),
-                        gpus_per_node=int(parts[7]))
+                        gpus_per_node=int(parts[7]), adapter=adapter)
     except ValueError:
         return None
 

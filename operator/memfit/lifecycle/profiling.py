@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
 from pydantic import ValidationError
 
+from memfit.api.common import PeftMethod
 from memfit.api.hashing import profile_cache_key
 from memfit.api.job import (
     MemoryOptimizedTrainingJobSpec,
@@ -11,6 +15,7 @@ from memfit.api.job import (
     Phase,
     ProfileSummary,
 )
+from memfit.api.peft_layers import resolve_targets
 from memfit.api.pool import GPUNodePool
 from memfit.api.profile import Profile
 from memfit.kube.common import Placement
@@ -77,6 +82,7 @@ def profile_keys(
             image=settings.pod(spec).image,
             gpu_product=product,
             depth=depth,
+            peft=_peft_key(spec),
         )
 
     return (key(FULL), key(choice.depth)) if choice.depth != FULL else (key(FULL),)
@@ -154,6 +160,7 @@ def profile_step(
                     optimizer=str(spec.training.optimizer.value),
                     optimizer8bit=str(spec.strategy.optimizer8bit.value),
                     depth=choice.depth,
+                    **_lora_check(spec),
                 )
             )
         )
@@ -344,3 +351,24 @@ def placement_of(pool: GPUNodePool) -> Placement:
         node_selector=dict(pool.spec.node_selector),
         tolerations=tuple(pool.spec.tolerations),
     )
+
+
+def _lora_check(spec: MemoryOptimizedTrainingJobSpec) -> dict[str, Any]:
+    """When the job allows LoRA/QLoRA: the targets and rank the profiler checks against the model, and
+    the adapters whose variant it measures."""
+    peft = spec.strategy.peft
+    methods = tuple(m.value for m in peft.methods() if m in (PeftMethod.LORA, PeftMethod.QLORA))
+    if not methods:
+        return {}
+    targets = resolve_targets(spec.problem.to_wire(), list(peft.lora.target_modules))
+    if not targets:
+        return {}
+    return {"lora_targets": tuple(targets), "lora_rank": peft.lora.rank, "lora_dropout": peft.lora.dropout,
+            "peft_methods": methods, "qlora_quant": peft.qlora.quant_type.value,
+            "qlora_double_quant": peft.qlora.double_quant}
+
+
+def _peft_key(spec: MemoryOptimizedTrainingJobSpec) -> str:
+    """The adapter settings the profile's PEFT variant is measured with ("" when none is)."""
+    check = _lora_check(spec)
+    return json.dumps(check, sort_keys=True, separators=(",", ":")) if check else ""

@@ -40,7 +40,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from memfit.api.common import Checkpointing, Engine, Precision
+from memfit.api.common import Checkpointing, Engine, PeftMethod, Precision
 from memfit.api.job import OptimizerKind
 from memfit.api.profile import Measurement, Profile
 from memfit.api.training_config import PLAIN_FP32_DDP
@@ -78,6 +78,15 @@ class Calibration:
     notes: tuple[str, ...] = ()
     curves: Mapping[CurveKey, CurveFit] = field(default_factory=lambda: MappingProxyType({}))
     optimizer: OptimizerKind | None = None  # the profile's optimizer; None: any (older profiles)
+    # Measured peaks of the job's LoRA/QLoRA variant: (method, precision, checkpointing, micro-batch,
+    # peak allocated bytes); used for PEFT strategies only (memory/peft_calibration.py).
+    peft_points: tuple[tuple[PeftMethod, Precision, Checkpointing, int, int], ...] = ()
+
+    def fragmentation_only(self) -> Calibration:
+        """Only the measured fragmentation: what carries to a LoRA/QLoRA strategy, whose tensors the
+        full fine-tune's activation and residual fits do not describe."""
+        return Calibration(fragmentation=self.fragmentation, device=self.device, optimizer=self.optimizer,
+                           peft_points=self.peft_points)
 
     def curve(self, strategy: Strategy, *, held: bool) -> CurveFit | None:
         """The measured curve for this strategy's precision and checkpointing (held or bare gradients);
@@ -92,6 +101,10 @@ class Calibration:
     def sources(self, strategy: Strategy) -> dict[str, str]:
         """Per term, whether this strategy's prediction rests on the profile (`measured`) or on the
         analytic model (`analytic`)."""
+        if strategy.config.peft != PeftMethod.NONE:
+            measured = self.peft_measured_like(strategy)
+            return {"parameters": ANALYTIC, "optimizer": ANALYTIC, "activations": MEASURED if measured else ANALYTIC,
+                    "step": ANALYTIC, "fragmentation": MEASURED if self.fragmentation is not None else ANALYTIC}
         key = (strategy.config.precision, strategy.config.activation_checkpointing)
         activations = MEASURED if (self.curve(strategy, held=False) is not None
                                    or key in self.activation_scales) else ANALYTIC
@@ -99,6 +112,12 @@ class Calibration:
                 else ANALYTIC)
         return {"parameters": ANALYTIC, "optimizer": ANALYTIC, "activations": activations, "step": step,
                 "fragmentation": MEASURED if self.fragmentation is not None else ANALYTIC}
+
+    def peft_measured_like(self, strategy: Strategy) -> bool:
+        """The profile measured this strategy's PEFT method, on its device, and it runs on DDP (as the
+        profiled bare model does): its points correct the prediction."""
+        return (strategy.config.engine == Engine.DDP and strategy.device == self.device
+                and any(p[0] == strategy.config.peft for p in self.peft_points))
 
     def _measured_like(self, strategy: Strategy) -> bool:
         """Residuals describe the profiled engine (DDP) on the profiled device only."""
@@ -253,7 +272,11 @@ def _calibrate_one(profile: Profile, shape: Shape, *, optimizer: OptimizerKind |
     step_errors: dict[bool, list[float]] = {}
     notes: list[str] = []
     ratios: list[float] = []
+    peft_points: list[tuple[PeftMethod, Precision, Checkpointing, int, int]] = []
     for m in profile.measurements:
+        if m.peft is not None:  # the LoRA/QLoRA variant: other tensors, kept for PEFT strategies only
+            peft_points.append((m.peft, m.precision, m.checkpointing, m.micro_batch_size, m.peak_allocated_bytes))
+            continue
         if m.precision == Precision.AUTO or m.checkpointing == Checkpointing.AUTO:
             notes.append("skipped a measurement with precision or checkpointing auto")
             continue
@@ -320,7 +343,7 @@ def _calibrate_one(profile: Profile, shape: Shape, *, optimizer: OptimizerKind |
             # the error goes to the fixed residual.
             fitted_residuals.setdefault(key, []).append(statistics.fmean(y - b * s for b, y, s, _, _ in points))
             notes.append(f"{label}: one micro-batch size per backward moment, error assigned to the fixed residual")
-    if profile.measurements and not groups and not profile.activation_curves:
+    if any(m.peft is None for m in profile.measurements) and not groups and not profile.activation_curves:
         notes.append("no measured point showed the activations (every backward peak was at the gradient "
                      "plateau): activation terms are analytic; profile larger micro-batches")
     fragmentation = None
@@ -357,4 +380,5 @@ def _calibrate_one(profile: Profile, shape: Shape, *, optimizer: OptimizerKind |
         notes=tuple(notes),
         curves=MappingProxyType(curves),
         optimizer=optimizer,
+        peft_points=tuple(peft_points),
     )

@@ -22,12 +22,14 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, NamedTuple
 
-from memfit.api.common import Engine
+from memfit.api.common import Engine, PeftMethod
 from memfit.api.plan import MemoryBreakdown
 from memfit.api.profile import ModelShape
 from memfit.memory.activations import ActivationTerms, activation_terms
 from memfit.memory.curves import CurveFit
 from memfit.memory.overhead import framework_overhead
+from memfit.memory.peft import peft_activation_terms, peft_phases, peft_states
+from memfit.memory.peft_calibration import peft_fixed_residual
 from memfit.memory.shape import Shape
 from memfit.memory.states import model_states
 from memfit.memory.strategy import Strategy
@@ -259,13 +261,28 @@ def memory_terms(shape: Shape, strategy: Strategy, *, calibration: Calibration |
     `activations` may pass `activation_terms(shape, strategy)` computed earlier: they depend only on
     the precision regime and checkpointing, so the planner computes them once per pair.
     """
-    states = model_states(shape, strategy)
-    phases = phase_bytes(shape, strategy)
-    acts = activations if activations is not None else activation_terms(shape, strategy)
+    layout = strategy.adapter if strategy.config.peft != PeftMethod.NONE else None
+    if strategy.config.peft != PeftMethod.NONE and layout is None:
+        raise ValueError("a LoRA/QLoRA strategy needs its adapter layout (Strategy.adapter)")
+    peft_residual = 0.0
+    if layout is not None:
+        # The full fine-tune's activation and residual corrections describe other tensors: a PEFT
+        # strategy takes the allocator's fragmentation and, from the profile's PEFT variant (if it was
+        # measured), a fixed residual that only raises the prediction (peft_calibration.py).
+        states, phases = peft_states(shape, strategy, layout), peft_phases(shape, strategy, layout)
+        acts = activations if activations is not None else peft_activation_terms(shape, strategy, layout)
+        if calibration is not None and calibration.peft_measured_like(strategy):
+            peft_residual = peft_fixed_residual(calibration.peft_points, strategy, device=calibration.device,
+                                                optimizer=calibration.optimizer,
+                                                allocated=lambda s, b: memory_terms(shape, s).allocated_bytes(b, 1))
+        calibration = None if calibration is None else calibration.fragmentation_only()
+    else:
+        states, phases = model_states(shape, strategy), phase_bytes(shape, strategy)
+        acts = activations if activations is not None else activation_terms(shape, strategy)
     act_per_sample, tmp_per_sample = acts.activation_bytes_per_sample, acts.temporary_bytes_per_sample
     block_act, block_tmp = acts.block_activation_bytes_per_sample, acts.block_temporary_bytes_per_sample
     last_act = acts.last_block_activation_bytes_per_sample
-    with_activations = phases.with_activations_bytes
+    with_activations = phases.with_activations_bytes + peft_residual
     step_temporary = phases.step_temporary_bytes
     fragmentation = None
     if calibration is not None:

@@ -5,9 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
-from memfit.api.common import Checkpointing, Engine, Offload, Precision, Toggle
+from memfit.api.common import Checkpointing, Engine, Offload, PeftMethod, Precision, Toggle
 from memfit.api.job import OptimizerKind, StrategySpec
 from memfit.api.training_config import PLAIN_FP32_DDP, TrainingConfig
+from memfit.memory.adapter import AdapterLayout
 
 
 class Device(StrEnum):
@@ -23,7 +24,8 @@ class Strategy:
     precision, memory savers, batch split) at a layout, with the optimizer and the device it runs on.
 
     `device` is where the step runs: GPUs for every plan; `cpu` predicts a CPU run (the profiling
-    stand-in and the accuracy benchmark's truth).
+    stand-in and the accuracy benchmark's truth). `adapter` is the LoRA/QLoRA layout a configuration
+    with `config.peft` other than none trains (memory/peft.py).
     """
 
     config: TrainingConfig = PLAIN_FP32_DDP
@@ -31,6 +33,7 @@ class Strategy:
     world_size: int = 1
     gpus_per_node: int = 1
     device: Device = Device.CUDA
+    adapter: AdapterLayout | None = None
 
     @property
     def mixed_precision(self) -> bool:
@@ -62,8 +65,8 @@ def strategy_from_pins(pins: StrategySpec, *, optimizer: OptimizerKind, world_si
                        accumulation_steps: int | None = None, device: Device = Device.CUDA) -> Strategy:
     """One concrete Strategy from a job's strategy fields, `auto` read as the usual setup: DDP (ZeRO-2
     for DeepSpeed, full shard for FSDP), bf16, no checkpointing, no offload, a 32-bit optimizer,
-    micro-batch 1, and the accumulation that keeps `global_batch_size` (1 without one). Not checked:
-    `strategy_problem` says whether it can run."""
+    micro-batch 1, the accumulation that keeps `global_batch_size` (1 without one), and a full
+    fine-tune unless LoRA/QLoRA is pinned. Not checked: `strategy_problem` says whether it can run."""
     engine = Engine.DDP if pins.engine == Engine.AUTO else pins.engine
     micro = pins.micro_batch_size if isinstance(pins.micro_batch_size, int) else 1
     if accumulation_steps is None:
@@ -78,6 +81,9 @@ def strategy_from_pins(pins: StrategySpec, *, optimizer: OptimizerKind, world_si
         optimizer8bit=pins.optimizer8bit == Toggle.ENABLED,
         micro_batch_size=micro,
         gradient_accumulation_steps=accumulation_steps,
+        # A pinned LoRA/QLoRA is the job's; `auto` reads as the full fine-tune (the caller adds the
+        # adapter layout, which needs the problem).
+        peft=pins.peft.method if pins.peft.method in (PeftMethod.LORA, PeftMethod.QLORA) else PeftMethod.NONE,
     )
     return Strategy(config=config, optimizer=optimizer, world_size=world_size,
                     gpus_per_node=gpus_per_node or min(world_size, 8), device=device)
@@ -109,6 +115,16 @@ def strategy_problem(strategy: Strategy) -> str | None:
     if config.optimizer8bit and offload != Offload.NONE:
         # Offloaded optimizers step on the CPU (DeepSpeedCPUAdam, torch on CPU); bitsandbytes is CUDA-only.
         return "an 8-bit (bitsandbytes) optimizer cannot run with optimizer offload"
+    if config.peft == PeftMethod.AUTO:
+        return "peft must be concrete (none, lora or qlora), not auto"
+    if config.peft == PeftMethod.LORA and engine == Engine.DEEPSPEED:
+        return "LoRA runs on DDP or FSDP in this version (DeepSpeed ZeRO-3 adapters are not implemented yet)"
+    if config.peft == PeftMethod.QLORA and engine != Engine.DDP:
+        # bitsandbytes' Params4bit loses its quantisation state under fully_shard (sharded 4-bit
+        # storage through bnb_4bit_quant_storage is not implemented), and ZeRO-3 is not either.
+        return "QLoRA runs on DDP in this version (its 4-bit base is not sharded by FSDP or ZeRO-3 yet)"
+    if config.peft != PeftMethod.NONE and offload != Offload.NONE:
+        return "LoRA/QLoRA plans do not offload in this version"
     if min(strategy.world_size, strategy.gpus_per_node, config.micro_batch_size,
            config.gradient_accumulation_steps) < 1:
         return "world size, GPUs per node, micro-batch and accumulation must be >= 1"

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from memfit.api.common import Checkpointing, Engine, Offload, Precision
+from memfit.api.common import Checkpointing, Engine, Offload, PeftMethod, Precision
 from memfit.memory.shape import Shape
 from memfit.memory.strategy import Strategy
 
@@ -155,12 +155,31 @@ def ring_seconds_per_byte(world_size: int, gpus_per_node: int, gpu: GpuSpeed) ->
     return seconds
 
 
+def _adapter_parameters(shape: Shape, strategy: Strategy) -> float | None:
+    if strategy.config.peft == PeftMethod.NONE or strategy.adapter is None:
+        return None
+    return float(shape.layers * strategy.adapter.adapter_parameters_per_block)
+
+
+def _frozen_base_factor(shape: Shape, adapters: float) -> float:
+    """FLOPs of a LoRA/QLoRA step relative to the full fine-tune's: a frozen weight needs no weight
+    gradient, so its matmuls cost 4 instead of 6 FLOPs per parameter and token (forward 2, input
+    gradient 2); the adapters cost 6 (Hu et al. 2021, §4.2). QLoRA's dequantisation is not counted."""
+    s, h = shape.tokens, shape.hidden
+    attention = 12.0 * shape.layers * s * h
+    full = 6.0 * shape.parameters + attention
+    return (4.0 * shape.parameters + 6.0 * adapters + attention) / full if full else 1.0
+
+
 def time_terms(shape: Shape, strategy: Strategy, *, samples_per_gpu_step: int,
                flops_per_sample_override: float = 0.0, mfu: float | None = None) -> TimeTerms:
     """Step-time inputs of `strategy` with `samples_per_gpu_step` samples per GPU per step."""
     n = strategy.world_size
     ring = (n - 1) / n if n > 1 else 0.0
     p, t = float(shape.parameters), float(shape.trainable)
+    adapters = _adapter_parameters(shape, strategy)
+    if adapters is not None:
+        t = adapters  # LoRA/QLoRA: only the adapters' gradients are exchanged
     mixed = strategy.mixed_precision
     ds = strategy.config.engine == Engine.DEEPSPEED
     param_bytes = 2.0 if mixed else 4.0
@@ -180,6 +199,8 @@ def time_terms(shape: Shape, strategy: Strategy, *, samples_per_gpu_step: int,
         per_micro = ring * (2 * p * param_bytes + t * grad_bytes)
     base = flops_per_sample_override or flops_per_sample(shape)
     flops = base * recompute_factor(shape, strategy.config.activation_checkpointing) * samples_per_gpu_step
+    if adapters is not None:
+        flops *= _frozen_base_factor(shape, adapters)
     transfer_step = transfer_micro = cpu_params = nvme = 0.0
     cpu_rate = DS_CPU_ADAM_PARAMS_PER_S if ds else TORCH_CPU_ADAM_PARAMS_PER_S
     g = min(strategy.gpus_per_node, n)

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from memfit.api.common import Engine, Offload
+from memfit.api.common import Engine, Offload, PeftMethod
 from memfit.api.job import Minimize, OptimizerKind
 from memfit.memory.activations import ActivationTerms, activation_terms
+from memfit.memory.adapter import AdapterLayout
 from memfit.memory.calibration import Calibration
+from memfit.memory.peft import peft_activation_terms
 from memfit.memory.predict import MemoryTerms, memory_terms
 from memfit.memory.shape import Shape
+from memfit.memory.strategy import Strategy
 from memfit.memory.timing import TimeTerms, time_terms
 from memfit.planner.measured import PeakCorrections
 from memfit.planner.offers import Layout
@@ -34,6 +37,7 @@ class SearchContext:
     corrections: PeakCorrections
     flops_per_sample: float
     mfu: float | None
+    adapter: AdapterLayout | None = None  # the LoRA/QLoRA layout PEFT choices train
     # Keyed by choice rank or memory id (unique within one plan call), world size (and GPUs per node).
     memory_cache: dict[tuple[int, int], MemoryTerms] = field(default_factory=dict)
     time_cache: dict[tuple[int, int, int], TimeTerms] = field(default_factory=dict)
@@ -42,6 +46,12 @@ class SearchContext:
     # Leanest member of a group at a world size, once every member's smallest peak is known.
     group_min_cache: dict[tuple[tuple[int, ...], int], tuple[int, Choice]] = field(default_factory=dict)
     group_cache: dict[tuple[int, ...], list[tuple[tuple[int, ...], list[Choice]]]] = field(default_factory=dict)
+
+    def trainable(self, choice: Choice) -> int:
+        """Parameters the choice trains: all of them, or the LoRA/QLoRA adapters."""
+        if choice.config.peft == PeftMethod.NONE or self.adapter is None:
+            return self.shape.trainable
+        return self.shape.layers * self.adapter.adapter_parameters_per_block
 
     def fits_gpu(self, peak_bytes: float, usable_bytes: int) -> bool:
         """The fit rule: predicted peak x (1 + headroom) <= usable GPU memory."""
@@ -57,12 +67,14 @@ class SearchContext:
         terms = self.memory_cache.get(key)
         if terms is None:
             strategy = choice.strategy(optimizer=self.optimizer, world_size=world_size,
-                                       gpus_per_node=gpus_per_node)
-            # Activations depend on precision and checkpointing (and autocast under DDP) only.
-            act_key = (strategy.mixed_precision, choice.config.activation_checkpointing, choice.config.engine == Engine.DDP)
+                                       gpus_per_node=gpus_per_node, adapter=self.adapter)
+            # Activations depend on precision and checkpointing (and autocast under DDP, and the
+            # frozen base of LoRA/QLoRA) only.
+            act_key = (strategy.mixed_precision, choice.config.activation_checkpointing,
+                       choice.config.engine == Engine.DDP, choice.config.peft)
             acts = self.activation_cache.get(act_key)
             if acts is None:
-                acts = self.activation_cache[act_key] = activation_terms(self.shape, strategy)
+                acts = self.activation_cache[act_key] = _activations(self.shape, strategy)
             terms = memory_terms(self.shape, strategy, calibration=self.calibration, activations=acts)
             factor = self.corrections.factor(strategy)
             if factor != 1.0:
@@ -71,14 +83,15 @@ class SearchContext:
         return terms
 
     def groups(self, runnable: list[Choice]) -> list[tuple[tuple[int, ...], list[Choice]]]:
-        """Runnable choices grouped by (precision, checkpointing) -- identical compute, hence one
-        lower bound -- each in visit order; cached, since most offers run the same choices."""
+        """Runnable choices grouped by (precision, checkpointing, PEFT method) -- identical compute,
+        hence one lower bound -- each in visit order; cached, since most offers run the same choices."""
         key = tuple(c.rank for c in runnable)
         cached = self.group_cache.get(key)
         if cached is None:
-            by_compute: dict[tuple[object, object], list[Choice]] = {}
+            by_compute: dict[tuple[object, ...], list[Choice]] = {}
             for c in runnable:
-                by_compute.setdefault((c.config.precision, c.config.activation_checkpointing), []).append(c)
+                key_ = (c.config.precision, c.config.activation_checkpointing, c.config.peft)
+                by_compute.setdefault(key_, []).append(c)
             cached = [(tuple(c.rank for c in ordered), ordered)
                       for ordered in (group_order(v) for v in by_compute.values())]
             self.group_cache[key] = cached
@@ -119,13 +132,19 @@ class SearchContext:
         terms = self.time_cache.get(key)
         if terms is None:
             strategy = choice.strategy(optimizer=self.optimizer, world_size=layout.world_size,
-                                       gpus_per_node=layout.gpus_per_node)
+                                       gpus_per_node=layout.gpus_per_node, adapter=self.adapter)
             terms = time_terms(
                 self.shape, strategy, samples_per_gpu_step=self.global_batch // layout.world_size,
                 flops_per_sample_override=self.flops_per_sample, mfu=self.mfu,
             )
             self.time_cache[key] = terms
         return terms
+
+
+def _activations(shape: Shape, strategy: Strategy) -> ActivationTerms:
+    if strategy.adapter is not None:
+        return peft_activation_terms(shape, strategy, strategy.adapter)
+    return activation_terms(shape, strategy)
 
 
 def peak_bytes_int(terms: MemoryTerms, micro_batch: int, per_gpu: int) -> int:

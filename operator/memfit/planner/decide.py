@@ -9,11 +9,14 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
+from memfit.api.common import PeftMethod
 from memfit.api.job import MemoryOptimizedTrainingJobSpec, Minimize
-from memfit.api.plan import BaselineCost, Plan, round_cost
+from memfit.api.peft import adapter_settings
+from memfit.api.plan import BaselineCost, FullFinetuneComparison, Plan, round_cost
 from memfit.api.pool import GPUNodePool
 from memfit.api.profile import ModelShape, Profile
 from memfit.catalog import GpuCatalog
+from memfit.memory.adapter import AdapterLayout, adapter_layout
 from memfit.memory.calibration import Calibration, calibrate
 from memfit.memory.problems import ShapeError, shape_from_problem
 from memfit.memory.shape import Shape
@@ -78,6 +81,7 @@ def search_context(spec: MemoryOptimizedTrainingJobSpec, shape: ModelShape, *, p
         flops = profile.flops_per_sample
     pinned_mbs = spec.strategy.micro_batch_size
     return SearchContext(
+        adapter=job_adapter(spec),
         shape=hot,
         optimizer=spec.training.optimizer,
         global_batch=spec.training.global_batch_size,
@@ -96,11 +100,31 @@ def search_context(spec: MemoryOptimizedTrainingJobSpec, shape: ModelShape, *, p
     )
 
 
+def job_adapter(spec: MemoryOptimizedTrainingJobSpec) -> AdapterLayout | None:
+    """The LoRA/QLoRA layout of the job's adapter settings on its model (None when the job allows no
+    PEFT, or the model's linear layers are not known analytically)."""
+    if spec.strategy.peft.methods() == (PeftMethod.NONE,):
+        return None
+    wire = spec.problem.to_wire()
+    settings = adapter_settings(wire, spec.strategy.peft)
+    return adapter_layout(wire, settings) if settings is not None else None
+
+
+def _peft_choices(ctx: SearchContext, choices: list[Choice], reasons: list[str]) -> list[Choice]:
+    """Drop PEFT choices the memory model cannot describe (unknown linear layers), saying why."""
+    if ctx.adapter is not None or all(c.config.peft == PeftMethod.NONE for c in choices):
+        return choices
+    reasons.append("LoRA/QLoRA: the model's linear layers are not known analytically (builtin, llama, "
+                   "mistral, qwen2, qwen3, gpt2, bert, vit are); it is planned as a full fine-tune only")
+    return [c for c in choices if c.config.peft == PeftMethod.NONE]
+
+
 def build_plan(candidate: Candidate, spec: MemoryOptimizedTrainingJobSpec, *,
                calibration: Calibration | None = None, profile: Profile | None = None,
-               offer: Offer | None = None) -> Plan:
+               offer: Offer | None = None, full_finetune: FullFinetuneComparison | None = None) -> Plan:
     """The Plan contract for a chosen candidate (with the source of each memory term); on an offer with
-    measured device terms, the predicted peak with them and the GPU's physical usable memory."""
+    measured device terms, the predicted peak with them and the GPU's physical usable memory. A LoRA/QLoRA
+    plan carries its adapters, its trainable parameters and the full fine-tune it was compared with."""
     s = candidate.strategy
     memory = candidate.memory.to_breakdown()
     usable = candidate.usable_bytes
@@ -109,6 +133,12 @@ def build_plan(candidate: Candidate, spec: MemoryOptimizedTrainingJobSpec, *,
         memory = memory.model_copy(update={
             "peak_bytes": max(0, peak), "overhead_bytes": max(0, memory.overhead_bytes + peak - memory.peak_bytes)})
         usable = offer.physical_usable_bytes
+    peft = s.config.peft != PeftMethod.NONE
+    shape = resolve_shape(spec, profile)
+    parameters = shape.parameters if not isinstance(shape, str) else None
+    trainable = shape.trainable if not isinstance(shape, str) else None
+    if peft and s.adapter is not None and not isinstance(shape, str):
+        trainable = shape.layers * s.adapter.adapter_parameters_per_block
     sources = calibration.sources(s) if calibration is not None else dict.fromkeys(
         ("parameters", "optimizer", "activations", "step", "fragmentation"), "analytic")
     return Plan(
@@ -128,6 +158,10 @@ def build_plan(candidate: Candidate, spec: MemoryOptimizedTrainingJobSpec, *,
         training=spec.training,
         memory_sources=sources,
         find_unused_parameters=profile.unused_parameters if profile is not None else False,
+        adapter=adapter_settings(spec.problem.to_wire(), spec.strategy.peft) if peft else None,
+        parameters=parameters,
+        trainable_parameters=trainable,
+        full_finetune=full_finetune if peft else None,
     )
 
 
@@ -156,6 +190,10 @@ def plan(
     ctx = search_context(spec, shape, profile=profile, measured_peaks=measured_peaks,
                          measured_devices=measured_devices)
     choices, pin_problems = strategy_choices(spec.strategy)
+    peft_reasons: list[str] = []
+    choices = _peft_choices(ctx, choices, peft_reasons)
+    if not choices:
+        pin_problems = pin_problems or peft_reasons
     offers, rejections = resolve_offers(pools, catalog=catalog, allowed=spec.placement.node_pools,
                                         free_gpus=free_gpus)
     offers = [with_device_terms(o, ctx) for o in offers]
@@ -175,11 +213,14 @@ def plan(
     savings = _savings(chosen, baseline)
     declared_savings = _savings(chosen, declared)
     device = next((o for o in offers if o.pool == chosen.pool), None)
+    comparison = None
+    if chosen.strategy.config.peft != PeftMethod.NONE:
+        comparison = _full_finetune(ctx, spec, offers)
     chosen_plan = build_plan(chosen, spec, calibration=ctx.calibration, profile=profile,
-                             offer=device).model_copy(update={
+                             offer=device, full_finetune=comparison).model_copy(update={
         "baseline": _recorded(baseline, savings), "declared_baseline": _recorded(declared, declared_savings),
     })
-    notes = tuple(f"{o.pool}: {n}" for o in offers for n in o.notes)
+    notes = tuple(f"{o.pool}: {n}" for o in offers for n in o.notes) + tuple(peft_reasons)
     if ctx.calibration is not None:
         notes += ctx.calibration.notes
     return PlanResult(
@@ -193,6 +234,23 @@ def plan(
         declared_baseline=declared,
         declared_savings_percent=declared_savings,
     )
+
+
+def _full_finetune(ctx: SearchContext, spec: MemoryOptimizedTrainingJobSpec,
+                   offers: Sequence[Offer]) -> FullFinetuneComparison:
+    """The best full fine-tune under the same pins on the same pools: what the plan is compared with
+    (shown, never chosen: the job did not allow it, or it cost more)."""
+    pins = spec.strategy.model_copy(update={"peft": spec.strategy.peft.model_copy(
+        update={"method": PeftMethod.NONE, "allowed": []})})
+    choices, problems = strategy_choices(pins)
+    if not choices:
+        return FullFinetuneComparison(description=f"no full fine-tune under the pins: {'; '.join(problems)}"[:256])
+    found = _best_per_pool(ctx, offers, choices, [], keep=1)
+    if not found:
+        return FullFinetuneComparison(description="a full fine-tune fits none of the pools")
+    best = min(found, key=lambda c: (*objective_key(c, ctx.minimize), c.pool))
+    return FullFinetuneComparison(peak_bytes=best.memory.peak_bytes, estimated_cost=round(best.total_cost, 6),
+                                  description=best.describe()[:256])
 
 
 def _best_per_pool(ctx: SearchContext, offers: Sequence[Offer], choices: Sequence[Choice],

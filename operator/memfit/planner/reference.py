@@ -1,16 +1,17 @@
 """Exhaustive reference search: the planner's optimality is checked against it (tests, benchmark).
 
-It enumerates every engine, stage, precision, checkpointing, offload, optimizer width, layout and
+It enumerates every allowed PEFT method, engine, stage, precision, checkpointing, offload, optimizer width, layout and
 micro-batch with only the public predictor (`predict_memory`, `estimate_step_seconds`) and the pool
 resolution: no bounds, no closed forms, no caches. Slow by design; never used to plan.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator, Sequence
 from typing import TypeVar
 
-from memfit.api.common import Checkpointing, Engine, Offload, Precision, Toggle
+from memfit.api.common import Checkpointing, Engine, Offload, PeftMethod, Precision, Toggle
 from memfit.api.job import MemoryOptimizedTrainingJobSpec, Minimize
 from memfit.api.pool import GPUNodePool
 from memfit.api.training_config import TrainingConfig
@@ -40,6 +41,12 @@ def _micro_batches(per_gpu: int, pinned: object) -> Iterator[int]:
             yield b
 
 
+def _methods(spec: MemoryOptimizedTrainingJobSpec, known_layout: bool) -> tuple[PeftMethod, ...]:
+    """The PEFT methods the job allows (only a full fine-tune when the adapters' layout is unknown)."""
+    methods = spec.strategy.peft.methods()
+    return methods if known_layout else tuple(m for m in methods if m == PeftMethod.NONE)
+
+
 def best_objective(spec: MemoryOptimizedTrainingJobSpec, pools: Sequence[GPUNodePool], *,
                    catalog: GpuCatalog) -> float | None:
     """The smallest objective (total cost, or hours when minimizing time) of any fitting
@@ -61,10 +68,14 @@ def best_objective(spec: MemoryOptimizedTrainingJobSpec, pools: Sequence[GPUNode
                                and layout.price_per_hour > objective.max_cost_per_hour):
                 continue
             per_gpu = g_batch // n
-            for engine in _pinned(pins.engine, ENGINES, Engine.AUTO):
+            for method, engine in itertools.product(_methods(spec, ctx.adapter is not None),
+                                                    _pinned(pins.engine, ENGINES, Engine.AUTO)):
                 for stage in stages:
                     for precision in _pinned(pins.precision, PRECISIONS, Precision.AUTO):
                         if precision == Precision.BF16 and not offer.supports_bf16:
+                            continue
+                        qlora_compute = pins.peft.qlora.compute_dtype
+                        if method == PeftMethod.QLORA and qlora_compute not in (Precision.AUTO, precision):
                             continue
                         for ckpt in _pinned(pins.activation_checkpointing, CHECKPOINTING, Checkpointing.AUTO):
                             for offload in _pinned(pins.offload, OFFLOADS, Offload.AUTO):
@@ -75,8 +86,9 @@ def best_objective(spec: MemoryOptimizedTrainingJobSpec, pools: Sequence[GPUNode
                                         config = TrainingConfig.model_construct(
                                             engine=engine, zero_stage=stage, precision=precision,
                                             activation_checkpointing=ckpt, offload=offload, optimizer8bit=eight,
-                                            micro_batch_size=b, gradient_accumulation_steps=per_gpu // b)
-                                        s = Strategy(config, spec.training.optimizer, n, g)
+                                            micro_batch_size=b, gradient_accumulation_steps=per_gpu // b,
+                                            peft=method)
+                                        s = Strategy(config, spec.training.optimizer, n, g, adapter=ctx.adapter)
                                         if strategy_problem(s) is not None:
                                             continue
                                         m = predict_memory(ctx.shape, s)

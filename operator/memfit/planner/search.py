@@ -106,7 +106,7 @@ def _bound_seconds(ctx: SearchContext, offer: Offer, layout: Layout, choice: Cho
     if n == 1:
         return compute
     grad_bytes = 2.0 if choice.config.precision != Precision.FP32 else 4.0
-    volume = 2 * (n - 1) / n * ctx.shape.trainable * grad_bytes
+    volume = 2 * (n - 1) / n * ctx.trainable(choice) * grad_bytes
     comm = volume * ring_seconds_per_byte(n, layout.gpus_per_node, offer.speed)
     return compute + comm - OVERLAP * min(comm, compute)
 
@@ -284,7 +284,7 @@ def _evaluate(ctx: SearchContext, offer: Offer, layout: Layout, choice: Choice,
         return None, False
     accumulation = per_gpu // b
     strategy = choice.strategy(optimizer=ctx.optimizer, world_size=n, gpus_per_node=g,
-                               micro_batch_size=b, accumulation_steps=accumulation)
+                               micro_batch_size=b, accumulation_steps=accumulation, adapter=ctx.adapter)
     candidate = Candidate(
         pool=offer.pool,
         product=offer.product,

@@ -5,11 +5,14 @@ that honours the job's pinned strategy fields, in a fixed preference order used 
 from __future__ import annotations
 
 import functools
+import itertools
 from dataclasses import dataclass
+from typing import NamedTuple
 
-from memfit.api.common import Checkpointing, Engine, Offload, Precision, Toggle
+from memfit.api.common import Checkpointing, Engine, Offload, PeftMethod, Precision, Toggle
 from memfit.api.job import OptimizerKind, StrategySpec
 from memfit.api.training_config import PLAIN_FP32_DDP, TrainingConfig
+from memfit.memory.adapter import AdapterLayout
 from memfit.memory.strategy import Strategy, strategy_problem
 
 # Preference order for ties (simpler and more common first).
@@ -30,14 +33,17 @@ class Choice:
     twin_id: int = -1  # equal for a 32-bit choice and its 8-bit twin
 
     def strategy(self, *, optimizer: OptimizerKind, world_size: int = 1, gpus_per_node: int = 1,
-                 micro_batch_size: int = 1, accumulation_steps: int = 1) -> Strategy:
-        """The concrete Strategy at a layout and batch split."""
+                 micro_batch_size: int = 1, accumulation_steps: int = 1,
+                 adapter: AdapterLayout | None = None) -> Strategy:
+        """The concrete Strategy at a layout and batch split (`adapter`: the LoRA/QLoRA layout, used
+        only by a PEFT choice)."""
         config = self.config
         if (micro_batch_size, accumulation_steps) != (1, 1):
             config = config.model_copy(update={
                 "micro_batch_size": micro_batch_size, "gradient_accumulation_steps": accumulation_steps,
             })
-        return Strategy(config=config, optimizer=optimizer, world_size=world_size, gpus_per_node=gpus_per_node)
+        return Strategy(config=config, optimizer=optimizer, world_size=world_size, gpus_per_node=gpus_per_node,
+                        adapter=adapter if config.peft != PeftMethod.NONE else None)
 
     def describe(self) -> str:
         """`ZeRO-3 bf16 ckpt-full offload-cpu 8-bit-optim`."""
@@ -45,11 +51,13 @@ class Choice:
 
 
 def choice(engine: Engine, zero_stage: int, precision: Precision, checkpointing: Checkpointing,
-           offload: Offload, optimizer8bit: bool, *, rank: int, memory_id: int = -1, twin_id: int = -1) -> Choice:
+           offload: Offload, optimizer8bit: bool, *, rank: int, memory_id: int = -1, twin_id: int = -1,
+           peft: PeftMethod = PeftMethod.NONE) -> Choice:
     """A Choice from its configuration fields (micro-batch and accumulation 1)."""
     config = PLAIN_FP32_DDP.model_copy(update={
         "engine": engine, "zero_stage": zero_stage, "precision": precision,
         "activation_checkpointing": checkpointing, "offload": offload, "optimizer8bit": optimizer8bit,
+        "peft": peft,
     })
     return Choice(config, rank, memory_id, twin_id)
 
@@ -59,49 +67,68 @@ def _allowed(pin: object, values: tuple[object, ...], auto: object) -> tuple[obj
 
 
 def strategy_choices(pins: StrategySpec) -> tuple[list[Choice], list[str]]:
-    """Valid choices under the pins, in preference order, and why none exist when the list is empty."""
-    pinned = pins.model_copy(update={"micro_batch_size": "auto"})  # the micro-batch is not part of a choice
+    """Valid choices under the pins, in preference order, and why none exist when the list is empty.
+
+    Only the PEFT methods the job allows (`strategy.peft`) are in the space: a full fine-tune is never
+    turned into LoRA/QLoRA, nor the reverse, unless the user allowed it. QLoRA's `computeDtype` pins
+    the precision of its choices.
+    """
+    # The micro-batch is not part of a choice; the pins enter as plain (hashable) values.
+    pinned = Pins(pins.engine, pins.precision, pins.activation_checkpointing, pins.zero_stage, pins.offload,
+                  pins.optimizer8bit, pins.peft.methods(), pins.peft.qlora.compute_dtype)
     choices, problems = _choices(pinned)
     return list(choices), list(problems)
 
 
+class Pins(NamedTuple):
+    """The strategy fields that shape the space, hashable (the cache key of `_choices`)."""
+
+    engine: Engine
+    precision: Precision
+    checkpointing: Checkpointing
+    zero_stage: int | str
+    offload: Offload
+    optimizer8bit: Toggle
+    methods: tuple[PeftMethod, ...]
+    qlora_compute: Precision
+
+
 @functools.lru_cache(maxsize=64)
-def _choices(pins: StrategySpec) -> tuple[tuple[Choice, ...], tuple[str, ...]]:
+def _choices(pins: Pins) -> tuple[tuple[Choice, ...], tuple[str, ...]]:
     engines = _allowed(pins.engine, ENGINES, Engine.AUTO)
     precisions = _allowed(pins.precision, PRECISIONS, Precision.AUTO)
-    ckpts = _allowed(pins.activation_checkpointing, CHECKPOINTING, Checkpointing.AUTO)
+    ckpts = _allowed(pins.checkpointing, CHECKPOINTING, Checkpointing.AUTO)
     offloads = _allowed(pins.offload, OFFLOADS, Offload.AUTO)
     eight_bits = {Toggle.AUTO: (False, True), Toggle.ENABLED: (True,), Toggle.DISABLED: (False,)}[
         pins.optimizer8bit
     ]
+    methods, qlora_compute = pins.methods, pins.qlora_compute
     stage_pin = pins.zero_stage
     choices: list[Choice] = []
     problems: dict[str, None] = {}
     memory_ids: dict[tuple[object, ...], int] = {}
     twin_ids: dict[tuple[object, ...], int] = {}
-    rank = 0
-    for engine in engines:
+    for method, engine in itertools.product(methods, engines):
         assert isinstance(engine, Engine)
         stages = STAGES[engine] if stage_pin == "auto" else (stage_pin,)
-        for stage in stages:
-            for offload in offloads:
-                for eight in eight_bits:
-                    for precision in precisions:
-                        for ckpt in ckpts:
-                            assert isinstance(offload, Offload)
-                            assert isinstance(precision, Precision) and isinstance(ckpt, Checkpointing)
-                            mixed = precision != Precision.FP32
-                            memory_key = (engine, stage, mixed, ckpt, offload, eight)
-                            memory_id = memory_ids.setdefault(memory_key, len(memory_ids))
-                            twin_id = twin_ids.setdefault((engine, stage, precision, ckpt, offload), len(twin_ids))
-                            candidate = choice(engine, int(stage), precision, ckpt, offload, eight, rank=rank,
-                                               memory_id=memory_id, twin_id=twin_id)
-                            problem = strategy_problem(candidate.strategy(optimizer=OptimizerKind.ADAMW))
-                            if problem is None:
-                                choices.append(candidate)
-                                rank += 1
-                            else:
-                                problems[problem] = None
+        for stage, offload, eight, precision, ckpt in itertools.product(stages, offloads, eight_bits, precisions,
+                                                                        ckpts):
+            assert isinstance(offload, Offload)
+            assert isinstance(precision, Precision) and isinstance(ckpt, Checkpointing)
+            if method == PeftMethod.QLORA and qlora_compute not in (Precision.AUTO, precision):
+                problems[f"QLoRA computes in {qlora_compute.value} (peft.qlora.computeDtype)"] = None
+                continue
+            mixed = precision != Precision.FP32
+            memory_key = (method, engine, stage, mixed, ckpt, offload, eight)
+            memory_id = memory_ids.setdefault(memory_key, len(memory_ids))
+            twin_id = twin_ids.setdefault((method, engine, stage, precision, ckpt, offload), len(twin_ids))
+            candidate = choice(engine, int(stage), precision, ckpt, offload, eight, rank=len(choices),
+                               memory_id=memory_id, twin_id=twin_id, peft=method)
+            problem = strategy_problem(candidate.strategy(optimizer=OptimizerKind.ADAMW))
+            if problem is None:
+                choices.append(candidate)
+            else:
+                problems[problem] = None
     if choices:
         return tuple(choices), ()
     return (), tuple([f"the pinned strategy cannot run: {p}" for p in problems] or [

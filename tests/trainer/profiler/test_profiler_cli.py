@@ -139,3 +139,36 @@ def test_unwritable_termination_path_still_prints_and_writes_out(
     printed = json.loads(stdout.strip().splitlines()[-1])
     assert printed["shape"]["family"] == "encoder"
     assert json.loads((tmp_path / "profile.json").read_text()) == printed
+
+
+def test_lora_targets_the_model_does_not_have_fail_the_profile_with_the_field(tmp_path: Path) -> None:
+    problem = write_problem(tmp_path, TINY["gpt"])
+    code, _, stderr = run_profile_cli(
+        ["--problem", str(problem), "--out", "profile.json", "--configs", "fp32:none:1",
+         "--lora-targets", "qkv,q_proj", "--lora-rank", "8"],
+        tmp_path=tmp_path,
+        env={"MEMFIT_TERMINATION_MESSAGE_PATH": str(tmp_path / "termination")},
+    )
+    assert code == EXIT_INVALID, stderr
+    out = Profile.model_validate_json((tmp_path / "profile.json").read_text())
+    assert out.error is not None
+    assert out.error.startswith("strategy.peft.lora.targetModules: target modules ['q_proj']"), out.error
+    assert "fc, out, proj, qkv" in out.error
+
+
+def test_the_peft_variant_is_measured_when_the_job_allows_it(tmp_path: Path) -> None:
+    problem = write_problem(tmp_path, TINY["gpt"])
+    code, _, stderr = run_profile_cli(
+        ["--problem", str(problem), "--out", "profile.json", "--configs", "fp32:none:1,bf16:none:1",
+         "--lora-targets", "qkv,proj,fc,out", "--lora-rank", "4", "--peft-methods", "lora,qlora"],
+        tmp_path=tmp_path,
+        env={"MEMFIT_TERMINATION_MESSAGE_PATH": str(tmp_path / "termination")},
+    )
+    assert code == 0, stderr
+    out = Profile.model_validate_json((tmp_path / "profile.json").read_text())
+    peft = [(m.peft.value, m.micro_batch_size) for m in out.measurements if m.peft is not None]
+    assert peft == [("lora", 1), ("lora", 2), ("qlora", 1), ("qlora", 2)]
+    full = [m for m in out.measurements if m.peft is None]
+    assert len(full) == 2
+    lora_1 = next(m for m in out.measurements if m.peft is not None and m.micro_batch_size == 1)
+    assert lora_1.peak_allocated_bytes < full[1].peak_allocated_bytes  # bf16 LoRA below the bf16 full fine-tune

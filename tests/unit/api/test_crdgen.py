@@ -76,6 +76,8 @@ def test_names_columns_and_subresources() -> None:
     assert version["subresources"] == {"status": {}}
     columns = [c["name"] for c in version["additionalPrinterColumns"] if not c.get("priority")]
     assert columns == ["Phase", "Pool", "GPUs", "Precision", "ZeRO", "Predicted", "$/h", "Savings", "Age"]
+    wide = {c["name"]: c["jsonPath"] for c in version["additionalPrinterColumns"] if c.get("priority")}
+    assert wide["PEFT"] == ".status.plan.peft"  # kubectl get motj -o wide
 
 
 def test_cel_rules_cover_cross_field_constraints() -> None:

@@ -63,3 +63,15 @@ def test_profile_cache_key_separates_optimizer_8bit_image_and_gpu() -> None:
     for field, other in {"optimizer": "sgd", "optimizer8bit": "disabled", "image": "memfit/trainer:2",
                          "gpu_product": "h100"}.items():
         assert profile_cache_key(problem, **(base | {field: other})) != reference, field
+
+
+def test_adapter_settings_separate_profiles_only_of_jobs_that_allow_peft() -> None:
+    from memfit.api.hashing import profile_cache_key
+    from memfit.api.problem import Problem
+
+    problem = Problem.model_validate({"builtin": {"kind": "gpt", "layers": 2, "hidden": 64, "heads": 4}})
+    base = {"optimizer": "adamw", "optimizer8bit": "auto", "image": "img", "gpu_product": "l4"}
+    plain = profile_cache_key(problem, **base)
+    assert profile_cache_key(problem, **base, peft="") == plain  # other jobs keep their keys
+    rank8 = profile_cache_key(problem, **base, peft='{"lora_rank":8}')
+    assert rank8 != plain and rank8 != profile_cache_key(problem, **base, peft='{"lora_rank":16}')

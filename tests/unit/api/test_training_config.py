@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 from factories import make_plan
-from memfit.api.common import Checkpointing, Engine, Offload, Precision
+from memfit.api.common import Checkpointing, Engine, Offload, PeftMethod, Precision
 from memfit.api.job import PlanSummary
 from memfit.api.plan import Plan
 from memfit.api.training_config import PLAIN_FP32_DDP, TrainingConfig
@@ -54,10 +54,11 @@ def test_describe_short_and_in_words(value: TrainingConfig, short: str, words: s
 
 def test_key_ignores_the_batch_split_only() -> None:
     base = config(engine=Engine.DEEPSPEED, zero_stage=2, precision=Precision.BF16)
-    assert base.key() == (Engine.DEEPSPEED, 2, Precision.BF16, Checkpointing.NONE, Offload.NONE, False)
+    assert base.key() == (Engine.DEEPSPEED, 2, Precision.BF16, Checkpointing.NONE, Offload.NONE, False,
+                          PeftMethod.NONE)
     assert config(**{**dict(base), "micro_batch_size": 4, "gradient_accumulation_steps": 2}).key() == base.key()
     changed = {"zero_stage": 3, "precision": Precision.FP16, "activation_checkpointing": Checkpointing.FULL,
-               "offload": Offload.CPU, "optimizer8bit": True, "engine": Engine.FSDP}
+               "offload": Offload.CPU, "optimizer8bit": True, "engine": Engine.FSDP, "peft": PeftMethod.LORA}
     for name, value in changed.items():
         assert base.model_copy(update={name: value}).key() != base.key(), name
 
@@ -108,3 +109,9 @@ def test_values_are_validated_and_frozen() -> None:
         TrainingConfig.model_validate({**PLAIN_FP32_DDP.to_wire(), "microBatchSize": 0})
     with pytest.raises(ValueError):
         PLAIN_FP32_DDP.engine = Engine.FSDP  # type: ignore[misc]
+
+
+def test_describe_names_lora_and_qlora_first() -> None:
+    lora = config(engine=Engine.DDP, zero_stage=0, precision=Precision.BF16).model_copy(update={"peft": PeftMethod.QLORA})
+    assert lora.describe() == "QLoRA DDP bf16 mbs 1x1"
+    assert lora.describe(words=True) == "QLoRA, DDP, bf16"

@@ -26,6 +26,10 @@ ESTIMATES = {
                      "on NVIDIA-L4: step"),
     "profile calibration": (["--builtin", "gpt:layers=2,hidden=64,heads=4,vocab=512,seq=64", "--profile",
                              str(FIXTURES / "gpt-profile.json")], "calibrated from the profile"),
+    "qlora job": (["--job", str(REPO / "examples" / "llama-70b-qlora.yaml"), "--gpu", "a100-80", "--micro-batch", "1"],
+                  "QLoRA DDP bf16 ckpt-full mbs 1x16"),
+    "lora flags": (["--hf-config", str(FIXTURES / "gpt2-config.json"), "--seq", "1024", "--peft", "lora", "--lora-rank", "8",
+                    "--lora-targets", "c_attn"], "LoRA DDP bf16"),
 }
 
 
@@ -49,6 +53,10 @@ BAD_ESTIMATES = {
     "bad builtin": (["--builtin", "gpt:layers=2,hidden=65,heads=4"], "problem.builtin.heads: 4 does not divide"),
     "not an integer": (["--builtin", "gpt:layers=two"], "--builtin.layers: 'two' is not an integer"),
     "unknown gpu": (["--builtin", "gpt:layers=2,hidden=64,heads=4", "--gpu", "v100"], "--gpu: 'v100'"),
+    "lora on zero-3": (["--builtin", "gpt:layers=2,hidden=64,heads=4", "--peft", "lora", "--engine", "deepspeed",
+                        "--stage", "3"], "LoRA runs on DDP or FSDP in this version"),
+    "qlora on fsdp": (["--builtin", "gpt:layers=2,hidden=64,heads=4", "--peft", "qlora", "--engine", "fsdp"],
+                      "QLoRA runs on DDP in this version"),
 }
 
 
@@ -105,3 +113,14 @@ def test_estimate_of_an_entrypoint_job_without_a_profile_says_what_is_missing(
 ) -> None:
     assert main(["estimate", "--job", str(FIXTURES / "cnn-entrypoint-job.yaml")]) == 2
     assert "pass --profile" in capsys.readouterr().err
+
+
+def test_a_qlora_estimate_is_far_below_the_full_fine_tune(capsys: pytest.CaptureFixture[str]) -> None:
+    job = str(REPO / "examples" / "llama-70b-qlora.yaml")
+    assert main(["estimate", "--job", job, "--micro-batch", "1", "--json"]) == 0
+    qlora = json.loads(capsys.readouterr().out)
+    assert main(["estimate", "--job", job, "--micro-batch", "1", "--peft", "none", "--json"]) == 0
+    full = json.loads(capsys.readouterr().out)
+    # 70.6 B parameters: a 4-bit base is about 37.6 GiB; 16-bit weights plus fp32 states are > 1 TiB
+    assert 37 * 2**30 < qlora["parametersBytes"] < 38.5 * 2**30
+    assert full["peakBytes"] > 10 * qlora["peakBytes"]

@@ -37,3 +37,20 @@ def test_profile_job_runs_the_jobs_optimizer_and_8bit_choice() -> None:
                             timeout_seconds=300, optimizer="sgd", optimizer8bit="disabled")
     args = job["spec"]["template"]["spec"]["containers"][0]["args"]
     assert args[-4:] == ["--optimizer", "sgd", "--optimizer8bit", "off"]
+
+
+def test_profile_job_checks_the_lora_targets_the_job_allows() -> None:
+    job = build_profile_job(owner=OWNER, problem_hash="ab" * 32, placement=PLACEMENT, pod=POD,
+                            timeout_seconds=300, lora_targets=("qkv", "fc"), lora_rank=8)
+    args = job["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[-4:] == ["--lora-targets", "qkv,fc", "--lora-rank", "8"]
+    plain = build_profile_job(owner=OWNER, problem_hash="ab" * 32, placement=PLACEMENT, pod=POD, timeout_seconds=300)
+    assert "--lora-targets" not in plain["spec"]["template"]["spec"]["containers"][0]["args"]
+
+
+def test_profile_job_measures_the_peft_variant_the_job_allows() -> None:
+    job = build_profile_job(owner=OWNER, problem_hash="ab" * 32, placement=PLACEMENT, pod=POD, timeout_seconds=300,
+                            lora_targets=("qkv",), lora_rank=8, peft_methods=("lora", "qlora"), qlora_double_quant=False)
+    args = job["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[args.index("--peft-methods") + 1] == "lora,qlora"
+    assert args[args.index("--qlora-double-quant") + 1] == "off"

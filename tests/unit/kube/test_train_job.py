@@ -150,3 +150,17 @@ def test_one_metrics_port_per_local_rank() -> None:
         "metrics-r3": 9403,
         "rendezvous": 29500,
     }
+
+
+def test_output_claim_is_mounted_and_named_to_the_trainer() -> None:
+    spec = make_spec(output={"volumeClaim": "models", "path": "out/gpt-lora", "merged": True})
+    job = build_training_job(owner=OWNER, spec=spec, plan=make_plan(), placement=PLACEMENT, pod=POD)
+    pod = job["spec"]["template"]["spec"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    mounts = {m["name"]: m["mountPath"] for m in pod["containers"][0]["volumeMounts"]}
+    assert volumes["output"]["persistentVolumeClaim"] == {"claimName": "models"}
+    assert mounts["output"] == "/output"
+    env = _env(job)
+    assert env["MEMFIT_OUTPUT_DIR"] == "/output/out/gpt-lora" and env["MEMFIT_SAVE_MERGED"] == "1"
+    plain = build_training_job(owner=OWNER, spec=make_spec(), plan=make_plan(), placement=PLACEMENT, pod=POD)
+    assert "MEMFIT_OUTPUT_DIR" not in _env(plain)

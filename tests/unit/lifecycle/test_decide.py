@@ -538,8 +538,19 @@ def test_profile_job_measures_the_jobs_optimizer() -> None:
     assert args[args.index("--optimizer8bit") + 1] == "off"
 
 
+def test_profile_job_checks_and_measures_the_adapters_a_peft_job_allows() -> None:
+    h = Harness(spec=quickstart(strategy={"peft": {"method": "auto", "allowed": ["none", "qlora"],
+                                                   "lora": {"rank": 4}}}))
+    h.reconcile()
+    args = _args(h)
+    assert args[args.index("--lora-targets") + 1] == "qkv,proj,fc,out"
+    assert args[args.index("--lora-rank") + 1] == "4"
+    assert args[args.index("--peft-methods") + 1] == "qlora"
+
+
 CACHE_MISSES: dict[str, dict[str, object]] = {
     "another optimizer": {"training": {"optimizer": "sgd"}},
+    "peft allowed": {"strategy": {"peft": {"method": "lora"}}},
     "8-bit disabled": {"strategy": {"optimizer8bit": "disabled"}},
     "another trainer image": {"image": "example.org/memfit-trainer:other"},
     "another profiling product": {"profiling": {"nodePool": "l4-ondemand"}},

@@ -149,3 +149,31 @@ def test_a_reserved_peak_on_one_gpu_does_not_teach_another() -> None:
     assert again is not None
     # Its tensor bytes still teach the tensor terms; its device terms teach only Some-Other-GPU.
     assert again.node_pool == first.node_pool or again.estimated_cost >= first.estimated_cost
+
+
+def _lora_spec(rank: int, allowed: tuple[str, ...] = ("none", "lora")) -> MemoryOptimizedTrainingJobSpec:
+    return spec(24).model_copy(update={"strategy": spec(24).strategy.model_copy(update={
+        "peft": MemoryOptimizedTrainingJobSpec.model_validate({
+            "problem": {"builtin": {"kind": "gpt", "layers": 2, "hidden": 64, "heads": 4}},
+            "strategy": {"peft": {"method": "auto", "allowed": list(allowed), "lora": {"rank": rank}}},
+        }).strategy.peft})})
+
+
+def test_a_lora_run_is_keyed_with_its_adapters_and_never_read_as_a_full_fine_tune() -> None:
+    job = _lora_spec(16, allowed=("lora",))
+    plan = run(job).plan
+    assert plan is not None and plan.peft.value == "lora"
+    key = config_key(plan)
+    assert key.endswith("/lora:16:fc+out+proj+qkv")
+    strategy = strategy_of(key, job)
+    assert strategy is not None and strategy.config == plan.training_config() and strategy.adapter is not None
+    # Another job of the same problem with other adapters (or none allowed) ignores the observation.
+    assert strategy_of(key, _lora_spec(8)) is None
+    assert strategy_of(key, spec(24)) is None
+    # A measured LoRA peak far below a full fine-tune's prediction leaves full fine-tunes alone.
+    low = plan.memory.peak_bytes // 4
+    seen = Observation(key, plan.gpu_product, plan.memory.peak_bytes, low, plan.gpu_memory_bytes, False, "j/0",
+                       rank_peaks=(low,))
+    full_only = run(spec(24)).plan
+    assert full_only is not None
+    assert run(spec(24), (seen,)).plan == full_only

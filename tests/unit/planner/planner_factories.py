@@ -15,6 +15,10 @@ LLAMA_1B_CONFIG = {
     "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 64, "vocab_size": 128256,
     "tie_word_embeddings": True,
 }
+LLAMA_70B_CONFIG = {
+    "model_type": "llama", "hidden_size": 8192, "intermediate_size": 28672, "num_hidden_layers": 80,
+    "num_attention_heads": 64, "num_key_value_heads": 8, "vocab_size": 128256, "tie_word_embeddings": False,
+}
 LLAMA_7B_CONFIG = {
     "model_type": "llama", "hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32,
     "num_attention_heads": 32, "num_key_value_heads": 32, "vocab_size": 32000,
@@ -59,6 +63,13 @@ class JobBuilder:
     def pin(self, **strategy: Any) -> JobBuilder:
         self.spec.setdefault("strategy", {}).update(strategy)
         return self
+
+    def peft(self, method: str, *allowed: str, **settings: Any) -> JobBuilder:
+        """`strategy.peft`: `peft("auto", "none", "lora")`, `peft("qlora", lora={"rank": 8})`."""
+        peft: dict[str, Any] = {"method": method, **settings}
+        if allowed:
+            peft["allowed"] = list(allowed)
+        return self.pin(peft=peft)
 
     def pools(self, *names: str) -> JobBuilder:
         self.spec["placement"]["nodePools"] = list(names)

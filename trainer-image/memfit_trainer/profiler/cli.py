@@ -81,6 +81,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--verbose", action="store_true", help="Print a table of the measured points to stderr."
     )
+    parser.add_argument(
+        "--lora-targets", default="",
+        help="Comma-separated LoRA target modules the job allows (strategy.peft): checked against the model.",
+    )
+    parser.add_argument("--lora-rank", type=int, default=16, help="LoRA rank to check against the targets.")
+    parser.add_argument("--lora-dropout", type=float, default=0.0, help="LoRA dropout of the measured variant.")
+    parser.add_argument(
+        "--peft-methods", default="",
+        help="Comma-separated lora/qlora: also measure the job's adapters on a frozen base (needs --lora-targets).",
+    )
+    parser.add_argument("--qlora-quant", choices=["nf4", "fp4"], default="nf4", help="QLoRA 4-bit type.")
+    parser.add_argument("--qlora-double-quant", choices=["on", "off"], default="on", help="QLoRA double quantisation.")
 
 
 def register(subparsers: Any) -> argparse.ArgumentParser:
@@ -125,6 +137,12 @@ def run_from_args(args: argparse.Namespace) -> int:
             ddp=args.engine == "ddp",
             curves=args.curves,
             depth=args.depth,
+            lora_targets=tuple(t for t in args.lora_targets.split(",") if t),
+            lora_rank=args.lora_rank,
+            lora_dropout=args.lora_dropout,
+            peft_methods=tuple(m for m in args.peft_methods.split(",") if m in ("lora", "qlora")),
+            qlora_quant=args.qlora_quant,
+            qlora_double_quant=args.qlora_double_quant == "on",
         )
         outcome = profile_problem(spec, options)
     except ProfileInputError as exc:

@@ -13,7 +13,7 @@ from memfit.api.problem import Problem
 from memfit.api.profile import ActivationCurve, DepthProfile, Measurement, ModelShape, Profile, ReducedDepth
 
 from memfit_trainer.problems import DepthNotSupported, ProblemError, TrainingProblem, build_problem
-from memfit_trainer.profiler.configs import DEFAULT_CONFIGS, ProfileConfig
+from memfit_trainer.profiler.configs import DEFAULT_CONFIGS, MAX_CONFIGS, ProfileConfig
 from memfit_trainer.profiler.depth import (
     Signature,
     block_signature,
@@ -32,6 +32,7 @@ from memfit_trainer.profiler.measure import (
     ModelStepError,
     measure_configs,
 )
+from memfit_trainer.profiler.peft_points import measure_peft_variants
 from memfit_trainer.profiler.shape import count_parameters, model_shape
 
 COMPUTE_MODES = ("auto", "full", "elide", "elide-compute")
@@ -62,6 +63,15 @@ class ProfileOptions:
     # repeated blocks measured (depth.py), for models too large for the profiling device.
     depth: str = "full"
     seed: int = 0
+    # The job allows LoRA/QLoRA: its target modules and rank, checked against the built model, and
+    # the methods whose variant is measured too (bf16, no checkpointing, micro-batch 1 and 2; full
+    # depth only: a depth-reduced profile leaves the PEFT prediction analytic).
+    lora_targets: tuple[str, ...] = ()
+    lora_rank: int = 16
+    lora_dropout: float = 0.0
+    peft_methods: tuple[str, ...] = ()
+    qlora_quant: str = "nf4"
+    qlora_double_quant: bool = True
 
 
 @dataclass(slots=True)
@@ -152,6 +162,11 @@ def profile_problem(spec: Problem, options: ProfileOptions | None = None) -> Pro
         shape = depth_runs[0][1].shape
     achieved = _achieved_tflops([(r, flops[d]) for d, r in ok])
     blocks_of = (lambda d: d) if plan.layers is not None else (lambda d: None)
+    peft_points: list[Measurement] = []
+    if plan.layers is None:  # the whole model was measured: measure the job's adapters on it too
+        peft_points = measure_peft_variants(lambda: _build_full(spec, options), options, device=device,
+                                            elide=elide, room=MAX_CONFIGS - len(ok),
+                                            to_measurement=lambda r: _measurement(r, None))
     profile = Profile(
         problem_hash=problem_hash(spec),
         device=device_label(device),
@@ -159,7 +174,7 @@ def profile_problem(spec: Problem, options: ProfileOptions | None = None) -> Pro
         flops_per_sample=flops_per_sample,
         achieved_tflops=achieved,
         mfu=_mfu(device, [r for _, r in ok], achieved),
-        measurements=[_measurement(r, blocks_of(d)) for d, r in ok],
+        measurements=[_measurement(r, blocks_of(d)) for d, r in ok] + peft_points,
         activation_curves=[_activation_curve(c, blocks_of(d))
                            for (run, _), d in zip(depth_runs, plan.depths, strict=True)
                            for c in run.curves if c.micro_batch_sizes],
@@ -224,11 +239,13 @@ def _measure(spec: Problem, options: ProfileOptions, device: torch.device, *, el
 
     def build() -> TrainingProblem:
         try:
-            return build_problem(spec, seed=options.seed, depth=depth)
+            problem = build_problem(spec, seed=options.seed, depth=depth)
         except DepthNotSupported as exc:
             raise DepthUnavailable(str(exc)) from exc
         except ProblemError as exc:
             raise _input_error(exc) from exc
+        _check_lora_targets(problem, options)
+        return problem
 
     def on_built(problem: TrainingProblem) -> None:
         if depth is not None and plan.block is not None:
@@ -271,6 +288,24 @@ def _analytic_profile(spec: Problem, device: torch.device, exc: DepthUnavailable
         problem_hash=problem_hash(spec), device=device_label(device), shape=found, compute="analytic",
         compute_reason=str(exc)[:256], seconds=round(time.perf_counter() - started, 3),
     )
+
+
+def _check_lora_targets(problem: TrainingProblem, options: ProfileOptions) -> None:
+    """The job allows LoRA/QLoRA: its targets must be linear layers of this model's blocks."""
+    if not options.lora_targets:
+        return
+    from memfit_trainer.strategies.peft import target_problems
+
+    found = target_problems(problem, list(options.lora_targets), options.lora_rank)
+    if found:
+        raise ProfileInputError("strategy.peft.lora.targetModules", "; ".join(found))
+
+
+def _build_full(spec: Problem, options: ProfileOptions) -> TrainingProblem:
+    try:
+        return build_problem(spec, seed=options.seed)
+    except ProblemError as exc:
+        raise _input_error(exc) from exc
 
 
 def error_profile(spec: Problem | None, message: str, *, seconds: float = 0.0) -> Profile:

@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
 from memfit_trainer.optim import LocalShardOptimizer
 
@@ -18,29 +18,40 @@ def _rank_file(directory: Path, tag: str) -> Path:
     return directory / tag / f"optimizer-rank{dist.get_rank() if dist.is_initialized() else 0}.pt"
 
 
+def _options(model: nn.Module) -> StateDictOptions:
+    # A model with frozen parameters (LoRA/QLoRA) checkpoints only what trains: the frozen base is
+    # rebuilt from the problem (its seed or its weights), and a 4-bit base's quantisation state is not
+    # something DCP can restore into the Params4bit layers.
+    frozen = any(not p.requires_grad for p in model.parameters())
+    return StateDictOptions(ignore_frozen_params=frozen, strict=not frozen)
+
+
 def save_dcp(model: nn.Module, optimizer: Any, directory: Path, tag: str) -> None:
     """Model (+ torch optimizer) through DCP; an 8-bit shard optimizer's state per rank beside it."""
     target = directory / tag
+    options = _options(model)
     if isinstance(optimizer, LocalShardOptimizer):
-        model_state, _ = get_state_dict(model, [])
+        model_state, _ = get_state_dict(model, [], options=options)
         dcp.save({"model": model_state}, checkpoint_id=str(target))
         torch.save(optimizer.state_dict(), _rank_file(directory, tag))
         return
-    model_state, optim_state = get_state_dict(model, optimizer)
+    model_state, optim_state = get_state_dict(model, optimizer, options=options)
     dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(target))
 
 
 def load_dcp(model: nn.Module, optimizer: Any, directory: Path, tag: str) -> None:
     """Restore what save_dcp wrote (DCP reshards to the current world size)."""
     target = directory / tag
+    options = _options(model)
     if isinstance(optimizer, LocalShardOptimizer):
-        model_state, _ = get_state_dict(model, [])
+        model_state, _ = get_state_dict(model, [], options=options)
         state = {"model": model_state}
         dcp.load(state, checkpoint_id=str(target))
-        set_state_dict(model, [], model_state_dict=state["model"], optim_state_dict={})
+        set_state_dict(model, [], model_state_dict=state["model"], optim_state_dict={}, options=options)
         optimizer.load_state_dict(torch.load(_rank_file(directory, tag), weights_only=False))
         return
-    model_state, optim_state = get_state_dict(model, optimizer)
+    model_state, optim_state = get_state_dict(model, optimizer, options=options)
     state = {"model": model_state, "optim": optim_state}
     dcp.load(state, checkpoint_id=str(target))
-    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"],
+                   options=options)

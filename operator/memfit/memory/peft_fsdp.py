@@ -1,0 +1,74 @@
+"""LoRA on FSDP2 (`fully_shard`): the 16-bit (or fp32) base and the fp32 adapters sharded over N ranks,
+only the adapters' gradients, the adapters' optimizer state over N.
+
+Like a full fine-tune on FSDP2 (temporaries.py `_fsdp`): each block and the root are units; a unit is
+all-gathered at the compute dtype (MixedPrecisionPolicy casts the fp32 adapters too) for its forward
+and backward, FULL_SHARD (stage 3) re-shards after forward, SHARD_GRAD_OP (stage 2) keeps every unit
+gathered until its backward, and one unit is prefetched ahead. What differs: only adapter gradients
+exist (unsharded for the unit in backward, plus the fp32 `reduce_dtype` copy under bf16, then sharded
+fp32), the step and the gloo reduce-scatter copy touch adapters only, and there are no autocast weight
+copies (FSDP casts at gather). QLoRA's 4-bit storage is not sharded here (Params4bit loses its
+quantisation state under `fully_shard`; `bnb_4bit_quant_storage` is not used), so QLoRA stays on DDP.
+"""
+
+from __future__ import annotations
+
+from memfit.api.common import Offload
+from memfit.api.job import OptimizerKind
+from memfit.memory.adapter import AdapterLayout
+from memfit.memory.shape import Shape
+from memfit.memory.states import ModelStates
+from memfit.memory.strategy import Device, Strategy
+from memfit.memory.temporaries import CPU_ADAM_TEMPORARIES, CPU_BNB_TEMPORARIES, FSDP_LIVE_UNITS, PhaseBytes
+
+ADAPTER_BYTES = 4.0
+
+
+def fsdp_peft_states(states: ModelStates, strategy: Strategy) -> ModelStates:
+    """The DDP-layout PEFT states (peft.py) sharded over the N ranks."""
+    n = strategy.world_size
+    return ModelStates(states.parameters_bytes / n, states.gradients_bytes / n, states.optimizer_bytes / n)
+
+
+def fsdp_peft_phases(shape: Shape, strategy: Strategy, layout: AdapterLayout) -> PhaseBytes:
+    """FSDP2 phases with only the adapters trainable (see the module docstring)."""
+    n = strategy.world_size
+    adapters = float(shape.layers * layout.adapter_parameters_per_block)
+    param_bytes = 2.0 if strategy.mixed_precision else 4.0
+    reduce_extra = 4.0 if strategy.mixed_precision else 0.0
+    unit_adapters = float(layout.adapter_parameters_per_block)
+    unit = float(max(shape.block_parameters + unit_adapters, shape.root_parameters))
+    unsharded_grads = unit_adapters * (param_bytes + reduce_extra)
+    if strategy.config.zero_stage == 3:
+        with_activations = 0.0
+        gathered_late = FSDP_LIVE_UNITS * unit * param_bytes
+    else:
+        with_activations = gathered_late = (shape.parameters + adapters) * param_bytes
+    sharded_grads = ADAPTER_BYTES * adapters / n
+    step_scratch = _step_scratch(strategy, layout, local_adapters=adapters / n)
+    if strategy.device == Device.CPU and n > 1:
+        step_scratch += ADAPTER_BYTES * unit_adapters  # gloo: one unit's unsharded fp32 gradient
+    in_backward = unsharded_grads + (gathered_late if strategy.config.zero_stage == 3 else 0.0)
+    late_share = (shape.layers - 1) / shape.layers
+    return PhaseBytes(
+        persistent_bytes=0.0,
+        with_activations_bytes=with_activations,
+        in_backward_gradient_bytes=0.0,
+        in_backward_bytes=in_backward,
+        late_gradient_bytes=sharded_grads * late_share,
+        late_backward_bytes=FSDP_LIVE_UNITS * unit * param_bytes + unsharded_grads,
+        held_gradient_bytes=sharded_grads,
+        backward_end_bytes=sharded_grads + gathered_late + unsharded_grads,
+        step_gradient_bytes=sharded_grads,
+        step_temporary_bytes=step_scratch,
+    )
+
+
+def _step_scratch(strategy: Strategy, layout: AdapterLayout, *, local_adapters: float) -> float:
+    if strategy.optimizer == OptimizerKind.SGD or strategy.config.offload != Offload.NONE:
+        return 0.0
+    largest = layout.largest_adapter_tensor / strategy.world_size  # the local shard of the largest
+    if strategy.device == Device.CUDA:
+        return 0.0 if strategy.config.optimizer8bit else 4.0 * local_adapters
+    per = CPU_BNB_TEMPORARIES if strategy.config.optimizer8bit else CPU_ADAM_TEMPORARIES
+    return per * 4.0 * largest

@@ -1,0 +1,57 @@
+"""Planner-suite expectations of the LoRA and QLoRA examples (examples/llama-8b-lora.yaml,
+examples/llama-70b-qlora.yaml) on the example pools and on the built-in catalog."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from memfit.api.common import PeftMethod
+from memfit.catalog import CATALOG
+from memfit.cli.inputs import load_job, load_pools
+from memfit.planner import catalog_pools, plan
+
+EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
+GIB = 1024**3
+
+
+def _pools(source: str) -> list:
+    if source == "catalog":
+        return list(catalog_pools(CATALOG))
+    pools, invalid = load_pools(EXAMPLES / "gpunodepools.yaml")
+    assert not invalid
+    return list(pools)
+
+
+@pytest.mark.parametrize("source", ["example pools", "catalog"])
+def test_llama_8b_lora_plans_lora_that_fits_with_headroom(source: str) -> None:
+    job = load_job(EXAMPLES / "llama-8b-lora.yaml")
+    result = plan(job.spec, pools=_pools(source), catalog=CATALOG)
+    assert result.plan is not None and result.chosen is not None
+    assert result.plan.peft == PeftMethod.LORA  # allowed, and cheaper than the best full fine-tune
+    assert result.plan.memory.peak_bytes * (1 + result.plan.headroom_percent / 100) <= result.plan.gpu_memory_bytes
+    assert result.plan.trainable_parameters == 41_943_040
+    full = result.plan.full_finetune
+    assert full is not None and full.estimated_cost is not None and full.estimated_cost > result.plan.estimated_cost
+    for alternative in result.alternatives:
+        assert alternative.strategy.config.peft in (PeftMethod.NONE, PeftMethod.LORA)  # never QLoRA
+
+
+@pytest.mark.parametrize("source", ["example pools", "catalog"])
+def test_llama_70b_qlora_fits_one_80gb_gpu_and_explains_the_smaller_pools(source: str) -> None:
+    job = load_job(EXAMPLES / "llama-70b-qlora.yaml")
+    pools = _pools(source)
+    result = plan(job.spec, pools=pools, catalog=CATALOG)
+    assert result.plan is not None
+    assert result.plan.peft == PeftMethod.QLORA and result.plan.world_size == 1
+    assert result.plan.memory.peak_bytes * 1.1 <= result.plan.gpu_memory_bytes
+    # The example pools' largest GPUs are 80 GB; the catalog also has the H200 (141 GB, cheaper per
+    # hour than an H100), which wins there -- with the 80 GB GPUs as single-GPU alternatives.
+    single_80 = [c for c in (result.chosen, *result.alternatives) if c is not None and c.gpus == 1
+                 and 79 * GIB <= c.usable_bytes <= 81 * GIB and c.strategy.config.peft == PeftMethod.QLORA]
+    assert single_80
+    if source == "example pools":
+        assert 79 * GIB <= result.plan.gpu_memory_bytes <= 81 * GIB
+    rejected = {r.pool: r.reason for r in result.rejections}
+    for name in ("l4", "l40s", "a10g") if source == "example pools" else ("l4", "l40s", "a100-40"):
+        assert name in rejected and "needs" in rejected[name] and "QLoRA" in rejected[name], rejected.get(name)
