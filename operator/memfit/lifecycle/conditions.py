@@ -39,6 +39,8 @@ REPLANS_EXHAUSTED = "ReplansExhausted"
 PODS_NOT_CREATED = "PodsNotCreated"
 REPLANNING = "Replanning"
 INVALID_PLAN = "InvalidPlan"
+IMAGE_UNAVAILABLE = "ImageUnavailable"  # the image cannot start (not on the node, invalid, pull failing)
+IMAGE_PULL_FAILING = "ImagePullFailing"  # a pull is failing; the job fails if it lasts capacityTimeoutSeconds
 NOT_YET = "NotYet"
 
 MAX_MESSAGE = 32768

@@ -16,9 +16,10 @@ from memfit.kube.names import train_job_name
 from memfit.kube.train_job import build_plan_config_map
 from memfit.lifecycle import conditions as c
 from memfit.lifecycle.draft import Draft
+from memfit.lifecycle.images import image_blocked, image_gives_up, image_message
 from memfit.lifecycle.launch import launch_effects
 from memfit.lifecycle.learning import ALLOCATOR_METERS, learn
-from memfit.lifecycle.observed import JobSummary
+from memfit.lifecycle.observed import JobSummary, PodSummary
 from memfit.lifecycle.result import Ensure
 from memfit.lifecycle.snapshot import Snapshot
 
@@ -59,6 +60,8 @@ def monitor_step(draft: Draft, snap: Snapshot, spec: MemoryOptimizedTrainingJobS
         _succeeded(draft, snap, plan, job, measured, digest)
     elif job.failed or any(p.out_of_memory or p.invalid_plan or p.over_plan for p in job.pods):
         _failed(draft, snap, plan, job, measured, digest)
+    elif (blocked := image_blocked(job)) is not None:
+        _image_blocked(draft, snap, spec, job, blocked)
     elif job.suspended:
         # Created suspended for Kueue: admission (unsuspend) is Kueue's decision, not a capacity failure.
         draft.set(
@@ -146,8 +149,8 @@ def _failed(
         return
     detail = job.failure_message or job.failure_reason or "pods failed"
     last = next((p for p in reversed(job.pods) if p.phase == "Failed"), None)
-    if last and last.raw_message:
-        detail += f"; {last.raw_message[:512]}"
+    if last and last.exit_code is not None:
+        detail += f"; {last.exit_detail()}"
     draft.finish_attempt(AttemptOutcome.FAILED, measured=measured, reason=detail[:1024])
     draft.fail(c.TRAINING_FAILED, f"training Job {job.name} failed: {detail}")
 
@@ -166,6 +169,20 @@ def _over_plan(draft: Draft, snap: Snapshot, plan: Plan, job: JobSummary, peak: 
     draft.set(c.RUNNING, False, c.MEMORY_OVER_PLAN, reason)
     draft.enter(Phase.REPLANNING, f"attempt {plan.attempt}: {reason}; re-planning before an out-of-memory")
     draft.event(c.MEMORY_OVER_PLAN, reason, warning=True)
+
+
+def _image_blocked(
+    draft: Draft, snap: Snapshot, spec: MemoryOptimizedTrainingJobSpec, job: JobSummary, pod: PodSummary
+) -> None:
+    message = image_message(pod)
+    timeout = spec.recovery.capacity_timeout_seconds
+    if image_gives_up(pod, since=job.started_at, now=snap.now, timeout_seconds=timeout):
+        draft.finish_attempt(AttemptOutcome.FAILED, reason=message[:1024])
+        draft.fail(c.IMAGE_UNAVAILABLE, message)
+        return
+    if draft.condition_reason(c.RUNNING) != c.IMAGE_PULL_FAILING:
+        draft.event(c.IMAGE_PULL_FAILING, message, warning=True)
+    draft.set(c.RUNNING, False, c.IMAGE_PULL_FAILING, f"{message} (gives up after {timeout}s)")
 
 
 def _unschedulable(

@@ -33,6 +33,22 @@ class PodSummary:
     unschedulable_since: datetime | None = None
     unschedulable_message: str = ""
     running: bool = False
+    image: str = ""  # the (first) container's image
+    image_problem: str = ""  # why its image cannot run: "<reason>: <kubelet message>", "" when none
+
+    @property
+    def image_permanent(self) -> bool:
+        """The image can never start on this node as asked (waiting and retrying cannot help)."""
+        return self.image_problem.split(":", 1)[0] in PERMANENT_IMAGE_REASONS
+
+    def exit_detail(self) -> str:
+        """How the container ended, for a failure message: names the image when the container wrote
+        no termination message (it died before memfit-trainer could, e.g. a broken entrypoint)."""
+        if self.exit_code is None:
+            return ""
+        said = f": {self.raw_message[:512]}" if self.raw_message else " before writing a termination message"
+        image = f" (image {self.image})" if self.image and not self.raw_message else ""
+        return f"pod {self.name} exited {self.exit_code} ({self.container_reason or 'Error'}){image}{said}"
 
     @property
     def out_of_memory(self) -> TerminationReason | None:
@@ -93,6 +109,11 @@ def parse_time(value: str | None) -> datetime | None:
     return datetime.fromisoformat(value.replace("Z", "+00:00"))
 
 
+# containerStatuses[].state.waiting.reason values that mean the image cannot be run as asked.
+PERMANENT_IMAGE_REASONS = frozenset({"ErrImageNeverPull", "InvalidImageName"})
+IMAGE_REASONS = PERMANENT_IMAGE_REASONS | {"ErrImagePull", "ImagePullBackOff"}
+
+
 def summarize_pod(pod: Manifest) -> PodSummary:
     status = pod.get("status") or {}
     phase = status.get("phase") or "Pending"
@@ -110,10 +131,17 @@ def summarize_pod(pod: Manifest) -> PodSummary:
     reason = ""
     raw = ""
     running = False
+    containers = (pod.get("spec") or {}).get("containers") or []
+    image = str(containers[0].get("image") or "") if containers else ""
+    image_problem = ""
     for cs in status.get("containerStatuses") or []:
         state = cs.get("state") or {}
         if state.get("running"):
             running = True
+        image = image or str(cs.get("image") or "")
+        waiting = state.get("waiting") or {}
+        if waiting.get("reason") in IMAGE_REASONS and not image_problem:
+            image_problem = f"{waiting['reason']}: {str(waiting.get('message') or '')[:400]}".rstrip(": ")
         terminated = state.get("terminated") or (cs.get("lastState") or {}).get("terminated")
         if terminated:
             exit_code = terminated.get("exitCode")
@@ -130,6 +158,8 @@ def summarize_pod(pod: Manifest) -> PodSummary:
         unschedulable_since=unschedulable_since,
         unschedulable_message=unschedulable_message,
         running=running or phase == "Running",
+        image=image,
+        image_problem=image_problem,
     )
 
 

@@ -24,6 +24,7 @@ from memfit.kube.profile_cache import CachedProfile, build_profile_cache
 from memfit.kube.profile_job import build_profile_input, build_profile_job
 from memfit.lifecycle import conditions as c
 from memfit.lifecycle.draft import Draft
+from memfit.lifecycle.images import image_blocked, image_gives_up, image_message
 from memfit.lifecycle.observed import JobSummary
 from memfit.lifecycle.profile_fit import (
     ANALYTIC,
@@ -170,6 +171,17 @@ def profile_step(
         return None  # a rescheduled profiling Job is still going away; the next reconcile recreates it
     pool = job.labels.get(LABEL_POOL, placement.pool)
     if not job.finished and _reschedule(draft, snap, spec, job, pool):
+        return None
+    blocked = None if job.finished else image_blocked(job)
+    if blocked is not None:
+        message = f"profiling {image_message(blocked)}"
+        timeout = spec.recovery.capacity_timeout_seconds
+        if image_gives_up(blocked, since=job.started_at, now=snap.now, timeout_seconds=timeout):
+            draft.fail(c.IMAGE_UNAVAILABLE, message)
+        else:
+            if draft.condition_reason(c.PROFILED) != c.IMAGE_PULL_FAILING:
+                draft.event(c.IMAGE_PULL_FAILING, message, warning=True)
+            draft.set(c.PROFILED, False, c.IMAGE_PULL_FAILING, f"{message} (gives up after {timeout}s)")
         return None
     if not job.finished:
         _profiling(draft, pool, name, choice)
@@ -318,7 +330,9 @@ def profile_from(summary: JobSummary) -> tuple[Profile | None, str]:
             return profile, ""
     if summary.failed:
         detail = summary.failure_message or summary.failure_reason
-        return None, f"profiling Job {summary.name} failed: {detail or 'no termination message'}"
+        crashed = next((p.exit_detail() for p in reversed(summary.pods) if p.exit_code is not None), "")
+        detail = "; ".join(filter(None, [detail, crashed])) or "no termination message"
+        return None, f"profiling Job {summary.name} failed: {detail}"
     return None, f"profiling Job {summary.name} finished without a Profile in its termination message"
 
 

@@ -436,7 +436,8 @@ def test_training_failure_fails_with_the_pod_message() -> None:
     assert (status, reason) == ("True", "TrainingFailed")
     assert (
         message
-        == "training Job j-train-0 failed: Job has reached the specified backoff limit; Traceback: nan loss"
+        == "training Job j-train-0 failed: Job has reached the specified backoff limit; "
+        "pod j-train-0-0 exited 1 (Error): Traceback: nan loss"
     )
 
 

@@ -1,0 +1,72 @@
+"""An image that cannot start gets a condition naming the image and the cause, never a silent wait;
+a container that dies before writing a termination message is named with its exit code and image."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lifecycle_harness import Harness, quickstart, terminated
+from memfit.api.job import Phase
+from test_decide import launched
+
+IMAGE = "registry.invalid/memfit-trainer:missing"
+
+
+def waiting(reason: str, message: str) -> dict[str, Any]:
+    return {"containerStatuses": [{"name": "c", "image": IMAGE, "state": {"waiting": {"reason": reason,
+                                                                                      "message": message}}}]}
+
+
+def test_an_image_never_pulled_and_absent_fails_the_attempt_at_once() -> None:
+    h = launched()
+    h.start("j-train-0")
+    h.add_pod("j-train-0", phase="Pending",
+              **waiting("ErrImageNeverPull", f'Container image "{IMAGE}" is not present with pull policy of Never'))
+    decision = h.reconcile()
+    assert h.stored.phase == Phase.FAILED
+    status, reason, message = h.condition("Failed")
+    assert (status, reason) == ("True", "ImageUnavailable")
+    assert IMAGE in message and "ErrImageNeverPull" in message and "pull policy of Never" in message
+    assert "ImageUnavailable" in decision.reasons()
+
+
+def test_a_failing_pull_is_shown_then_fails_after_the_capacity_timeout() -> None:
+    h = launched(recovery={"capacityTimeoutSeconds": 300})
+    h.start("j-train-0")
+    h.add_pod("j-train-0", phase="Pending", **waiting("ImagePullBackOff", "Back-off pulling image"))
+    decision = h.reconcile()
+    assert h.stored.phase != Phase.FAILED
+    status, reason, message = h.condition("Running")
+    assert (status, reason) == ("False", "ImagePullFailing")
+    assert IMAGE in message and "ImagePullBackOff" in message and "300s" in message
+    assert decision.reasons() == ["ImagePullFailing"]
+    assert h.reconcile().events == ()  # shown once, not an event per reconcile
+    h.later(301)
+    h.reconcile()
+    assert h.stored.phase == Phase.FAILED
+    assert h.condition("Failed")[1] == "ImageUnavailable"
+
+
+def test_a_profiling_image_that_cannot_start_fails_profiling_with_the_image() -> None:
+    h = Harness(spec=quickstart())
+    h.reconcile()
+    h.start("j-profile")
+    h.add_pod("j-profile", phase="Pending", **waiting("InvalidImageName", "invalid reference format"))
+    h.reconcile()
+    assert h.stored.phase == Phase.FAILED
+    _, reason, message = h.condition("Failed")
+    assert reason == "ImageUnavailable" and message.startswith("profiling pod j-profile-0 cannot start image")
+    assert IMAGE in message
+
+
+def test_a_container_that_dies_before_its_termination_message_is_named_with_its_image() -> None:
+    h = launched()
+    h.start("j-train-0")
+    status = terminated(127, reason="Error")
+    status["containerStatuses"][0]["image"] = IMAGE
+    h.add_pod("j-train-0", phase="Failed", **status)
+    h.finish("j-train-0", failed=True, reason="BackoffLimitExceeded", message="Job has reached the specified backoff limit")
+    h.reconcile()
+    _, reason, message = h.condition("Failed")
+    assert reason == "TrainingFailed"
+    assert f"exited 127 (Error) (image {IMAGE}) before writing a termination message" in message
