@@ -8,7 +8,7 @@ PURE := operator/memfit/api operator/memfit/memory operator/memfit/planner opera
 export TORCH_EXTENSIONS_DIR ?= $(HOME)/.cache/memfit/torch_extensions
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: help venv testbin prometheus lint test test-unit test-integration test-e2e crds dashboard demo plan clean
+.PHONY: help venv testbin prometheus realnode lint test test-unit test-integration test-e2e test-realnode crds dashboard demo plan clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -16,11 +16,14 @@ help: ## list targets
 venv: ## create or reuse the venv (outside the repo) with every extra installed
 	@MEMFIT_VENV=$(VENV) hack/venv.sh >/dev/null
 
-testbin: ## build etcd, kube-apiserver, controller-manager, scheduler, kwok, helm (cached by version)
+testbin: ## build etcd, kube-apiserver, controller-manager, scheduler, kwok, helm, kubelet, kube-proxy, CoreDNS (cached by version)
 	@hack/install-testbin.sh >/dev/null
 
 prometheus: ## prometheus + promtool from Debian into ~/.cache/memfit/prometheus (no service)
 	@hack/install-prometheus.sh >/dev/null
+
+realnode: ## Debian packages for the real node (containerd, runc, CNI, docker.io, debootstrap); needs root, else the tier skips
+	@hack/install-realnode.sh || echo "make realnode: packages not installed; the real-node tier will skip (docs/realnode.md)"
 
 crds: venv ## regenerate crds/ and the chart's copy from the API models
 	$(VENV)/bin/memfit crds
@@ -47,10 +50,13 @@ test-integration: venv testbin ## real control plane + KWOK + pod runner + opera
 test-e2e: venv testbin prometheus ## helm, Prometheus, images, helm install into the local cluster
 	MEMFIT_REQUIRE_CLUSTER=$${MEMFIT_REQUIRE_CLUSTER:-1} $(PY) -m pytest tests/e2e -q -ra
 
-test: venv testbin prometheus lint ## everything this machine supports: lint + unit + trainer + integration + e2e
+test-realnode: venv testbin realnode ## kubelet + containerd node running the images built from our Dockerfiles
+	MEMFIT_REQUIRE_CLUSTER=$${MEMFIT_REQUIRE_CLUSTER:-1} $(PY) -m pytest tests/realnode -q -ra
+
+test: venv testbin prometheus realnode lint ## everything this machine supports: lint + unit + trainer + integration + e2e + realnode
 	MEMFIT_REQUIRE_CLUSTER=$${MEMFIT_REQUIRE_CLUSTER:-1} $(PY) -m pytest tests -q -ra
 
-demo: venv testbin ## local cluster + simulated GPU pools + operator: run the quickstart to Succeeded
+demo: venv testbin realnode ## local cluster + simulated GPU pools (+ the real node when supported) + operator: the quickstart to Succeeded
 	$(PY) hack/demo.py
 
 plan: venv ## offline plan of the quickstart with the built-in GPU catalog

@@ -2,8 +2,12 @@
 
 Starts the local control plane with simulated GPU pools (KWOK), installs the CRDs and GPUNodePools,
 runs `memfit operator`, applies examples/quickstart.yaml, streams its phase changes until it
-finishes, and prints the plan, the savings against the baseline and where the metrics are. The
-profiler and trainer pods really run, on CPU, through the local pod runner (docs/testcluster.md).
+finishes, and prints the plan, the savings against the baseline and where the metrics are.
+
+Where the machine supports it (root, containerd, the node binaries: the capability check is printed),
+the profiler and trainer pods run as containers of the trainer image built from trainer-image/Dockerfile
+on a real node (kubelet + containerd, docs/realnode.md) standing in for the `t4-spot` pool; elsewhere
+they run, on CPU, as processes of the local pod runner (docs/testcluster.md). The demo prints which.
 """
 
 from __future__ import annotations
@@ -29,26 +33,79 @@ def kubectl(kubeconfig: Path, *args: str, check: bool = True) -> str:
     return result.stdout
 
 
+def choose_runtime(wanted: str) -> bool:
+    """True for the real node: printed capability check (auto), or the forced choice."""
+    if wanted == "pod-runner":
+        print("==> runtime: local pod runner (asked for)")
+        return False
+    from memfit_testbed.realnode import hostchanges
+    from memfit_testbed.realnode.node import unsupported_reason
+
+    reason = unsupported_reason()
+    state = hostchanges.load_state()
+    if reason is None and state and hostchanges.remaining():
+        from memfit_testbed.realnode.node import _cluster_alive
+
+        if _cluster_alive(state):
+            reason = f"the real node is in use by the cluster in {state.get('cluster_dir')}"
+    if reason is None:
+        print("==> runtime: real node (kubelet + containerd); capability check passed")
+        return True
+    if wanted == "real-node":
+        raise SystemExit(f"real node not supported here: {reason}")
+    print(f"==> runtime: local pod runner (real node unsupported: {reason})")
+    return False
+
+
+def describe_runtime(kubeconfig: Path, job: str) -> str:
+    """The nodes and container runtimes the job's pods ran on, from their status."""
+    pods = json.loads(kubectl(kubeconfig, "get", "pods", "-l", f"memfit.dev/job={job}", "-o", "json"))["items"]
+    seen = set()
+    for pod in pods:
+        cid = ((pod.get("status", {}).get("containerStatuses") or [{}])[0]).get("containerID", "")
+        runtime = cid.split("://")[0] or "?"
+        kind = "real kubelet, containers" if runtime == "containerd" else "local pod runner, processes"
+        seen.add(f"{pod['spec'].get('nodeName')} ({runtime}: {kind})")
+    return ", ".join(sorted(seen)) or "no pods found"
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dir", type=Path, default=Path("/tmp/memfit-demo"), help="cluster folder")
     ap.add_argument("--job", type=Path, default=REPO / "examples" / "quickstart.yaml", help="MOTJ to apply")
     ap.add_argument("--timeout", type=float, default=900, help="seconds to wait for the job")
     ap.add_argument("--keep", action="store_true", help="leave the cluster and operator running")
+    ap.add_argument("--runtime", choices=["auto", "real-node", "pod-runner"], default="auto",
+                    help="where the pods run: a real node when supported (auto), or force one")
     args = ap.parse_args(argv)
 
-    cluster = testcluster.TestCluster(workdir=args.dir.resolve(), pod_runner=True)
+    real = choose_runtime(args.runtime)
+    cluster = testcluster.TestCluster(workdir=args.dir.resolve(), pod_runner=not real)
     if cluster.running():
+        testcluster.stop_real_node(cluster.workdir)
         cluster.stop()
     started = time.monotonic()
     print(f"==> starting the local cluster in {args.dir} ...", flush=True)
     cluster.start()
     kube = cluster.kubeconfig
     operator = None
+    node = None
     metrics_port = 18080
     try:
         nodes = kwok_pools.apply_pools(str(kube))
         print(f"==> cluster up in {time.monotonic() - started:.0f}s with {len(nodes)} simulated nodes", flush=True)
+        operator_args = ["--extra-pod-label", "memfit.dev/run-local=true"]
+        if real:
+            from memfit_testbed.realnode.node import RealNode
+
+            print("==> starting the real node (images are built on first use: minutes cold, cached after)",
+                  flush=True)
+            node = RealNode(cluster_dir=cluster.workdir, apiserver_port=cluster.ports["apiserver"])
+            secs = node.start()
+            assert node.images is not None
+            print(f"==> real node {node.node_name} Ready in {secs:.0f}s for pool {node.pool}; trainer image "
+                  f"{node.images.trainer}", flush=True)
+            operator_args = ["--trainer-image", node.images.trainer]
         kubectl(kube, "apply", "--server-side", "-f", str(REPO / "crds"))
         kubectl(kube, "wait", "--for=condition=Established", "--timeout=60s", "crd", "--all")
         kubectl(kube, "apply", "-f", str(REPO / "hack" / "kwok" / "gpunodepools.yaml"))
@@ -57,8 +114,7 @@ def main(argv: list[str] | None = None) -> int:
         env = {**os.environ, "KUBECONFIG": str(kube)}
         operator = subprocess.Popen(
             [sys.executable, "-m", "memfit.cli", "operator", "--metrics-host", "127.0.0.1",
-             "--metrics-port", str(metrics_port), "--extra-pod-label", "memfit.dev/run-local=true",
-             "--resync-seconds", "2"],
+             "--metrics-port", str(metrics_port), *operator_args, "--resync-seconds", "2"],
             env=env, stdout=open(log_path, "ab"), stderr=subprocess.STDOUT,  # noqa: SIM115
         )
         time.sleep(3)
@@ -96,6 +152,7 @@ def main(argv: list[str] | None = None) -> int:
         with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5) as resp:
             lines = [x for x in resp.read().decode().splitlines() if x.startswith("memfit_job")]
         print("==> metrics (memfit_job_*):\n  " + "\n  ".join(lines[:12]))
+        print(f"==> the pods ran on: {describe_runtime(kube, name)}")
         ok = status.get("phase") == "Succeeded"
         print(f"==> {name} {status.get('phase')} in {time.monotonic() - started:.0f}s")
         if args.keep:
@@ -112,6 +169,8 @@ def main(argv: list[str] | None = None) -> int:
             except subprocess.TimeoutExpired:
                 operator.kill()
         if not args.keep:
+            if node is not None:
+                node.stop()
             cluster.stop()
 
 

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Build the test cluster's binaries (etcd, kube-apiserver, kube-controller-manager, kube-scheduler,
 # kwok, helm) from the Go module proxy at pinned versions, into a cache outside the repo keyed by
-# version. Idempotent: does nothing when the binaries are already there.
-# Usage: hack/install-testbin.sh [--print-dir]   (prints the bin dir; --print-dir builds nothing)
-# Recipe and pins: docs/testcluster.md (derived from shared/reference/testcluster.md).
+# version; and the real node's (kubelet, kube-proxy, CoreDNS) into a sibling folder. Idempotent: does
+# nothing when the binaries are already there.
+# Usage: hack/install-testbin.sh [--print-dir | --print-node-dir | --no-node]
+#   --print-dir / --print-node-dir print a bin dir and build nothing; --no-node skips the node binaries.
+# Recipe and pins: docs/testcluster.md, docs/realnode.md (from shared/reference/{testcluster,realnode}.md).
 set -euo pipefail
 
 K8S_VERSION=${K8S_VERSION:-1.36.3}
@@ -11,15 +13,20 @@ ETCD_VERSIONS=${ETCD_VERSIONS:-"3.6.8 3.6.13"}
 KWOK_VERSION=${KWOK_VERSION:-0.8.0}
 HELM_VERSION=${HELM_VERSION:-3.22.0}
 CACHE=${MEMFIT_TESTBIN_CACHE:-$HOME/.cache/memfit-testbin}
+COREDNS_VERSION=${COREDNS_VERSION:-1.12.4}
 BIN="$CACHE/k8s-v$K8S_VERSION-etcd-kwok-v$KWOK_VERSION-helm-v$HELM_VERSION/bin"
+# A separate folder, so adding the node binaries did not invalidate the control plane's cache.
+NODE_BIN="$CACHE/node-k8s-v$K8S_VERSION-coredns-v$COREDNS_VERSION/bin"
 
 export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS=-trimpath
 JOBS=${GO_BUILD_JOBS:-2}
 
 log() { printf '[install-testbin] %s\n' "$*" >&2; }
 
-build_kubernetes() {
-  local minor patch src="$CACHE/src/k8s-v$K8S_VERSION"
+# tools_module SRC: a tools go.mod that replaces each staging module of k8s.io/kubernetes with its
+# published v0.MINOR.PATCH and carries upstream's godebug line (docs/testcluster.md).
+tools_module() {
+  local src=$1 minor patch
   minor=$(echo "$K8S_VERSION" | cut -d. -f2); patch=$(echo "$K8S_VERSION" | cut -d. -f3)
   mkdir -p "$src"; cd "$src"
   [ -f go.mod ] || go mod init example.invalid/memfit-k8s-testbin >/dev/null 2>&1
@@ -34,14 +41,24 @@ build_kubernetes() {
   local godebug
   godebug=$(sed -n 's/^godebug[[:space:]]\{1,\}\([^ ]*\)$/\1/p' "$gomod" | head -1)
   if [ -n "$godebug" ]; then go mod edit -godebug="$godebug"; fi
-  go get -tool "k8s.io/kubernetes/cmd/kube-apiserver@v$K8S_VERSION" \
-    "k8s.io/kubernetes/cmd/kube-controller-manager@v$K8S_VERSION" \
-    "k8s.io/kubernetes/cmd/kube-scheduler@v$K8S_VERSION"
-  local x="" p
+}
+
+# version_ldflags: the -X flags that stamp `--version` (hack/lib/version.sh upstream).
+version_ldflags() {
+  local minor x="" p
+  minor=$(echo "$K8S_VERSION" | cut -d. -f2)
   for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
     x="$x -X $p.gitVersion=v$K8S_VERSION -X $p.gitMajor=1 -X $p.gitMinor=$minor -X $p.gitTreeState=clean -X $p.buildDate=1970-01-01T00:00:00Z"
   done
-  go build -p "$JOBS" -ldflags "-s -w $x" -o "$BIN/" \
+  echo "$x"
+}
+
+build_kubernetes() {
+  tools_module "$CACHE/src/k8s-v$K8S_VERSION"
+  go get -tool "k8s.io/kubernetes/cmd/kube-apiserver@v$K8S_VERSION" \
+    "k8s.io/kubernetes/cmd/kube-controller-manager@v$K8S_VERSION" \
+    "k8s.io/kubernetes/cmd/kube-scheduler@v$K8S_VERSION"
+  go build -p "$JOBS" -ldflags "-s -w $(version_ldflags)" -o "$BIN/" \
     k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
     k8s.io/kubernetes/cmd/kube-scheduler
 }
@@ -61,12 +78,35 @@ build_etcd() {
   return 1
 }
 
-if [ "${1:-}" = "--print-dir" ]; then echo "$BIN"; exit 0; fi
+# The real node (docs/realnode.md): kubelet and kube-proxy from the same k8s.io/kubernetes release,
+# in their own tools module (adding tools to the control plane's could move its dependencies).
+build_node() {
+  tools_module "$CACHE/src/k8s-node-v$K8S_VERSION"
+  go get -tool "k8s.io/kubernetes/cmd/kubelet@v$K8S_VERSION" "k8s.io/kubernetes/cmd/kube-proxy@v$K8S_VERSION"
+  go build -p "$JOBS" -ldflags "-s -w $(version_ldflags)" -o "$NODE_BIN/" \
+    k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kube-proxy
+}
+
+case "${1:-}" in
+  --print-dir) echo "$BIN"; exit 0 ;;
+  --print-node-dir) echo "$NODE_BIN"; exit 0 ;;
+esac
 mkdir -p "$BIN"
 if [ ! -x "$BIN/etcd" ]; then log "building etcd"; build_etcd; fi
 if [ ! -x "$BIN/kwok" ]; then log "building kwok v$KWOK_VERSION"; GOBIN="$BIN" go install "sigs.k8s.io/kwok/cmd/kwok@v$KWOK_VERSION"; fi
 if [ ! -x "$BIN/helm" ]; then log "building helm v$HELM_VERSION"; GOBIN="$BIN" go install "helm.sh/helm/v3/cmd/helm@v$HELM_VERSION"; fi
 if [ ! -x "$BIN/kube-apiserver" ] || [ ! -x "$BIN/kube-controller-manager" ] || [ ! -x "$BIN/kube-scheduler" ]; then
   log "building kubernetes v$K8S_VERSION (cold: tens of minutes on 2 cores)"; build_kubernetes
+fi
+if [ "${1:-}" != "--no-node" ]; then
+  mkdir -p "$NODE_BIN"
+  if [ ! -x "$NODE_BIN/coredns" ]; then
+    log "building coredns v$COREDNS_VERSION"
+    # CoreDNS's go.mod has no replace lines: a plain go install works (CGO off: static).
+    GOBIN="$NODE_BIN" go install -ldflags "-s -w" "github.com/coredns/coredns@v$COREDNS_VERSION"
+  fi
+  if [ ! -x "$NODE_BIN/kubelet" ] || [ ! -x "$NODE_BIN/kube-proxy" ]; then
+    log "building kubelet and kube-proxy v$K8S_VERSION (cold: about 10 min on 2 cores)"; build_node
+  fi
 fi
 echo "$BIN"

@@ -9,7 +9,11 @@ SRC=${2:-$(cd "$(dirname "$0")/../.." && pwd)}
 PYTHON=${PYTHON:-python3}
 
 "$PYTHON" -m venv "$PREFIX"
-"$PREFIX/bin/python" -m pip install --disable-pip-version-check --no-warn-script-location "$SRC[operator]"
+# The same exact versions as the test venv (constraints.txt, one file for the venv and both images).
+CONSTRAINTS=""
+if [ -f "$SRC/constraints.txt" ]; then CONSTRAINTS="-c $SRC/constraints.txt"; fi
+# shellcheck disable=SC2086
+"$PREFIX/bin/python" -m pip install --disable-pip-version-check --no-warn-script-location $CONSTRAINTS "$SRC[operator]"
 # Compile bytecode now: at run time the root filesystem is read-only (PYTHONDONTWRITEBYTECODE=1).
 "$PREFIX/bin/python" -m compileall -q "$PREFIX/lib"
 if "$PREFIX/bin/python" -c "import torch" 2>/dev/null; then

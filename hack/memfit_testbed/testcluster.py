@@ -271,6 +271,9 @@ class TestCluster:
             "--allow-privileged=true", "--max-requests-inflight=0", "--max-mutating-requests-inflight=0",
             "--enable-priority-and-fairness=false", f"--cert-dir={pki}",
             "--endpoint-reconciler-type=none",  # Endpoints may not hold 127.0.0.1: skip the kubernetes svc
+            # `kubectl logs` on a real node (docs/realnode.md): reach its kubelet by InternalIP, as admin.
+            "--kubelet-preferred-address-types=InternalIP",
+            f"--kubelet-client-certificate={pki / 'admin.crt'}", f"--kubelet-client-key={pki / 'admin.key'}",
         ])
         self._wait(lambda: self._get("/readyz") == 200, timeout, "kube-apiserver /readyz", "kube-apiserver")
 
@@ -389,12 +392,31 @@ def running_cluster(workdir: Path, **kwargs: object) -> Iterator[TestCluster]:
         cluster.stop()
 
 
+def stop_real_node(workdir: Path) -> list[str]:
+    """Stop the real node of the cluster in `workdir` (or one whose cluster is gone) and undo its host
+    changes; nothing when the machine has none."""
+    from memfit_testbed.realnode import hostchanges
+
+    state = hostchanges.load_state()
+    if not state and not hostchanges.remaining():
+        return []
+    if state and state.get("cluster_dir") not in (str(workdir), None):
+        from memfit_testbed.realnode.node import _cluster_alive
+
+        if _cluster_alive(state):
+            return []  # another running cluster's node
+    return hostchanges.undo_all() or ["nothing left"]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("command", choices=["up", "down", "env", "status", "logs"])
     ap.add_argument("--dir", type=Path, default=DEFAULT_DIR, help=f"cluster folder (default {DEFAULT_DIR})")
     ap.add_argument("--no-pod-runner", action="store_true", help="do not start the local pod runner")
     ap.add_argument("--no-pools", action="store_true", help="skip hack/kwok/gpu-pools.yaml")
+    ap.add_argument("--real-node", action="store_true",
+                    help="add a real node (kubelet + containerd) standing in for a GPU pool (docs/realnode.md)")
+    ap.add_argument("--real-node-pool", default="t4-spot", help="the pool whose KWOK nodes the real node replaces")
     args = ap.parse_args(argv)
     cluster = TestCluster(workdir=args.dir.resolve(), pod_runner=not args.no_pod_runner)
     if args.command == "up":
@@ -409,11 +431,26 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             nodes = kwok_pools.apply_pools(str(cluster.kubeconfig))
             msg += f", {len(nodes)} kwok nodes Ready"
+        if args.real_node:
+            from memfit_testbed.realnode.node import RealNode
+
+            node = RealNode(cluster_dir=cluster.workdir, apiserver_port=cluster.ports["apiserver"],
+                            pool=args.real_node_pool)
+            try:
+                secs = node.start()  # undoes its own host changes when it fails
+            except Exception as e:
+                print(f"testcluster: real node: {type(e).__name__}: {e}", file=sys.stderr)
+                cluster.stop()
+                return 1
+            msg += f", real node {node.node_name} (pool {node.pool}) Ready in {secs:.1f}s"
         print(f"{msg}\nexport KUBECONFIG={cluster.kubeconfig}", file=sys.stderr)
     elif args.command == "down":
         was = cluster.running()
+        undone = stop_real_node(cluster.workdir)
         cluster.stop()
         print("stopped" if was else "nothing running", file=sys.stderr)
+        if undone:
+            print("real node: " + "; ".join(undone), file=sys.stderr)
     elif args.command == "env":
         print(f"export KUBECONFIG={cluster.kubeconfig}")
     elif args.command == "logs":

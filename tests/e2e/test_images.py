@@ -45,7 +45,8 @@ def test_hadolint_flags_a_bad_dockerfile(tmp_path: Path) -> None:
 
 
 def parse(dockerfile: Path) -> list[list[tuple[str, str]]]:
-    """Stages of (INSTRUCTION, arguments), continuation lines joined, comments dropped."""
+    """Stages of (INSTRUCTION, arguments), continuation lines joined, comments dropped; the global ARGs
+    before the first FROM are left out (global_args)."""
     stages: list[list[tuple[str, str]]] = []
     text = dockerfile.read_text().replace("\\\n", " ")
     for line in text.splitlines():
@@ -55,14 +56,29 @@ def parse(dockerfile: Path) -> list[list[tuple[str, str]]]:
         instruction, _, args = line.partition(" ")
         if instruction.upper() == "FROM":
             stages.append([])
-        stages[-1].append((instruction.upper(), args.strip()))
+        if stages:
+            stages[-1].append((instruction.upper(), args.strip()))
     return stages
+
+
+def global_args(dockerfile: Path) -> dict[str, str]:
+    """ARG name=default lines before the first FROM (the build arguments FROM may use)."""
+    found: dict[str, str] = {}
+    for line in dockerfile.read_text().splitlines():
+        if line.startswith("FROM"):
+            break
+        if line.startswith("ARG "):
+            name, _, default = line[4:].strip().partition("=")
+            found[name] = default
+    return found
 
 
 def test_operator_image_shape() -> None:
     build, final = parse(DOCKERFILES["operator"])
-    assert build[0] == ("FROM", "python:3.11-slim-bookworm AS build")
-    assert final[0] == ("FROM", "python:3.11-slim-bookworm")
+    # The base is a build argument (the real-node tier passes its local base, docs/realnode.md).
+    assert global_args(DOCKERFILES["operator"]) == {"PYTHON_IMAGE": "python:3.11-slim-bookworm"}
+    assert build[0] == ("FROM", "${PYTHON_IMAGE} AS build")
+    assert final[0] == ("FROM", "${PYTHON_IMAGE}")
     final_map = dict(final)
     user = final_map["USER"].split(":")
     assert all(part.isdigit() and int(part) != 0 for part in user), "numeric non-root USER (runAsNonRoot)"

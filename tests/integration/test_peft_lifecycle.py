@@ -67,7 +67,14 @@ def test_tiny_peft_job_trains_and_its_adapter_reproduces_the_loss(
     import torch
     from memfit.api.plan import Plan
     from memfit_trainer.problems import build_problem
-    from memfit_trainer.strategies.peft import ADAPTER_CONFIG, EVAL_FILE, MEMFIT_ADAPTER, apply_peft, eval_loss, load_adapter
+    from memfit_trainer.strategies.peft import (
+        ADAPTER_CONFIG,
+        EVAL_FILE,
+        MEMFIT_ADAPTER,
+        apply_peft,
+        eval_loss,
+        load_adapter,
+    )
 
     name = f"tiny-{method}"
     _bound_claim(kube, namespace, "models", request)

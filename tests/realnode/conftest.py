@@ -1,0 +1,76 @@
+"""The real-node tier: a test cluster with one real node (kubelet + containerd + CNI + kube-proxy + CoreDNS)
+running the images built from the project's Dockerfiles (docs/realnode.md). Skipped, with the reason
+printed, where the machine cannot run a real node; the pod-runner tiers cover the rest."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from kubernetes import config
+from memfit_testbed import kwok_pools, testcluster
+from memfit_testbed.cluster_helpers import Kube
+from memfit_testbed.realnode import hostchanges
+from memfit_testbed.realnode.node import RealNode, unsupported_reason
+
+pytestmark = pytest.mark.realnode
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if "tests/realnode/" in str(item.fspath):
+            item.add_marker(pytest.mark.realnode)
+
+
+@pytest.fixture(scope="session")
+def real_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[testcluster.TestCluster, RealNode]]:
+    """A control plane + KWOK pools + the real node standing in for `t4-spot`; everything stopped and
+    every host change undone at the end."""
+    if os.environ.get("MEMFIT_SKIP_REALNODE"):
+        pytest.skip("real node: MEMFIT_SKIP_REALNODE is set")
+    if reason := unsupported_reason():
+        print(f"\nreal-node tier skipped: {reason}", file=sys.stderr)
+        pytest.skip(f"real node not supported on this machine: {reason}")
+    workdir = tmp_path_factory.mktemp("realnode-cluster")
+    cluster = testcluster.TestCluster(workdir=workdir, pod_runner=False, die_with_parent=True)
+    cluster.start()
+    node = RealNode(cluster_dir=workdir, apiserver_port=cluster.ports["apiserver"])
+    try:
+        kwok_pools.apply_pools(str(cluster.kubeconfig))
+        secs = node.start()
+        print(f"\nreal node {node.node_name} Ready in {secs:.1f}s; images {node.images}", file=sys.stderr)
+        yield cluster, node
+    finally:
+        node.stop()
+        cluster.stop()
+        left = hostchanges.remaining()
+        assert not left, f"the real node left host changes behind: {left}"
+
+
+@pytest.fixture(scope="session")
+def rkube(real_cluster: tuple[testcluster.TestCluster, RealNode]) -> Kube:
+    cluster, _ = real_cluster
+    api = config.new_client_from_config(config_file=str(cluster.kubeconfig))
+    return Kube(api_client=api, logs=lambda: cluster.log_tail(40))
+
+
+@pytest.fixture(scope="session")
+def rnode(real_cluster: tuple[testcluster.TestCluster, RealNode]) -> RealNode:
+    return real_cluster[1]
+
+
+@pytest.fixture(scope="session")
+def rcrds(real_cluster: tuple[testcluster.TestCluster, RealNode]) -> None:
+    cluster, _ = real_cluster
+    env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig)}
+    repo = Path(__file__).resolve().parents[2]
+    subprocess.run(["kubectl", "apply", "--server-side", "--force-conflicts", "-f", str(repo / "crds")],
+                   check=True, env=env, capture_output=True)
+    subprocess.run(["kubectl", "wait", "--for=condition=Established", "--timeout=60s", "crd", "--all"],
+                   check=True, env=env, capture_output=True)
+    subprocess.run(["kubectl", "apply", "-f", str(repo / "hack" / "kwok" / "gpunodepools.yaml")],
+                   check=True, env=env, capture_output=True)

@@ -1,0 +1,56 @@
+"""The real node's pure helpers: image tags from input hashes, image names as containerd stores them,
+the node's labels from its pool (docs/realnode.md). The node itself is tested in tests/realnode."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from memfit_testbed.realnode import images
+from memfit_testbed.realnode.node import RealNode
+
+
+def test_digest_follows_contents_and_names_but_not_caches(tmp_path: Path) -> None:
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "a.py").write_text("x = 1\n")
+    first = images.digest_paths(tmp_path, ["pkg"], "arg=1")
+    (tmp_path / "pkg" / "__pycache__").mkdir()
+    (tmp_path / "pkg" / "__pycache__" / "a.cpython-311.pyc").write_bytes(b"junk")
+    assert images.digest_paths(tmp_path, ["pkg"], "arg=1") == first
+    assert images.digest_paths(tmp_path, ["pkg"], "arg=2") != first
+    (tmp_path / "pkg" / "a.py").write_text("x = 2\n")
+    changed = images.digest_paths(tmp_path, ["pkg"], "arg=1")
+    assert changed != first
+    (tmp_path / "pkg" / "a.py").rename(tmp_path / "pkg" / "b.py")
+    assert images.digest_paths(tmp_path, ["pkg"], "arg=1") != changed
+
+
+@pytest.mark.parametrize(("ref", "stored"), [
+    ("memfit/trainer:test-1", "docker.io/memfit/trainer:test-1"),
+    ("registry.k8s.io/pause:3.6", "registry.k8s.io/pause:3.6"),
+    ("busybox:1", "docker.io/library/busybox:1"),
+    ("localhost:5000/x:1", "localhost:5000/x:1"),
+])
+def test_normalize_matches_containerd(ref: str, stored: str) -> None:
+    assert images.normalize(ref) == stored
+
+
+def test_every_dockerfile_image_hashes_its_dockerfile_and_constraints() -> None:
+    for role, (dockerfile, _, paths, _) in images.DOCKERFILE_IMAGES.items():
+        assert dockerfile in paths and "constraints.txt" in paths, role
+
+
+def test_node_labels_are_the_pools_with_the_real_gpu_count() -> None:
+    labels = dict(kv.split("=", 1) for kv in RealNode(cluster_dir=Path("/x"), apiserver_port=1)._labels().split(","))
+    assert labels["memfit.dev/pool"] == "t4-spot"
+    assert labels["nvidia.com/gpu.product"] == "Tesla-T4"
+    assert labels["nvidia.com/gpu.count"] == "4"
+    assert labels["memfit.dev/real-node"] == "true"
+    assert "type" not in labels and "kubernetes.io/hostname" not in labels
+
+
+def test_readme_is_a_stub_in_the_image_hash(tmp_path: Path) -> None:
+    (tmp_path / "README.md").write_text("one\n")
+    first = images.digest_paths(tmp_path, ["README.md"])
+    (tmp_path / "README.md").write_text("two\n")
+    assert images.digest_paths(tmp_path, ["README.md"]) == first
