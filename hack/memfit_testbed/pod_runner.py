@@ -37,6 +37,13 @@ from memfit_testbed.pod_env import (
 
 LABEL = "memfit.dev/run-local"
 SELECTOR = f"{LABEL}=true"
+# Test-bed switch (docs/testcluster.md, "Simulated pods"): a namespace annotated with a label selector
+# has its matching run-local pods handed to KWOK's simulated lifecycle instead of being executed here.
+SIMULATE_ANNOTATION = "testbed.memfit.dev/simulate-pods"
+SIMULATE_COMPLETE_ANNOTATION = "testbed.memfit.dev/simulate-complete-after"  # a KWOK delay, e.g. "30s"
+SIMULATED_ANNOTATION = "testbed.memfit.dev/simulated"  # set on each pod handed to KWOK
+KWOK_COMPLETE_DELAY = "pod-complete.stage.kwok.x-k8s.io/delay"  # hack/kwok/stages.yaml
+KEEP_RUNNING = "8760h"  # no completion annotation: the simulated pod stays Running until deleted
 MAX_MESSAGE = 4096
 TERMINAL = ("Succeeded", "Failed")
 log = logging.getLogger("pod-runner")
@@ -155,6 +162,8 @@ class PodRunner:
             if phase == "Running":  # started by a runner that is gone: its process is lost
                 self._patch(pod, {"phase": "Failed", "reason": "RunnerLost",
                                   "message": "the local pod runner that ran this pod exited"})
+                return
+            if self._hand_to_kwok(pod):
                 return
             run = PodRun(pod=pod, dir=self.workdir / meta["namespace"] / f"{meta['name']}-{uid[:8]}")
             run.thread = threading.Thread(target=self._run_pod, args=(run,), name=run.ns_name, daemon=True)
@@ -393,6 +402,34 @@ class PodRunner:
             run.thread.join(timeout=30)
         shutil.rmtree(run.dir, ignore_errors=True)
 
+    def _hand_to_kwok(self, pod: Obj) -> bool:
+        """Test-bed switch: leave the pod to KWOK when its namespace's SIMULATE_ANNOTATION selects it.
+
+        The pod loses the run-local label (KWOK's pod stages skip labelled pods) and gets
+        SIMULATED_ANNOTATION plus KWOK's completion delay: the namespace's SIMULATE_COMPLETE_ANNOTATION,
+        else KEEP_RUNNING. Nothing is executed for it. Only the test bed reads these annotations."""
+        meta = pod["metadata"]
+        try:
+            ns = raw(self.api.read_namespace, meta["namespace"])
+        except ApiException:
+            return False
+        ns_annotations = ns["metadata"].get("annotations") or {}
+        selector = ns_annotations.get(SIMULATE_ANNOTATION)
+        if not selector or not selector_matches(selector, meta.get("labels") or {}):
+            return False
+        delay = ns_annotations.get(SIMULATE_COMPLETE_ANNOTATION) or KEEP_RUNNING
+        patch = {"metadata": {"labels": {LABEL: None},
+                              "annotations": {SIMULATED_ANNOTATION: "true", KWOK_COMPLETE_DELAY: delay}}}
+        try:
+            self.api.patch_namespaced_pod(meta["name"], meta["namespace"], patch)
+        except ApiException as e:
+            if e.status != 404:
+                log.warning("hand %s/%s to kwok: %s", meta["namespace"], meta["name"], e)
+            return e.status == 404
+        log.info("pod %s/%s left to kwok (namespace %s: %s=%r)", meta["namespace"], meta["name"],
+                 meta["namespace"], SIMULATE_ANNOTATION, selector)
+        return True
+
     # --- API lookups -----------------------------------------------------------------------------
 
     def _simulated_gpu(self, node: str) -> str:
@@ -441,6 +478,35 @@ class PodRunner:
         except ApiException:
             return []
         return [s["metadata"]["name"] for s in svcs if (s.get("spec") or {}).get("clusterIP") == "None"]
+
+
+def selector_matches(selector: str, labels: dict[str, str]) -> bool:
+    """An equality-based label selector (`k=v`, `k==v`, `k!=v`, `k`, `!k`, comma-separated: all must hold)."""
+    for term in (t.strip() for t in selector.split(",")):
+        if not term:
+            continue
+        if "!=" in term:
+            key, value = (x.strip() for x in term.split("!=", 1))
+            ok = labels.get(key) != value
+        elif "=" in term:
+            key, value = (x.strip() for x in term.replace("==", "=").split("=", 1))
+            ok = labels.get(key) == value
+        elif term.startswith("!"):
+            ok = term[1:].strip() not in labels
+        else:
+            ok = term in labels
+        if not ok:
+            return False
+    return True
+
+
+def simulate_pods(
+    core: client.CoreV1Api, namespace: str, selector: str, complete_after: str | None = None
+) -> None:
+    """Test-bed switch: the pod runner leaves the namespace's run-local pods matching `selector` to KWOK
+    (Running until deleted, or completing `complete_after` after they run: a KWOK duration)."""
+    annotations = {SIMULATE_ANNOTATION: selector, SIMULATE_COMPLETE_ANNOTATION: complete_after}
+    core.patch_namespace(namespace, {"metadata": {"annotations": annotations}})
 
 
 def _cstatus(c: Container) -> Obj:

@@ -13,6 +13,7 @@ import pytest
 from kubernetes.client.exceptions import ApiException
 from memfit_testbed import kwok_pools
 from memfit_testbed.cluster_helpers import Kube, condition, terminated
+from memfit_testbed.pod_runner import SIMULATED_ANNOTATION, selector_matches, simulate_pods
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -200,6 +201,28 @@ def test_deleting_a_local_pod_kills_its_process(kube: Kube, namespace: str) -> N
     kube.core.delete_namespaced_pod("sleeper", namespace)
     kube.wait("sleeper deleted", lambda: kube.pod(namespace, "sleeper") is None, timeout=60)
     kube.wait(f"pid {pid} gone", lambda: not _alive(pid), timeout=10)
+
+
+def test_simulate_pods_switch_leaves_matching_pods_to_kwok(kube: Kube, namespace: str) -> None:
+    # Test-bed switch (docs/testcluster.md, "Simulated pods"): run-local pods the namespace's selector
+    # matches go through KWOK's lifecycle and are never executed (this one would exit 3); others still run.
+    simulate_pods(kube.core, namespace, "app=t,role=sim")
+    sim = local_pod("sim", "raise SystemExit(3)")
+    sim["metadata"]["labels"]["role"] = "sim"
+    kube.core.create_namespaced_pod(namespace, sim)
+    kube.core.create_namespaced_pod(namespace, local_pod("real", "print('ran')"))
+    pod = kube.wait_pod_phase(namespace, "sim", ("Running", "Failed", "Succeeded"), timeout=60)
+    assert pod["status"]["phase"] == "Running", pod["status"]
+    assert "memfit.dev/run-local" not in pod["metadata"]["labels"]
+    assert pod["metadata"]["annotations"][SIMULATED_ANNOTATION] == "true"
+    assert not pod["status"]["containerStatuses"][0].get("containerID", "").startswith("memfit-local://")
+    real = kube.wait_pod_phase(namespace, "real", ("Failed", "Succeeded"), timeout=60)
+    assert real["status"]["phase"] == "Succeeded"
+    assert real["status"]["containerStatuses"][0]["containerID"].startswith("memfit-local://")
+    # Still Running: without simulate-complete-after a simulated pod is kept until deleted.
+    assert (kube.pod(namespace, "sim") or {})["status"]["phase"] == "Running"
+    assert selector_matches("a=1,b!=2,c,!d", {"a": "1", "b": "3", "c": ""})
+    assert not selector_matches("a==1,!d", {"a": "1", "d": "x"})
 
 
 def _alive(pid: int) -> bool:
