@@ -274,3 +274,21 @@ def test_two_pod_ddp_rendezvous_through_the_headless_service_dns(
     assert len({p["status"]["podIP"] for p in trainers}) == 2
     for pod in trainers:
         assert terminated(pod)["exitCode"] == 0 and terminated(pod)["containerID"].startswith("containerd://")
+
+
+def test_an_image_that_cannot_be_pulled_fails_the_job_naming_the_image(
+        rkube: Kube, operator: Path, rnamespace: Callable[..., str]) -> None:
+    """No registry is reachable: the kubelet's pull of an image that is not on the node fails
+    (ErrImagePull, then ImagePullBackOff). memfit shows the image and the cause while it waits, and
+    fails the job after `recovery.capacityTimeoutSeconds` instead of waiting silently."""
+    ns = rnamespace()
+    image = "memfit.invalid/memfit-trainer:absent"
+    doc = quickstart("noimage")
+    doc["spec"]["image"] = image
+    doc["spec"]["recovery"] = {"capacityTimeoutSeconds": 30}
+    create_job(rkube, ns, doc)
+    job, _ = run_to_end(rkube, ns, "noimage", 180, operator)
+    failed = next(c for c in job["status"]["conditions"] if c["type"] == "Failed")
+    assert failed["status"] == "True" and failed["reason"] == "ImageUnavailable", failed
+    assert image in failed["message"] and ("ErrImagePull" in failed["message"]
+                                           or "ImagePullBackOff" in failed["message"]), failed
