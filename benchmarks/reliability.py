@@ -10,7 +10,10 @@ memfit_testbed.reliability.chaos_stages), one namespace and one `memfit operator
 4. faults: profiling pod crash and timeout, OOM at step k, a pool's nodes removed, the plan ConfigMap
    deleted, a trainer pod pre-empted, training pods refused; and (with the pod runner, unless
    --no-real-trainer) a real trainer process SIGKILLed;
-6. security: the builders over generated specs, a `restricted` namespace with canary secrets.
+6. security: the builders over generated specs, a `restricted` namespace with canary secrets;
+7. real node (issue 15): lifecycles whose profiler and trainer run as containers on a real kubelet
+   while the host operator is SIGKILLed at random moments; the same invariants (skipped, with the
+   reason, where the machine cannot run a real node; not in --quick).
 
 Prints a table and writes benchmarks/results/reliability.json (`--quick`: reliability-quick.json,
 10 lifecycles / 20 kills, 2 restarts, 100 specs, KWOK faults only).
@@ -35,6 +38,7 @@ from memfit_testbed.reliability import chaos, faults, fuzz, outage, security
 from memfit_testbed.reliability.crash import EXPECTED, Campaign, lifecycle_doc, make_roomy, run_campaign
 from memfit_testbed.reliability.crashpoints import Run, count_writes, crashing, drive
 from memfit_testbed.reliability.invariants import JobRecorder, check_world
+from memfit_testbed.reliability.realnode_campaign import run_real_node_campaign
 from provenance import stamp
 
 REPO = Path(__file__).resolve().parent.parent
@@ -272,6 +276,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         out["security"] = section("security", lambda: security_checks(cc, work, args.security_examples))
     finally:
         cc.stop()
+    if args.realnode_lifecycles:
+        out["real_node"] = section("real node", lambda: run_real_node_campaign(
+            work, lifecycles=args.realnode_lifecycles, kills=args.realnode_kills))
     out["load_average_at_end"] = round(os.getloadavg()[0], 1)
     out["totals"] = totals(out)
     return out
@@ -279,9 +286,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def totals(out: dict[str, Any]) -> dict[str, Any]:
     """The headline counts: faults injected and survived, duplicates, orphans, crashes."""
-    c, p, a, f, x, s = (
+    c, p, a, f, x, s, r = (
         out.get(k, {})
-        for k in ("crashes", "crash_after_every_write", "apiserver_restarts", "fuzz", "faults", "security")
+        for k in ("crashes", "crash_after_every_write", "apiserver_restarts", "fuzz", "faults", "security",
+                  "real_node")
     )
     injected = (
         c.get("sigkills", 0)
@@ -296,19 +304,23 @@ def totals(out: dict[str, Any]) -> dict[str, Any]:
         "apiserver_restarts": a.get("apiserver_restarts", 0),
         "injected_faults": x.get("injected", 0),
         "injected_faults_in_documented_state": x.get("ended_in_documented_state", 0),
-        "jobs_checked": c.get("jobs", 0) + p.get("jobs", 0) + a.get("jobs", 0),
-        "stuck": c.get("stuck", 0) + p.get("stuck", 0) + a.get("stuck", 0),
-        "duplicate_training_jobs": sum(d.get("duplicate_training_jobs", 0) for d in (c, p, a)),
+        "jobs_checked": c.get("jobs", 0) + p.get("jobs", 0) + a.get("jobs", 0) + r.get("jobs", 0),
+        "real_node_jobs": r.get("jobs", 0),
+        "real_node_sigkills": r.get("sigkills", 0),
+        "stuck": c.get("stuck", 0) + p.get("stuck", 0) + a.get("stuck", 0) + r.get("stuck", 0),
+        "duplicate_training_jobs": sum(d.get("duplicate_training_jobs", 0) for d in (c, p, a, r)),
         "orphans": c.get("orphans", 0)
         + c.get("orphans_after_delete", 0)
         + p.get("orphans", 0)
-        + a.get("orphans", 0),
-        "status_inconsistent": sum(d.get("status_inconsistent", 0) for d in (c, p, a)),
-        "unexpected_outcomes": sum(d.get("unexpected_outcome", 0) for d in (c, p, a)),
+        + a.get("orphans", 0)
+        + r.get("orphans", 0)
+        + r.get("orphans_after_delete", 0),
+        "status_inconsistent": sum(d.get("status_inconsistent", 0) for d in (c, p, a, r)),
+        "unexpected_outcomes": sum(d.get("unexpected_outcome", 0) for d in (c, p, a, r)),
         "hostile_specs": f.get("specs", 0),
         "hostile_specs_refused_naming_the_field": f.get("passed", 0),
         "hostile_spec_children": f.get("children_created", 0),
-        "operator_crashes": sum(d.get("operator_crashes", 0) for d in (c, a, f, x)),
+        "operator_crashes": sum(d.get("operator_crashes", 0) for d in (c, a, f, x, r)),
         "operator_logged_errors": sum(d.get("operator_logged_errors", 0) for d in (c, a, f, x)),
         "security_violations": len(s.get("builder_violations", []))
         + len((s.get("restricted_namespace") or {}).get("pod_violations", []))
@@ -320,7 +332,7 @@ def totals(out: dict[str, Any]) -> dict[str, Any]:
 
 def table(out: dict[str, Any]) -> str:
     t = out["totals"]
-    c, a, f, x = (out.get(k, {}) for k in ("crashes", "apiserver_restarts", "fuzz", "faults"))
+    c, a, f, x, r = (out.get(k, {}) for k in ("crashes", "apiserver_restarts", "fuzz", "faults", "real_node"))
     rows = [
         (
             "lifecycles / SIGKILLs",
@@ -328,6 +340,13 @@ def table(out: dict[str, Any]) -> str:
             ">= 50 / >= 100",
         ),
         ("crash points (after each write)", str(t["crash_points"]), ""),
+        (
+            "real node: lifecycles / SIGKILLs",
+            (f"skipped: {r['skipped']}"[:60] if "skipped" in r else
+             f"{r.get('lifecycles')} / {r.get('sigkills')} ({r.get('sigkills_with_jobs_in_flight')} in flight), "
+             f"{r.get('phases')}"),
+            "all Succeeded, invariants hold",
+        ),
         ("API server restarts", f"{a.get('apiserver_restarts')} ({a.get('jobs')} jobs in flight)", "5"),
         (
             "hostile specs",
@@ -380,8 +399,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=8, help="hypothesis seed of the hostile specs")
     ap.add_argument("--security-examples", type=int, default=200)
     ap.add_argument("--no-real-trainer", dest="real_trainer", action="store_false")
+    ap.add_argument("--realnode-lifecycles", type=int, default=None, help="real-node section (0: skip it)")
+    ap.add_argument("--realnode-kills", type=int, default=8)
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
+    if args.realnode_lifecycles is None:
+        args.realnode_lifecycles = 0 if args.quick else 6
     args.lifecycles = args.lifecycles or (10 if args.quick else 50)
     args.kills = args.kills or (20 if args.quick else 100)
     args.restarts = args.restarts or (2 if args.quick else 5)
