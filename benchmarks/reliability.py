@@ -34,6 +34,7 @@ from typing import Any
 
 from hypothesis import HealthCheck, given, settings
 from kubernetes import client
+from memfit_testbed.profiles import seed_profile
 from memfit_testbed.reliability import chaos, faults, fuzz, outage, security
 from memfit_testbed.reliability.crash import EXPECTED, Campaign, lifecycle_doc, make_roomy, run_campaign
 from memfit_testbed.reliability.crashpoints import Run, count_writes, crashing, drive
@@ -76,7 +77,7 @@ def crash_points(cc: chaos.ChaosCluster) -> dict[str, Any]:
     runs: list[Run] = []
     for kind in ("plain", "oom-once", "profiled"):
         doc = lifecycle_doc(kind, 0)
-        chaos.seed_profile(cc.api, namespace, doc)
+        seed_profile(cc.api, namespace, doc)
         clean = json.loads(json.dumps(doc))
         clean["metadata"]["name"] = f"clean-{kind}"
         writes = count_writes(cc, namespace, clean)

@@ -36,6 +36,7 @@ from typing import Any
 from kubernetes import client, config
 from memfit_testbed import kwok_pools, testcluster
 from memfit_testbed.cluster_helpers import Kube
+from memfit_testbed.profiles import seed_profile
 from memfit_testbed.reliability import chaos
 from memfit_testbed.reliability.invariants import JobRecorder
 from provenance import stamp
@@ -179,7 +180,7 @@ def run_scenario(
         lambda: kube.raw(kube.core.read_namespaced_service_account, "default", namespace),
         timeout=60,
     )
-    chaos.seed_profile(chaos.KubeApi.from_client(kube.api_client), namespace, chaos.quickstart("seed"))
+    seed_profile(chaos.KubeApi.from_client(kube.api_client), namespace, chaos.quickstart("seed"))
     op = chaos.OperatorProcess(
         cluster.kubeconfig,
         work / f"operator-{scenario}.log",
