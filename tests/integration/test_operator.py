@@ -24,6 +24,7 @@ from memfit_testbed.operator_helpers import (
     wait_phase,
 )
 from memfit_testbed.pod_runner import SIMULATED_ANNOTATION, simulate_pods
+from operator_ready import wait_healthy
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 TIMEOUT = 420.0
@@ -37,16 +38,7 @@ def operator(
     apply_pools(kube)
     log = tmp_path_factory.mktemp("operator") / "operator.log"
     with operator_process(cluster.kubeconfig, log) as (proc, port):
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                time.sleep(0.5)
-        else:
-            raise AssertionError(f"operator not healthy:\n{log.read_text()[-3000:]}")
+        wait_healthy(port, log)
         yield log, port
         assert proc.poll() is None, f"operator exited:\n{log.read_text()[-3000:]}"
 

@@ -5,8 +5,6 @@ trained model's loss (the pod runner keeps a claim's folder after its pods, like
 from __future__ import annotations
 
 import json
-import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,6 +12,7 @@ from typing import Any
 import pytest
 from memfit_testbed.cluster_helpers import Kube
 from memfit_testbed.operator_helpers import apply_pools, create_job, operator_process, quickstart, wait_phase
+from operator_ready import wait_healthy
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 TIMEOUT = 420.0
@@ -26,16 +25,7 @@ def operator(cluster: Any, kube: Kube, tmp_path_factory: pytest.TempPathFactory,
     apply_pools(kube)
     log = tmp_path_factory.mktemp("operator") / "operator.log"
     with operator_process(cluster.kubeconfig, log) as (proc, port):
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                time.sleep(0.5)
-        else:
-            raise AssertionError(f"operator not healthy:\n{log.read_text()[-3000:]}")
+        wait_healthy(port, log)
         yield log
         assert proc.poll() is None, f"operator exited:\n{log.read_text()[-3000:]}"
 
