@@ -25,7 +25,7 @@ from typing import Any
 from kubernetes import client
 
 from memfit_testbed.cluster_helpers import Kube
-from memfit_testbed.kwok_pools import Gpu, Pool, scale_pool, wait_nodes_ready
+from memfit_testbed.kwok_pools import Gpu, Pool, delete_pool, scale_pool, wait_nodes_ready
 from memfit_testbed.operator_helpers import GROUP, VERSION, create_job, wait_phase
 
 MIB = 2**20
@@ -97,6 +97,19 @@ def install(kube: Kube, scenario: Scenario) -> None:
             if error.status != 409:
                 raise
     wait_nodes_ready(kube.core, nodes, 60)
+
+
+def uninstall(kube: Kube, scenario: Scenario) -> None:
+    """Remove what `install` added: the scenario's pools are cluster-wide and cheaper than the test
+    bed's own, so left behind they would draw every later job of a shared cluster."""
+    custom = client.CustomObjectsApi(kube.api_client)
+    for name, _, _ in scenario.pools():
+        delete_pool(kube.core, name)
+        try:
+            custom.delete_cluster_custom_object(GROUP, VERSION, "gpunodepools", name)
+        except client.exceptions.ApiException as error:
+            if error.status != 404:
+                raise
 
 
 def job_doc(scenario: Scenario, run: int) -> dict[str, Any]:

@@ -33,8 +33,11 @@ def operator(cluster: Any, kube: Kube, tmp_path_factory: pytest.TempPathFactory,
 def runs(kube: Kube, namespace: str, scenario: d.Scenario, count: int) -> list[d.RunRecord]:
     d.install(kube, scenario)
     api = KubeApi.from_client(kube.api_client)
-    return d.submit_runs(kube, namespace, scenario, runs=count, timeout=TIMEOUT,
-                         seed=lambda doc: seed_profile(api, namespace, doc))
+    try:
+        return d.submit_runs(kube, namespace, scenario, runs=count, timeout=TIMEOUT,
+                             seed=lambda doc: seed_profile(api, namespace, doc))
+    finally:
+        d.uninstall(kube, scenario)
 
 
 def test_measured_peaks_move_the_next_run_to_the_cheaper_pool(kube: Kube, namespace: str, operator: Path) -> None:

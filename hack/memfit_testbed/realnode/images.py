@@ -351,7 +351,9 @@ def ensure_images(roles: Sequence[str] = ("operator", "trainer"), load_into: Pat
                 refs[role] = build_dockerfile(d, role, base) if role in roles else recorded.get(role, "") \
                     if recorded else ""
             (CACHE / "images.json").write_text(json.dumps(refs, indent=2) + "\n")
+            prune_docker(d, list(refs.values()))
             if load_into:
+                prune_containerd(load_into, list(refs.values()))
                 have = set(containerd_images(load_into))
                 for ref in (refs["pause"], refs["operator"], refs["trainer"]):
                     if ref and normalize(ref) not in have:
@@ -391,13 +393,67 @@ def containerd_images(sock: Path) -> list[str]:
 def load(d: Dockerd, ref: str, sock: Path) -> None:
     """docker save | ctr images import (unpacked for containerd's overlayfs snapshotter)."""
     t0 = time.monotonic()
-    save = subprocess.Popen([docker_bin(), "save", ref], env=d.env(), stdout=subprocess.PIPE)
-    result = subprocess.run(["ctr", "-a", str(sock), "-n", "k8s.io", "images", "import", "-"],
-                            stdin=save.stdout, capture_output=True, text=True, check=False)
-    save.wait()
+    _check_free_space(d, ref)
+    save = subprocess.Popen([docker_bin(), "save", ref], env=d.env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    assert save.stdout is not None
+    try:
+        result = subprocess.run(["ctr", "-a", str(sock), "-n", "k8s.io", "images", "import", "-"],
+                                stdin=save.stdout, capture_output=True, text=True, check=False)
+    finally:
+        # Ours closed, ctr's end is the pipe's only reader: if ctr stopped early, `docker save` gets
+        # EPIPE and exits instead of blocking on a full pipe forever.
+        save.stdout.close()
+    try:
+        _, save_err = save.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        save.kill()
+        _, save_err = save.communicate()
     if result.returncode != 0 or save.returncode != 0:
-        raise ImageError(f"loading {ref} into containerd failed: {result.stderr[-2000:]}")
+        raise ImageError(f"loading {ref} into containerd failed: ctr exit {result.returncode}: "
+                         f"{result.stderr[-2000:]}; docker save exit {save.returncode}: "
+                         f"{save_err.decode(errors='replace')[-1000:]}")
     log(f"loaded {ref} into containerd in {time.monotonic() - t0:.0f}s")
+
+
+def _check_free_space(d: Dockerd, ref: str) -> None:
+    """An import needs about twice the image on disk (the layer blobs and their unpacked snapshot) in
+    the worst case (no layer shared): refuse up front, naming both figures, instead of filling the disk."""
+    size = int(d.docker("image", "inspect", "--format", "{{.Size}}", ref).stdout.strip() or 0)
+    CACHE.mkdir(parents=True, exist_ok=True)
+    free = shutil.disk_usage(CACHE).free
+    if free < 2 * size + (1 << 30):
+        raise ImageError(f"loading {ref} into containerd needs up to {2 * size / 2**30:.1f} GiB free (+1 GiB "
+                         f"headroom) under {CACHE}; {free / 2**30:.1f} GiB is free")
+
+
+def stale(refs: Sequence[str], keep: Sequence[str]) -> list[str]:
+    """memfit's own test images (`memfit/…:test-…`, `memfit-test/base:…`) that `keep` does not name."""
+    kept = {normalize(k) for k in keep if k}
+    ours = (normalize("memfit/operator:test-"), normalize("memfit/trainer:test-"),
+            normalize("memfit-test/base:"))
+    return [r for r in refs if normalize(r).startswith(ours) and normalize(r) not in kept]
+
+
+def prune_docker(d: Dockerd, keep: Sequence[str]) -> None:
+    """Remove the tags earlier sources left (each trainer tag pins a 6 GB image) and dangling layers;
+    the layers `keep` uses stay, so the next build is still cached."""
+    listed = d.docker("images", "--format", "{{.Repository}}:{{.Tag}}").stdout.split()
+    old = stale(listed, keep)
+    if old:
+        d.docker("rmi", *old, check=False)
+        log(f"removed {len(old)} stale image tag(s) from docker")
+    d.docker("image", "prune", "-f", check=False)
+
+
+def prune_containerd(sock: Path, keep: Sequence[str]) -> None:
+    """Remove stale memfit images from the node's containerd and wait for its GC to drop their blobs and
+    snapshots (`--sync`), so an import of the new tag has the room."""
+    old = stale(containerd_images(sock), keep)
+    if old:
+        subprocess.run(["ctr", "-a", str(sock), "-n", "k8s.io", "images", "rm", "--sync", *old],
+                       capture_output=True, text=True, check=False)
+        log(f"removed {len(old)} stale image(s) from containerd")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
