@@ -127,6 +127,21 @@ TRAINING = Row("Training", (
           unit="short", min_value=0, width=6),
     Panel("Loss", "timeseries", (Target(
         f"avg by (namespace, job) (memfit_trainer_loss{{{NS_JOB_POOL}}})", "{{job}}"),), width=6),
+    Panel("Loss: training and evaluation (status.progress)", "timeseries", (
+        Target(f"max by (namespace, job) (memfit_job_loss{{{NS_JOB}}})", "{{job}} train"),
+        Target(f"max by (namespace, job) (memfit_job_eval_loss{{{NS_JOB}}})", "{{job}} eval"),
+    ), width=8, description="The losses the operator reads from rank 0 about every 15 s (status.progress); "
+          "eval only when the job evaluates."),
+    Panel("Job throughput (status.progress)", "timeseries", (Target(
+        f"max by (namespace, job) (memfit_job_tokens_per_second{{{NS_JOB}}})", "{{job}}"),),
+          unit="short", min_value=0, width=8,
+          description="Tokens per second of the whole job: rank 0's rate x the data-parallel ranks."),
+    Panel("Progress and ETA", "timeseries", (
+        Target(f"max by (namespace, job) (memfit_job_progress_step{{{NS_JOB}}}) / on (namespace, job) "
+               f"max by (namespace, job) (memfit_job_max_steps{{{NS_JOB}}})", "{{job}} done"),
+    ), unit="percentunit", min_value=0, max_value=1, width=8,
+          description="step / maxSteps; the ETA is status.progress.eta (kubectl get motj) and "
+                      "memfit_job_eta_seconds."),
 ))
 
 COST = Row("Cost", (

@@ -61,6 +61,7 @@ class JobSnapshot:
     checkpointing: str = ""
     offload: str = ""
     optimizer8bit: str = ""
+    progress: tuple[tuple[str, float], ...] = ()  # status.progress numbers: (field, value)
 
     @classmethod
     def from_status(cls, namespace: str, name: str, status: dict[str, Any]) -> JobSnapshot:
@@ -84,7 +85,27 @@ class JobSnapshot:
             checkpointing=str(plan.get("activationCheckpointing") or ""),
             offload=str(plan.get("offload") or ""),
             optimizer8bit=str(plan.get("optimizer8bit", "")).lower(),
+            progress=_progress_values(status.get("progress") or {}),
         )
+
+
+# status.progress (read by the operator from rank 0 about every 15 s) as gauges: one series per job.
+PROGRESS_GAUGES = {
+    "step": ("memfit_job_progress_step", "Last completed optimizer step (status.progress.step)."),
+    "maxSteps": ("memfit_job_max_steps", "training.maxSteps of the job."),
+    "loss": ("memfit_job_loss", "Training loss of the last step (status.progress.loss)."),
+    "evalLoss": ("memfit_job_eval_loss", "Last evaluation loss, when the trainer reports one."),
+    "tokensPerSecond": ("memfit_job_tokens_per_second", "Tokens per second of the whole job."),
+    "etaSeconds": ("memfit_job_eta_seconds", "Seconds to maxSteps at the mean step time."),
+}
+
+
+def _progress_values(progress: dict[str, Any]) -> tuple[tuple[str, float], ...]:
+    return tuple(
+        (name, float(progress[name]))
+        for name in PROGRESS_GAUGES
+        if isinstance(progress.get(name), int | float) and not isinstance(progress.get(name), bool)
+    )
 
 
 class JobCollector(Collector):
@@ -197,6 +218,13 @@ class JobCollector(Collector):
         yield baseline
         yield savings
         yield info
+        for field_name, (metric, help_text) in PROGRESS_GAUGES.items():
+            family = GaugeMetricFamily(metric, help_text, labels=["namespace", "job"])
+            for j in jobs:
+                value = dict(j.progress).get(field_name)
+                if value is not None:
+                    family.add_metric([j.namespace, j.name], value)
+            yield family
         build = GaugeMetricFamily("memfit_build_info", "memfit version.", labels=["version"])
         build.add_metric([__version__], 1)
         yield build

@@ -65,6 +65,9 @@ def operator(reg: CollectorRegistry) -> Callable[[int], None]:
     info = Gauge("memfit_job_info", "i", [*JOB_LABELS, *PLAN], registry=reg)
     spend = Counter("memfit_job_spend_dollars", "spend", ["namespace", "job"], registry=reg)
     predicted = Gauge("memfit_job_predicted_cost_dollars", "p", ["namespace", "job"], registry=reg)
+    progress = {name: Gauge(name, name, ["namespace", "job"], registry=reg) for name in (
+        "memfit_job_progress_step", "memfit_job_max_steps", "memfit_job_loss", "memfit_job_eval_loss",
+        "memfit_job_tokens_per_second", "memfit_job_eta_seconds")}
     for j in JOBS:
         spend.labels(j.namespace, j.name).inc(j.price_per_hour / 4)  # a quarter hour spent so far
         predicted.labels(j.namespace, j.name).set(j.price_per_hour * 10)
@@ -76,6 +79,13 @@ def operator(reg: CollectorRegistry) -> Callable[[int], None]:
         baseline.labels(j.namespace, j.name).set(j.baseline_per_hour)
         savings.labels(j.namespace, j.name).set(1 - j.price_per_hour / j.baseline_per_hour)
         info.labels(*key, *PLAN.values()).set(1)
+        progress["memfit_job_progress_step"].labels(j.namespace, j.name).set(120)
+        progress["memfit_job_max_steps"].labels(j.namespace, j.name).set(1000)
+        progress["memfit_job_loss"].labels(j.namespace, j.name).set(2.31)
+        progress["memfit_job_eval_loss"].labels(j.namespace, j.name).set(2.45)
+        progress["memfit_job_tokens_per_second"].labels(j.namespace, j.name).set(
+            j.micro_batch * j.sequence_length / j.step_seconds)
+        progress["memfit_job_eta_seconds"].labels(j.namespace, j.name).set(880 * j.step_seconds)
     replans = Counter("memfit_replans", "r", ["namespace", "reason"], registry=reg)
     replans.labels("ml-team-a", "NoCapacity").inc()
     failures = Counter("memfit_profiling_failures", "f", ["namespace"], registry=reg)

@@ -90,16 +90,36 @@ class TrainerMetrics:
             "memfit_trainer_loss", "Training loss of the last step (mean over ranks).", LABELS, registry=r
         )
         self.step = Gauge("memfit_trainer_step", "Last completed optimizer step.", LABELS, registry=r)
+        # NaN until the trainer reports one: the operator leaves status.progress.evalLoss unset then.
+        self.eval_loss = Gauge(
+            "memfit_trainer_eval_loss", "Loss on the evaluation split at its last evaluation.", LABELS, registry=r
+        )
+        self.resumed_from_step = Gauge(
+            "memfit_trainer_resumed_from_step",
+            "Checkpoint step this pod resumed from (-1: started from scratch).",
+            LABELS,
+            registry=r,
+        )
         self.plan = Info("memfit_trainer_plan", "The plan this rank applies (value 1).", LABELS, registry=r)
         for metric in (self.allocated, self.reserved, self.peak, self.step_peak, self.capacity,
                        self.tokens_per_second, self.loss, self.step):  # fmt: skip
             metric.labels(**self.labels).set(0)
         self.samples.labels(**self.labels)
+        self.eval_loss.labels(**self.labels).set(float("nan"))
+        self.resumed_from_step.labels(**self.labels).set(-1)
 
     def set_plan(self, plan: Plan, *, capacity_bytes: int) -> None:
         """Publish the plan info and the device capacity."""
         self.plan.labels(**self.labels).info(plan_labels(plan))
         self.capacity.labels(**self.labels).set(capacity_bytes)
+
+    def set_resumed_from(self, step: int | None) -> None:
+        """The checkpoint step this pod resumed from (None: it started at step 0)."""
+        self.resumed_from_step.labels(**self.labels).set(-1 if step is None else step)
+
+    def observe_eval(self, *, loss: float) -> None:
+        """Record an evaluation: the operator shows it as status.progress.evalLoss."""
+        self.eval_loss.labels(**self.labels).set(loss)
 
     def observe_step(
         self,

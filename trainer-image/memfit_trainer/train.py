@@ -188,6 +188,7 @@ def run_training(
         )
         if metrics is not None:
             metrics.set_plan(plan, capacity_bytes=meter.capacity_bytes)
+            metrics.set_resumed_from(progress.resumed_from_step)
         setup = meter.end_step()
         result.step_memory.append(_memory_row(0, setup))
         _train_steps(plan, runner=runner, problem_tokens=problem.tokens_per_sample, make_batch=problem.make_batch,

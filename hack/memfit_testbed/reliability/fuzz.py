@@ -48,6 +48,12 @@ class NoChildrenApi(KubeApi):
     def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
         return []
 
+    def get_claim(self, namespace: str, name: str) -> None:
+        return None
+
+    def trainer_metrics(self, host: str, port: int, *, job: str) -> None:
+        return None
+
     def ensure(self, manifest: dict[str, Any]) -> tuple[dict[str, Any], bool]:
         raise ChildCreated(f"{manifest['kind']} {manifest['metadata']['name']}")
 

@@ -55,6 +55,14 @@ CEL_RULES: dict[str, list[dict[str, str]]] = {
             "reason": "FieldValueInvalid",
         },
     ],
+    "MemoryOptimizedTrainingJob.spec.training.checkpoint": [
+        {
+            "rule": "!has(self.emptyDir) || !self.emptyDir || !has(self.volumeClaim) || self.volumeClaim == ''",
+            "message": "volumeClaim and emptyDir exclude each other: name a claim or ask for an emptyDir",
+            "fieldPath": ".emptyDir",
+            "reason": "FieldValueForbidden",
+        },
+    ],
     "MemoryOptimizedTrainingJob.spec.strategy": [
         {
             "rule": "!has(self.zeroStage) || (type(self.zeroStage) == string ? self.zeroStage == 'auto' : "
@@ -297,6 +305,9 @@ def build_crds() -> dict[str, dict[str, Any]]:
         _col("Predicted", ".status.plan.predictedPeak", desc="Predicted per-GPU peak memory"),
         _col("$/h", ".status.plan.costPerHourText", desc="Plan price per hour"),
         _col("Savings", ".status.plan.savings", desc="Cost change against the baseline"),
+        _col("Step", ".status.progress.steps", desc="Last optimizer step / maxSteps"),
+        _col("Loss", ".status.progress.loss", "number", desc="Training loss of the last step"),
+        _col("ETA", ".status.progress.eta", desc="Time to maxSteps at the mean step time"),
         _col("Age", ".metadata.creationTimestamp", "date"),
         _col("Engine", ".status.plan.engine", priority=1),
         _col("MicroBatch", ".status.plan.microBatchSize", "integer", priority=1),

@@ -59,12 +59,30 @@ class OptimizerKind(StrEnum):
 
 
 class CheckpointSpec(ApiModel):
-    """Where and how often training state is saved; a re-plan resumes from the latest one."""
+    """Where and how often training state is saved; a re-plan or a replaced pod resumes from the latest one.
+
+    Durable by default: without `volumeClaim` the operator creates a PersistentVolumeClaim
+    `<job>-checkpoints` per job (storage class and access mode from the chart's `checkpoints` values,
+    size from the plan's model-state estimate), deleted with the job. `emptyDir: true` opts out."""
 
     volume_claim: str | None = Field(
-        default=None, max_length=NAME_MAX, description="PersistentVolumeClaim mounted at /checkpoints."
+        default=None, max_length=NAME_MAX,
+        description="Your PersistentVolumeClaim mounted at /checkpoints (memfit neither creates nor deletes "
+        "it). Empty = memfit creates `<job>-checkpoints` for the job. A plan over several nodes needs a "
+        "ReadWriteMany claim; with a ReadWriteOnce one the plan stays on one node.",
+    )
+    empty_dir: bool = Field(
+        default=False,
+        description="Keep checkpoints in an emptyDir (lost with the pod: a re-plan or a replaced pod "
+        "starts again at step 0). Only when asked; excludes volumeClaim.",
     )
     every_steps: int = Field(default=500, ge=1, le=10_000_000, description="Save every N optimizer steps.")
+
+    @model_validator(mode="after")
+    def _one_volume(self) -> Self:
+        if self.empty_dir and self.volume_claim:
+            raise ValueError("volumeClaim and emptyDir exclude each other: name a claim or ask for an emptyDir")
+        return self
 
 
 class TrainingSpec(ApiModel):
@@ -329,6 +347,28 @@ class Spend(ApiModel):
     predicted: float | None = Field(default=None, ge=0, description="$ the current plan was estimated to cost.")
 
 
+class Progress(ApiModel):
+    """Training progress read from rank 0's metrics endpoint (the trainer never writes to the API server)."""
+
+    step: int = Field(ge=0, description="Last completed optimizer step.")
+    max_steps: int = Field(ge=1, description="training.maxSteps.")
+    steps: str = Field(max_length=32, description="step/maxSteps, e.g. 120/1000 (the Step column).")
+    loss: float | None = Field(default=None, description="Training loss of the last step.")
+    eval_loss: float | None = Field(default=None, description="Last evaluation loss, when the trainer reports one.")
+    tokens_per_second: float | None = Field(
+        default=None, ge=0, description="Tokens per second of the whole job (rank 0's rate x data-parallel ranks)."
+    )
+    step_seconds: float | None = Field(default=None, ge=0, description="Mean optimizer step time of the pod.")
+    eta_seconds: int | None = Field(default=None, ge=0, description="Seconds to maxSteps at the mean step time.")
+    eta: str | None = Field(default=None, max_length=16, description="eta_seconds for people, e.g. 1h05m.")
+    resumed_from_step: int | None = Field(
+        default=None, ge=0,
+        description="The checkpoint step the running pod resumed from (after a re-plan or a replaced pod).",
+    )
+    attempt: int = Field(ge=0, description="The attempt the numbers come from.")
+    updated_at: datetime = Field(description="When the operator read them.")
+
+
 class MemoryOptimizedTrainingJobStatus(ApiModel):
     """Observed state; written only by the operator."""
 
@@ -340,6 +380,11 @@ class MemoryOptimizedTrainingJobStatus(ApiModel):
     attempts: list[Attempt] = Field(default_factory=list, max_length=32)
     measured_peak_bytes: int | None = Field(default=None, ge=0)
     spend: Spend | None = Field(default=None, description="GPU-hours x price of every finished run.")
+    progress: Progress | None = Field(default=None, description="Step, loss, throughput and ETA while training.")
+    checkpoint_claim: str | None = Field(
+        default=None, max_length=NAME_MAX,
+        description="The PersistentVolumeClaim holding the checkpoints (none: emptyDir, asked for).",
+    )
     message: str = Field(default="", max_length=4096, description="Last decision in one line.")
 
 

@@ -12,6 +12,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from memfit.api.common import API_GROUP, API_VERSION
+from memfit.controller.trainer_metrics import read_trainer_metrics
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +56,18 @@ class KubeApi:
         return _or_none(
             lambda: _json(self.core.read_namespaced_config_map(name, namespace, _preload_content=False))
         )
+
+    def get_claim(self, namespace: str, name: str) -> Manifest | None:
+        return _or_none(
+            lambda: _json(
+                self.core.read_namespaced_persistent_volume_claim(name, namespace, _preload_content=False)
+            )
+        )
+
+    def trainer_metrics(self, host: str, port: int, *, job: str) -> dict[str, float] | None:
+        """Rank 0's progress series from a trainer's /metrics (the pod network, not the API server);
+        None when unreachable or when the endpoint belongs to another job."""
+        return read_trainer_metrics(f"http://{host}:{port}/metrics", job=job)
 
     def get_motj(self, namespace: str, name: str) -> Manifest | None:
         return _or_none(
@@ -162,6 +175,10 @@ class KubeApi:
             return _json(self.core.create_namespaced_config_map(namespace, manifest, _preload_content=False))
         if kind == "Service":
             return _json(self.core.create_namespaced_service(namespace, manifest, _preload_content=False))
+        if kind == "PersistentVolumeClaim":
+            return _json(
+                self.core.create_namespaced_persistent_volume_claim(namespace, manifest, _preload_content=False)
+            )
         if kind == "PodGroup":
             result: Manifest = self.custom.create_namespaced_custom_object(
                 "scheduling.x-k8s.io", "v1alpha1", namespace, "podgroups", manifest
@@ -178,6 +195,8 @@ class KubeApi:
             return _or_none(
                 lambda: _json(self.core.read_namespaced_service(name, namespace, _preload_content=False))
             )
+        if kind == "PersistentVolumeClaim":
+            return self.get_claim(namespace, name)
         if kind == "PodGroup":
             return _or_none(
                 lambda: self.custom.get_namespaced_custom_object(

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
+from memfit.kube.checkpoints import ACCESS_MODES, parse_quantity
+
 DEFAULT_TRAINER_IMAGE = "memfit-trainer:0.1.0"  # set your registry's copy with --trainer-image / Helm
 
 
@@ -20,6 +22,10 @@ class OperatorSettings:
     world_ttl_seconds: float = 1.0  # pools + capacity snapshot shared by the reconciles of this long
     node_ttl_seconds: float = 10.0  # the Node list behind it (nodes change far less often than pods)
     workers: int = 16  # reconciles in parallel (threads; each mostly waits for the API server)
+    # The checkpoint claims memfit creates (chart values checkpoints.*): "" = the default StorageClass.
+    checkpoint_storage_class: str = ""
+    checkpoint_access_mode: str = "ReadWriteOnce"  # ReadWriteMany lets plans span nodes
+    checkpoint_min_bytes: int = 10 << 30  # the floor under the model-state estimate
 
     @classmethod
     def from_env(cls, **overrides: object) -> OperatorSettings:
@@ -33,7 +39,17 @@ class OperatorSettings:
             image_pull_policy=os.environ.get("MEMFIT_IMAGE_PULL_POLICY", "IfNotPresent"),
             extra_pod_labels=labels,
             workers=int(os.environ.get("MEMFIT_WORKERS", "16")),
+            checkpoint_storage_class=os.environ.get("MEMFIT_CHECKPOINT_STORAGE_CLASS", ""),
+            checkpoint_access_mode=_access_mode(os.environ.get("MEMFIT_CHECKPOINT_ACCESS_MODE", "ReadWriteOnce")),
+            checkpoint_min_bytes=parse_quantity(os.environ.get("MEMFIT_CHECKPOINT_MIN_SIZE", "10Gi")),
         )
         values = {name: getattr(base, name) for name in cls.__slots__}  # type: ignore[attr-defined]
         values.update(overrides)
         return cls(**values)  # type: ignore[arg-type]
+
+
+def _access_mode(value: str) -> str:
+    if value not in ACCESS_MODES:
+        raise ValueError(f"MEMFIT_CHECKPOINT_ACCESS_MODE (checkpoints.accessMode) must be one of "
+                         f"{', '.join(ACCESS_MODES)}; got {value!r}")
+    return value

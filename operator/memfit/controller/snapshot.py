@@ -13,14 +13,17 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from memfit.api.job import MemoryOptimizedTrainingJobStatus
+from memfit.api.job import MemoryOptimizedTrainingJobSpec, MemoryOptimizedTrainingJobStatus
 from memfit.api.plan import Plan
 from memfit.controller.kubeapi import KubeApi
 from memfit.controller.settings import OperatorSettings
 from memfit.controller.world import observe_world
+from memfit.kube.checkpoints import CheckpointStorage, checkpoint_volume
 from memfit.kube.names import (
+    COMPLETION_INDEX_ANNOTATION,
     COMPONENT_PROFILER,
     COMPONENT_TRAINER,
+    METRICS_PORT,
     plan_config_map_name,
     profile_cache_name,
     profile_job_name,
@@ -32,11 +35,15 @@ from memfit.lifecycle import AttemptChildren, JobRef, LaunchSettings, RecordedPl
 from memfit.lifecycle.launch import ANNOTATION_PLAN_JSON
 from memfit.lifecycle.observed import JobSummary, pod_selector, summarize_job
 from memfit.lifecycle.profiling import profile_key, profile_keys
+from memfit.lifecycle.progress import trainer_sample
 from memfit.lifecycle.snapshot import (
+    ClaimObserved,
+    TrainerSample,
     is_terminal,
     monitoring,
     needs_profile_cache_to_learn,
     needs_profiling_job,
+    needs_progress,
     needs_world_to_monitor,
     next_attempt_index,
     parse_spec,
@@ -52,6 +59,8 @@ class ChildReader(Protocol):
     def get_job(self, namespace: str, name: str) -> Manifest | None: ...
     def get_config_map(self, namespace: str, name: str) -> Manifest | None: ...
     def list_pods(self, namespace: str, selector: str) -> list[Manifest]: ...
+    def get_claim(self, namespace: str, name: str) -> Manifest | None: ...
+    def trainer_metrics(self, host: str, port: int, *, job: str) -> dict[str, float] | None: ...
 
 
 def launch_settings(settings: OperatorSettings) -> LaunchSettings:
@@ -61,6 +70,11 @@ def launch_settings(settings: OperatorSettings) -> LaunchSettings:
         extra_pod_labels=dict(settings.extra_pod_labels),
         service_account=settings.trainer_service_account,
         pod_group_enabled=settings.pod_group_enabled,
+        checkpoints=CheckpointStorage(
+            storage_class=settings.checkpoint_storage_class,
+            access_mode=settings.checkpoint_access_mode,
+            min_bytes=settings.checkpoint_min_bytes,
+        ),
     )
 
 
@@ -101,7 +115,7 @@ def observe_snapshot(
     active = monitoring(status)
     if active is not None:
         digest = profile_key(spec, status, snap.settings, None if status.profile else pools.get())
-        children = _attempt_children(api, ref, active.index)
+        children = _attempt_children(api, ref, active.index, progress_due=needs_progress(status, snap.now))
         return replace(
             snap,
             attempt=children,
@@ -126,7 +140,20 @@ def observe_snapshot(
         profile_cache_key=digest if cache is not None else None,
         profiling=_profiling(api, ref) if needs_profiling_job(status, spec, cache) else None,
         recorded_plan=_recorded_plan(api, ref, next_attempt_index(status)),
+        checkpoint_claim=_checkpoint_claim(api, ref, spec),
     )
+
+
+def _checkpoint_claim(api: ChildReader, ref: JobRef, spec: MemoryOptimizedTrainingJobSpec) -> ClaimObserved | None:
+    """The checkpoint claim (the user's, or memfit's from an earlier attempt); None for an emptyDir."""
+    claim = checkpoint_volume(spec, ref.name).claim
+    if claim is None:
+        return None
+    raw = api.get_claim(ref.namespace, claim)
+    if raw is None:
+        return ClaimObserved(claim, exists=False)
+    modes = tuple(str(m) for m in (raw.get("spec") or {}).get("accessModes") or ())
+    return ClaimObserved(claim, exists=True, access_modes=modes)
 
 
 class _Pools:
@@ -164,7 +191,7 @@ def _profiling(api: ChildReader, ref: JobRef) -> JobSummary | None:
     return summarize_job(job, pods, name)
 
 
-def _attempt_children(api: ChildReader, ref: JobRef, index: int) -> AttemptChildren:
+def _attempt_children(api: ChildReader, ref: JobRef, index: int, *, progress_due: bool = False) -> AttemptChildren:
     name = train_job_name(ref.name, index)
     job = api.get_job(ref.namespace, name)
     cm = api.get_config_map(ref.namespace, plan_config_map_name(ref.name, index))
@@ -177,7 +204,23 @@ def _attempt_children(api: ChildReader, ref: JobRef, index: int) -> AttemptChild
         job=summarize_job(job, pods, name) if job is not None else None,
         plan=plan,
         plan_recorded=cm is not None,
+        trainer=_trainer_sample(api, ref, index, pods) if progress_due else None,
     )
+
+
+def _trainer_sample(api: ChildReader, ref: JobRef, index: int, pods: list[Manifest]) -> TrainerSample | None:
+    """Rank 0's metrics (the pod with completion index 0, running, with an IP); None when unreadable.
+
+    The operator reads them over the pod network (the trainer needs no API access); a metrics endpoint
+    of another job on the same address (the local test bed shares 127.0.0.1) is ignored by its labels."""
+    for pod in pods:
+        meta, status = pod.get("metadata") or {}, pod.get("status") or {}
+        index_annotation = (meta.get("annotations") or {}).get(COMPLETION_INDEX_ANNOTATION)
+        if index_annotation != "0" or status.get("phase") != "Running" or not status.get("podIP"):
+            continue
+        values = api.trainer_metrics(status["podIP"], METRICS_PORT, job=ref.name)
+        return trainer_sample(values, attempt=index) if values else None
+    return None
 
 
 def _annotated_plan(job: Manifest) -> Plan | None:

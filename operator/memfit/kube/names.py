@@ -32,6 +32,7 @@ NVME_MOUNT = "/nvme"
 OUTPUT_MOUNT = "/output"
 MASTER_PORT = 29500
 METRICS_PORT = 9400
+COMPLETION_INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"  # an Indexed Job pod's index
 
 
 def profile_job_name(job: str) -> str:

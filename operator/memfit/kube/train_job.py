@@ -8,6 +8,7 @@ from memfit.api.common import Offload
 from memfit.api.job import MemoryOptimizedTrainingJobSpec, PlanSummary
 from memfit.api.plan import Plan
 from memfit.api.termination import DEFAULT_TERMINATION_MESSAGE_PATH, FAIL_JOB_EXIT_CODES
+from memfit.kube.checkpoints import checkpoint_volume
 from memfit.kube.common import (
     GPU_RESOURCE,
     Manifest,
@@ -161,7 +162,8 @@ def build_training_job(
         {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": str(shm_bytes)}},
         {"name": "tmp", "emptyDir": {}},
     ]
-    claim = spec.training.checkpoint.volume_claim
+    # Durable by default: memfit's `<job>-checkpoints` claim or the user's; an emptyDir only when asked.
+    claim = checkpoint_volume(spec, owner.name).claim
     volumes.append(
         {"name": "checkpoints", "persistentVolumeClaim": {"claimName": claim}}
         if claim

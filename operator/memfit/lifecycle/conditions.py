@@ -13,6 +13,7 @@ PLANNED = "Planned"
 RUNNING = "Running"
 SUCCEEDED = "Succeeded"
 FAILED = "Failed"
+CHECKPOINT_STORAGE = "CheckpointStorage"  # which volume holds the checkpoints and what it allows
 ALL_TYPES = (PROFILED, PLANNED, RUNNING, SUCCEEDED, FAILED)
 
 # Reasons (CamelCase, specific).
@@ -42,6 +43,10 @@ INVALID_PLAN = "InvalidPlan"
 IMAGE_UNAVAILABLE = "ImageUnavailable"  # the image cannot start (not on the node, invalid, pull failing)
 IMAGE_PULL_FAILING = "ImagePullFailing"  # a pull is failing; the job fails if it lasts capacityTimeoutSeconds
 NOT_YET = "NotYet"
+SHARED_VOLUME = "SharedVolume"  # ReadWriteMany: every node of a multi-node plan reads and writes it
+SINGLE_NODE_VOLUME = "SingleNodeVolume"  # ReadWriteOnce: plans are kept to one node
+EPHEMERAL_CHECKPOINTS = "EphemeralCheckpoints"  # emptyDir, asked for: no resume across pods
+CHECKPOINT_CLAIM_MISSING = "CheckpointClaimMissing"  # the named claim does not exist (yet)
 
 MAX_MESSAGE = 32768
 

@@ -12,6 +12,7 @@ from memfit.api.job import (
     Phase,
     PlanSummary,
     ProfileSummary,
+    Progress,
     SpendItem,
 )
 from memfit.lifecycle import conditions as c
@@ -37,6 +38,8 @@ class Draft:
         self.plan: PlanSummary | None = status.plan
         self.attempts: list[Attempt] = list(status.attempts)
         self.measured_peak_bytes = status.measured_peak_bytes
+        self.progress: Progress | None = status.progress
+        self.checkpoint_claim: str | None = status.checkpoint_claim
         spent = status.spend.items if status.spend else []
         self.profiling_spend: SpendItem | None = next((i for i in spent if i.kind == "profiling"), None)
         self.effects: list[Effect] = []
@@ -119,6 +122,8 @@ class Draft:
             attempts=self.attempts,
             measured_peak_bytes=self.measured_peak_bytes,
             spend=spend_of(self.profiling_spend, self.attempts, self.plan),
+            progress=self.progress,
+            checkpoint_claim=self.checkpoint_claim,
             message=self.message,
         )
         return Decision(

@@ -8,6 +8,13 @@ from contextlib import AbstractContextManager, suppress
 from memfit.api.job import Attempt, AttemptOutcome, MemoryOptimizedTrainingJobSpec, Phase, PlanSummary
 from memfit.api.plan import Plan
 from memfit.api.profile import Profile
+from memfit.kube.checkpoints import (
+    CheckpointStorage,
+    VolumeKind,
+    build_checkpoint_claim,
+    checkpoint_volume,
+    shared_across_nodes,
+)
 from memfit.kube.common import Owner, PodSettings
 from memfit.kube.names import (
     ANNOTATION_INJECT_OOM_ATTEMPTS,
@@ -44,6 +51,9 @@ def launch_step(
     crash (or before the status was lost): that decision holds, and the planner does not run."""
     world = snap.pools()
     index = len(draft.attempts)
+    planned_spec = checkpoint_step(draft, snap, spec)
+    if planned_spec is None:
+        return  # the named claim is missing: no children until it exists (the resync looks again)
     recorded = snap.recorded_plan
     plan: Plan
     summary: PlanSummary | None
@@ -56,7 +66,7 @@ def launch_step(
         def plan_attempt(ignore_capacity: bool = False) -> PlanOutcome:
             with timer():
                 return plan_job(
-                    spec=spec,
+                    spec=planned_spec,
                     profile=profile,
                     pools=world.pools,
                     capacity=world.capacity,
@@ -88,9 +98,11 @@ def launch_step(
             world=world,
             pod=snap.settings.pod(spec),
             pod_group=spec.scheduling.pod_group and snap.settings.pod_group_enabled,
+            storage=snap.settings.checkpoints,
         )
     )
     draft.plan = summary
+    draft.checkpoint_claim = checkpoint_volume(spec, snap.job.name).claim
     draft.attempts.append(
         Attempt(
             index=index,
@@ -113,6 +125,53 @@ def launch_step(
     draft.set(c.RUNNING, False, c.LAUNCHING, f"training Job {train_job_name(snap.job.name, index)} created")
     draft.enter(Phase.LAUNCHING if index == 0 else Phase.REPLANNING, msg)
     draft.event(c.PLAN_FOUND if index == 0 else c.REPLANNING, msg)
+
+
+def checkpoint_step(
+    draft: Draft, snap: Snapshot, spec: MemoryOptimizedTrainingJobSpec
+) -> MemoryOptimizedTrainingJobSpec | None:
+    """Check the checkpoint volume before a launch and say in CheckpointStorage which it is.
+
+    Returns the spec to plan with: a volume only one node can mount (ReadWriteOnce) keeps the plan on
+    one node, since a multi-node resume reads every rank's shards from one folder. None when the named
+    claim does not exist: nothing is created until it does."""
+    volume = checkpoint_volume(spec, snap.job.name)
+    if volume.kind == VolumeKind.EMPTY_DIR:
+        draft.set(c.CHECKPOINT_STORAGE, False, c.EPHEMERAL_CHECKPOINTS,
+                  "checkpoints in an emptyDir (training.checkpoint.emptyDir): a re-plan or a replaced pod "
+                  "starts again at step 0")  # fmt: skip
+        return spec
+    observed = snap.checkpoint_claim
+    if volume.kind == VolumeKind.CLAIM:
+        if observed is None or not observed.exists:
+            msg = (f"training.checkpoint.volumeClaim: PersistentVolumeClaim {snap.job.namespace}/{volume.claim} "
+                   "does not exist; create it (ReadWriteMany for plans over several nodes) or leave "
+                   "volumeClaim empty for a claim memfit creates")  # fmt: skip
+            if draft.condition_reason(c.CHECKPOINT_STORAGE) != c.CHECKPOINT_CLAIM_MISSING:
+                draft.event(c.CHECKPOINT_CLAIM_MISSING, msg, warning=True)
+            draft.set(c.CHECKPOINT_STORAGE, False, c.CHECKPOINT_CLAIM_MISSING, msg)
+            draft.enter(Phase.PLANNING, msg)
+            return None
+        modes, whose = observed.access_modes, f"your claim {volume.claim}"
+    else:
+        modes = observed.access_modes if observed is not None and observed.exists else (
+            snap.settings.checkpoints.access_mode,)
+        whose = f"claim {volume.claim} (memfit's, deleted with the job)"
+    if shared_across_nodes(modes):
+        draft.set(c.CHECKPOINT_STORAGE, True, c.SHARED_VOLUME,
+                  f"checkpoints on {whose}, ReadWriteMany: every node of the plan writes and resumes from "
+                  "one folder")  # fmt: skip
+        return spec
+    single = spec.placement.max_nodes <= 1
+    draft.set(c.CHECKPOINT_STORAGE, True, c.SINGLE_NODE_VOLUME,
+              f"checkpoints on {whose}, {'/'.join(modes) or 'no access modes'}: "
+              + ("one node mounts it" if single else
+                 "one node mounts it, so the plan stays on one node (placement.maxNodes is "
+                 f"{spec.placement.max_nodes}); for multi-node plans use a ReadWriteMany storage class "
+                 "(chart value checkpoints.accessMode) or claim"))  # fmt: skip
+    if single:
+        return spec
+    return spec.model_copy(update={"placement": spec.placement.model_copy(update={"max_nodes": 1})})
 
 
 def _no_plan(draft: Draft, outcome: PlanOutcome, someday: PlanOutcome) -> None:
@@ -140,6 +199,7 @@ def launch_effects(
     world: World,
     pod: PodSettings,
     pod_group: bool,
+    storage: CheckpointStorage,
 ) -> list[Effect]:
     """The children of an attempt, in crash-safe order: the plan record first, the training Job last."""
     pool = world.pool(plan.node_pool)
@@ -151,6 +211,9 @@ def launch_effects(
     ]
     if pod_group:
         effects.append(Ensure(build_pod_group(owner=owner, plan=plan)))
+    if checkpoint_volume(spec, owner.name).kind == VolumeKind.CREATED:
+        # Before the Job: its pods never wait on a claim nobody creates; owned, so deleted with the job.
+        effects.append(Ensure(build_checkpoint_claim(owner=owner, plan=plan, storage=storage)))
     job = build_training_job(
         owner=owner,
         spec=spec,

@@ -20,6 +20,7 @@ from memfit.lifecycle.images import image_blocked, image_gives_up, image_message
 from memfit.lifecycle.launch import launch_effects
 from memfit.lifecycle.learning import ALLOCATOR_METERS, learn
 from memfit.lifecycle.observed import JobSummary, PodSummary
+from memfit.lifecycle.progress import progress_of
 from memfit.lifecycle.result import Ensure
 from memfit.lifecycle.snapshot import Snapshot
 
@@ -46,6 +47,7 @@ def monitor_step(draft: Draft, snap: Snapshot, spec: MemoryOptimizedTrainingJobS
                 world=snap.pools(),
                 pod=snap.settings.pod(spec),
                 pod_group=spec.scheduling.pod_group and snap.settings.pod_group_enabled,
+                storage=snap.settings.checkpoints,
             )
         )
         return
@@ -75,6 +77,10 @@ def monitor_step(draft: Draft, snap: Snapshot, spec: MemoryOptimizedTrainingJobS
     elif not _pods_not_created(draft, snap, spec, job):
         running = [p for p in job.pods if p.running]
         current = draft.current
+        if children.trainer is not None and children.trainer.attempt == index:
+            draft.progress = progress_of(
+                children.trainer, max_steps=spec.training.max_steps, data_parallel=plan.world_size, now=snap.now
+            )
         if len(running) >= plan.nodes and current is not None and current.outcome != AttemptOutcome.RUNNING:
             draft.update_current(outcome=AttemptOutcome.RUNNING)
             msg = f"{len(running)} training pod(s) running on {plan.node_pool}: {plan.describe()}"
@@ -96,6 +102,15 @@ def _succeeded(
     draft: Draft, snap: Snapshot, plan: Plan, job: JobSummary, measured: int | None, digest: str
 ) -> None:
     draft.finish_attempt(AttemptOutcome.SUCCEEDED, measured=measured, reason="training completed")
+    if draft.progress is not None:
+        # The job ended between two reads: show it finished, with the final loss it reported.
+        final = next((p.message.get("finalLoss") for p in job.pods if p.message.get("finalLoss") is not None), None)
+        steps = plan.training.max_steps if plan.training is not None else draft.progress.max_steps
+        draft.progress = draft.progress.model_copy(update={
+            "step": steps, "steps": f"{steps}/{draft.progress.max_steps}", "eta_seconds": 0, "eta": "0s",
+            "loss": round(float(final), 6) if isinstance(final, int | float) else draft.progress.loss,
+            "updated_at": snap.now,
+        })  # fmt: skip
     draft.measured_peak_bytes = measured
     predicted = plan.memory.peak_bytes
     meters = {str(p.message.get(KEY_MEMORY_METER, "")) for p in job.pods} - {""}

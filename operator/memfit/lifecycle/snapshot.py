@@ -25,6 +25,7 @@ from memfit.api.job import (
 )
 from memfit.api.plan import Plan
 from memfit.api.validation import violations_from
+from memfit.kube.checkpoints import CheckpointStorage
 from memfit.kube.child_fields import child_field_problems
 from memfit.kube.common import Owner, PodSettings
 from memfit.kube.names import MAX_JOB_NAME
@@ -61,6 +62,7 @@ class LaunchSettings:
     extra_pod_labels: Mapping[str, str] = field(default_factory=dict)
     service_account: str = ""
     pod_group_enabled: bool = False
+    checkpoints: CheckpointStorage = field(default_factory=CheckpointStorage)
 
     def pod(self, spec: MemoryOptimizedTrainingJobSpec) -> PodSettings:
         return PodSettings(
@@ -72,6 +74,29 @@ class LaunchSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class ClaimObserved:
+    """The checkpoint PersistentVolumeClaim as read before a launch: whether it exists, its access modes."""
+
+    name: str
+    exists: bool
+    access_modes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class TrainerSample:
+    """What rank 0's metrics endpoint served (memfit_trainer.metrics), for status.progress."""
+
+    attempt: int  # the attempt the pod belongs to
+    step: int
+    loss: float | None = None
+    eval_loss: float | None = None
+    tokens_per_second: float | None = None  # rank 0's own rate
+    step_seconds_sum: float = 0.0
+    step_count: int = 0  # steps this pod timed (a resumed pod starts again at 0)
+    resumed_from_step: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class AttemptChildren:
     """The children of the attempt being monitored."""
 
@@ -79,6 +104,7 @@ class AttemptChildren:
     job: JobSummary | None  # the training Job `<job>-train-<index>` and its pods; None = missing
     plan: Plan | None  # from the plan ConfigMap, else the copy annotated on the training Job
     plan_recorded: bool  # the plan ConfigMap `<job>-plan-<index>` exists
+    trainer: TrainerSample | None = None  # rank 0's metrics, read when status.progress is due
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +132,7 @@ class Snapshot:
     profiling: JobSummary | None = None  # the profiling Job `<job>-profile`; None = none (or not read)
     attempt: AttemptChildren | None = None  # read while an attempt is active
     recorded_plan: RecordedPlan | None = None  # the next attempt's plan ConfigMap, if it exists
+    checkpoint_claim: ClaimObserved | None = None  # read before a launch; None = not read (emptyDir)
 
     def pools(self) -> World:
         """The world; a decision that needs it on a snapshot read without it is a reader bug."""
@@ -175,6 +202,15 @@ def needs_profiling_job(
         return True
     profiled = find(status.conditions, PROFILED)
     return not ((profiled is not None and profiled.status == ConditionStatus.TRUE) or spec.profiling.reuse)
+
+
+PROGRESS_SECONDS = 15  # status.progress is refreshed about this often while the pods run
+
+
+def needs_progress(status: MemoryOptimizedTrainingJobStatus, now: datetime) -> bool:
+    """Rank 0's metrics are read when the progress is older than PROGRESS_SECONDS (or missing)."""
+    progress = status.progress
+    return progress is None or (now - progress.updated_at).total_seconds() >= PROGRESS_SECONDS
 
 
 def needs_world_to_monitor(children: AttemptChildren) -> bool:

@@ -75,7 +75,9 @@ def test_names_columns_and_subresources() -> None:
     version = MOTJ["spec"]["versions"][0]
     assert version["subresources"] == {"status": {}}
     columns = [c["name"] for c in version["additionalPrinterColumns"] if not c.get("priority")]
-    assert columns == ["Phase", "Pool", "GPUs", "Precision", "ZeRO", "Predicted", "$/h", "Savings", "Age"]
+    assert columns == [
+        "Phase", "Pool", "GPUs", "Precision", "ZeRO", "Predicted", "$/h", "Savings", "Step", "Loss", "ETA", "Age"
+    ]
     wide = {c["name"]: c["jsonPath"] for c in version["additionalPrinterColumns"] if c.get("priority")}
     assert wide["PEFT"] == ".status.plan.peft"  # kubectl get motj -o wide
 

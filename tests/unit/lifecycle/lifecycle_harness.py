@@ -79,6 +79,7 @@ class Harness:
     status: Manifest = field(default_factory=dict)
     objects: dict[tuple[str, str], Manifest] = field(default_factory=dict)  # (kind, name) -> manifest
     pods: dict[str, Manifest] = field(default_factory=dict)
+    metrics: dict[str, float] | None = None  # what rank 0's /metrics serves (None: unreachable)
     writes: list[str] = field(default_factory=list)  # "create Job/j-profile", "delete Job/...", ...
 
     # --- the reads observe_snapshot makes -----------------------------------------------------------
@@ -87,6 +88,12 @@ class Harness:
 
     def get_config_map(self, namespace: str, name: str) -> Manifest | None:
         return copy.deepcopy(self.objects.get(("ConfigMap", name)))
+
+    def get_claim(self, namespace: str, name: str) -> Manifest | None:
+        return copy.deepcopy(self.objects.get(("PersistentVolumeClaim", name)))
+
+    def trainer_metrics(self, host: str, port: int, *, job: str) -> dict[str, float] | None:
+        return dict(self.metrics) if self.metrics is not None else None
 
     def list_pods(self, namespace: str, selector: str) -> list[Manifest]:
         wanted = dict(term.split("=", 1) for term in selector.split(","))

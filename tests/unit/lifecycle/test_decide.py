@@ -182,8 +182,9 @@ def test_launch_builds_the_children_in_crash_safe_order() -> None:
         for e in decision.effects
         if isinstance(e, Ensure)
     ]
-    assert ensured == ["ConfigMap/j-plan-0", "Service/j", "Job/j-train-0"]  # the plan record first
-    assert [e.record for e in decision.effects if isinstance(e, Ensure)] == [True, False, False]
+    # The plan record first, the checkpoint claim before the Job whose pods mount it.
+    assert ensured == ["ConfigMap/j-plan-0", "Service/j", "PersistentVolumeClaim/j-checkpoints", "Job/j-train-0"]
+    assert [e.record for e in decision.effects if isinstance(e, Ensure)] == [True, False, False, False]
     status = h.stored
     assert status.plan is not None and status.plan.node_pool == h.plan_json(0)["nodePool"]
     assert status.plan.savings is not None and status.plan.baseline_cost_per_hour is not None

@@ -1,0 +1,85 @@
+"""status.progress from rank 0's metrics: step / maxSteps, losses, job throughput and ETA (pure)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from datetime import datetime
+
+from memfit.api.job import Progress
+from memfit.lifecycle.snapshot import TrainerSample
+
+# The trainer's series (memfit_trainer.metrics) the operator reads; a sample without a step is no sample.
+STEP = "memfit_trainer_step"
+LOSS = "memfit_trainer_loss"
+EVAL_LOSS = "memfit_trainer_eval_loss"
+TOKENS_PER_SECOND = "memfit_trainer_tokens_per_second"
+STEP_SECONDS_SUM = "memfit_trainer_step_seconds_sum"
+STEP_SECONDS_COUNT = "memfit_trainer_step_seconds_count"
+RESUMED_FROM_STEP = "memfit_trainer_resumed_from_step"
+SERIES = (STEP, LOSS, EVAL_LOSS, TOKENS_PER_SECOND, STEP_SECONDS_SUM, STEP_SECONDS_COUNT, RESUMED_FROM_STEP)
+
+
+def trainer_sample(values: Mapping[str, float], *, attempt: int) -> TrainerSample | None:
+    """The sample from rank 0's series (name -> value); None without a step (not a memfit trainer)."""
+    step = _finite(values.get(STEP))
+    if step is None or step < 0:
+        return None
+    resumed = _finite(values.get(RESUMED_FROM_STEP))
+    return TrainerSample(
+        attempt=attempt,
+        step=int(step),
+        loss=_finite(values.get(LOSS)) if step > 0 else None,  # the gauge reads 0 before the first step
+        eval_loss=_finite(values.get(EVAL_LOSS)),
+        tokens_per_second=_finite(values.get(TOKENS_PER_SECOND)) if step > 0 else None,
+        step_seconds_sum=_finite(values.get(STEP_SECONDS_SUM)) or 0.0,
+        step_count=int(_finite(values.get(STEP_SECONDS_COUNT)) or 0),
+        resumed_from_step=int(resumed) if resumed is not None and resumed >= 0 else None,
+    )
+
+
+def progress_of(sample: TrainerSample, *, max_steps: int, data_parallel: int, now: datetime) -> Progress:
+    """status.progress: rank 0's rate x the data-parallel ranks (every rank trains the same number of
+    tokens per step), ETA = the steps left x this pod's mean step time."""
+    step = min(sample.step, max_steps)
+    step_seconds = sample.step_seconds_sum / sample.step_count if sample.step_count else None
+    eta_seconds = round((max_steps - step) * step_seconds) if step_seconds is not None else None
+    if step >= max_steps:
+        eta_seconds = 0
+    tokens = sample.tokens_per_second * data_parallel if sample.tokens_per_second is not None else None
+    return Progress(
+        step=step,
+        max_steps=max_steps,
+        steps=f"{step}/{max_steps}",
+        loss=_round(sample.loss),
+        eval_loss=_round(sample.eval_loss),
+        tokens_per_second=round(tokens, 1) if tokens is not None else None,
+        step_seconds=round(step_seconds, 4) if step_seconds is not None else None,
+        eta_seconds=eta_seconds,
+        eta=format_eta(eta_seconds) if eta_seconds is not None else None,
+        resumed_from_step=sample.resumed_from_step,
+        attempt=sample.attempt,
+        updated_at=now,
+    )
+
+
+def format_eta(seconds: int) -> str:
+    """Seconds for people, in the two largest units: 45s, 4m05s, 1h05m, 3d04h."""
+    if seconds < 60:
+        return f"{seconds}s"
+    minutes, secs = divmod(seconds, 60)
+    if minutes < 60:
+        return f"{minutes}m{secs:02d}s"
+    hours, minutes = divmod(minutes, 60)
+    if hours < 24:
+        return f"{hours}h{minutes:02d}m"
+    days, hours = divmod(hours, 24)
+    return f"{days}d{hours:02d}h"
+
+
+def _finite(value: float | None) -> float | None:
+    return value if value is not None and math.isfinite(value) else None
+
+
+def _round(value: float | None) -> float | None:
+    return round(value, 6) if value is not None else None
