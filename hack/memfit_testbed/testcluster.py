@@ -293,8 +293,13 @@ class TestCluster:
             "--node-lease-duration-seconds=40", "--cidr=10.244.0.0/16", "--node-ip=10.0.0.1",
             f"--server-address=127.0.0.1:{self.ports['kwok']}", f"--config={self.stages}",
         ])
+        env = {**os.environ, "KUBECONFIG": kc, "PYTHONUNBUFFERED": "1"}
+        # The default StorageClass memfit-local: binds claims (memfit's checkpoint PVCs) to hostPath
+        # volumes in the folders the pod runner mounts (memfit_testbed.provisioner).
+        self._spawn("provisioner", ["-m", "memfit_testbed.provisioner", f"--kubeconfig={kc}",
+                                    f"--root={self.workdir / 'pod-runner' / 'claims'}"],
+                    exe=sys.executable, env=env)
         if self.pod_runner:
-            env = {**os.environ, "KUBECONFIG": kc, "PYTHONUNBUFFERED": "1"}
             self._spawn("pod-runner", ["-m", "memfit_testbed.pod_runner", f"--kubeconfig={kc}",
                                        f"--workdir={self.workdir / 'pod-runner'}"],
                         exe=sys.executable, env=env)

@@ -20,6 +20,10 @@
 - apiGroups: [""]
   resources: [services, configmaps]
   verbs: [create, get, list, watch, patch, delete]
+{{- /* the per-job checkpoint claims (<job>-checkpoints, owned by the job); get: a named claim's access modes. */}}
+- apiGroups: [""]
+  resources: [persistentvolumeclaims]
+  verbs: [create, get]
 {{- /* kopf posts core v1 Events. */}}
 - apiGroups: [""]
   resources: [events]

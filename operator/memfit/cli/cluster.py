@@ -32,6 +32,11 @@ def register(sub: Any) -> None:
     )
     op.add_argument("--resync-seconds", type=float, default=5.0, help="re-check unfinished jobs this often")
     op.add_argument("--pod-group", action="store_true", help="allow scheduler-plugins PodGroups (gang)")
+    op.add_argument("--checkpoint-storage-class", default=None,
+                    help="StorageClass of the checkpoint claims memfit creates (env MEMFIT_CHECKPOINT_STORAGE_CLASS; "
+                    "empty = the cluster default)")  # fmt: skip
+    op.add_argument("--checkpoint-access-mode", default=None, choices=("ReadWriteOnce", "ReadWriteMany"),
+                    help="access mode of those claims (env MEMFIT_CHECKPOINT_ACCESS_MODE)")
     op.add_argument("--verbose", "-v", action="store_true", help="debug logging")
     op.set_defaults(func=cmd_operator)
 
@@ -71,6 +76,10 @@ def cmd_operator(args: argparse.Namespace) -> int:
     }
     if args.trainer_image:
         overrides["trainer_image"] = args.trainer_image
+    if args.checkpoint_storage_class is not None:
+        overrides["checkpoint_storage_class"] = args.checkpoint_storage_class
+    if args.checkpoint_access_mode is not None:
+        overrides["checkpoint_access_mode"] = args.checkpoint_access_mode
     settings = OperatorSettings.from_env(**overrides)
     if labels:
         settings = OperatorSettings.from_env(**overrides, extra_pod_labels=settings.extra_pod_labels | labels)
