@@ -35,7 +35,9 @@ def operator_command(port: int, *extra: str, resync_seconds: float = 1) -> list[
     return [
         sys.executable, "-m", "memfit.cli", "operator", "--metrics-host", "127.0.0.1",
         "--metrics-port", str(port), "--resync-seconds", str(resync_seconds),
-        "--trainer-image", "memfit-trainer:test", *extra,
+        "--trainer-image", "memfit-trainer:test",
+        # The test bed's StorageClass (memfit_testbed.provisioner) is one folder every pod mounts.
+        "--checkpoint-access-mode", "ReadWriteMany", *extra,
     ]  # fmt: skip
 
 

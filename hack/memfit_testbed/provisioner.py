@@ -63,7 +63,7 @@ class Provisioner:
                 self._provision(claim)
         for volume in self.core.list_persistent_volume().items:
             ours = (volume.metadata.annotations or {}).get(PROVISIONED_BY) == PROVISIONER
-            if ours and volume.status.phase in ("Released", "Failed"):
+            if ours and (volume.status.phase or "") in ("Released", "Failed"):
                 self._delete(volume)
 
     def _provision(self, claim: Any) -> None:

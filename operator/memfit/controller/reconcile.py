@@ -16,6 +16,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from memfit import metrics
+from memfit.api.job import MemoryOptimizedTrainingJobStatus
 from memfit.controller.kubeapi import KubeApi
 from memfit.controller.settings import OperatorSettings
 from memfit.controller.snapshot import observe_snapshot
@@ -68,11 +69,32 @@ def reconcile_job(
         return None
     meta = body["metadata"]
     wire = decision.status.to_wire()
-    patched = api.patch_motj_status(meta["namespace"], meta["name"], wire, meta["resourceVersion"])
+    patch = with_deletions(body.get("status") or {}, wire)
+    patched = api.patch_motj_status(meta["namespace"], meta["name"], patch, meta["resourceVersion"])
     applied = Applied(decision, str((patched.get("metadata") or {}).get("resourceVersion", "")), wire)
     for event in decision.events:
         _post_event(api, body, event, now=snap.now, post=post_event)
     return applied
+
+
+STATUS_KEYS = frozenset(
+    field.alias or name for name, field in MemoryOptimizedTrainingJobStatus.model_fields.items()
+)
+
+
+def with_deletions(stored: Manifest, wire: Manifest, *, top: bool = True) -> Manifest:
+    """The merge patch from the stored status to `wire`: a key the new status no longer has (a field
+    now None, e.g. progress.loss before a resumed pod's first step) is sent as null, which deletes it;
+    otherwise the stored value would stay. Only keys of our own status model are touched."""
+    patch: Manifest = dict(wire)
+    for key, old in stored.items():
+        if top and key not in STATUS_KEYS:
+            continue
+        if key not in wire:
+            patch[key] = None
+        elif isinstance(old, dict) and isinstance(wire[key], dict):
+            patch[key] = with_deletions(old, wire[key], top=False)
+    return patch
 
 
 def apply_effects(api: KubeApi, namespace: str, decision: Decision) -> None:

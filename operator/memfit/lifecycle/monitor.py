@@ -104,11 +104,13 @@ def _succeeded(
     draft.finish_attempt(AttemptOutcome.SUCCEEDED, measured=measured, reason="training completed")
     if draft.progress is not None:
         # The job ended between two reads: show it finished, with the final loss it reported.
-        final = next((p.message.get("finalLoss") for p in job.pods if p.message.get("finalLoss") is not None), None)
+        done = next((p.message for p in job.pods if p.message.get("reason") == "Completed"), {})
+        final, resumed = done.get("finalLoss"), done.get("resumedFromStep")
         steps = plan.training.max_steps if plan.training is not None else draft.progress.max_steps
         draft.progress = draft.progress.model_copy(update={
             "step": steps, "steps": f"{steps}/{draft.progress.max_steps}", "eta_seconds": 0, "eta": "0s",
             "loss": round(float(final), 6) if isinstance(final, int | float) else draft.progress.loss,
+            "resumed_from_step": resumed if isinstance(resumed, int) else draft.progress.resumed_from_step,
             "updated_at": snap.now,
         })  # fmt: skip
     draft.measured_peak_bytes = measured

@@ -1,0 +1,158 @@
+"""Durable checkpoints and status.progress through the real operator: the job's `<job>-checkpoints` claim
+(created by memfit, owned by the job, bound by the test bed's provisioner), progress read from rank 0's
+metrics while the trainer runs, and a training pod killed mid-run whose replacement resumes from the
+claim (the step counter continues, not from 0)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from memfit_testbed.cluster_helpers import Kube
+from memfit_testbed.operator_helpers import (
+    apply_pools,
+    create_job,
+    get_job,
+    operator_process,
+    quickstart,
+    wait_phase,
+)
+from operator_ready import wait_healthy
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+TIMEOUT = 600.0
+JOB = "progress"
+MAX_STEPS = 200
+EVERY = 10
+
+
+@pytest.fixture(scope="module")
+def operator(
+    cluster: Any, kube: Kube, tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> Iterator[Path]:
+    request.getfixturevalue("install_crds")
+    apply_pools(kube)
+    log = tmp_path_factory.mktemp("operator") / "operator.log"
+    with operator_process(cluster.kubeconfig, log) as (proc, port):
+        wait_healthy(port, log)
+        yield log
+        assert proc.poll() is None, f"operator exited:\n{log.read_text()[-3000:]}"
+
+
+def _progress(kube: Kube, namespace: str) -> dict[str, Any] | None:
+    job = get_job(kube, namespace, JOB) or {}
+    progress: dict[str, Any] | None = (job.get("status") or {}).get("progress")
+    return progress
+
+
+def _running_trainer(kube: Kube, namespace: str) -> dict[str, Any] | None:
+    for pod in kube.pods(namespace, f"memfit.dev/job={JOB},memfit.dev/component=trainer"):
+        statuses = pod["status"].get("containerStatuses") or []
+        if pod["status"].get("phase") == "Running" and statuses and "running" in statuses[0]["state"]:
+            return pod
+    return None
+
+
+def test_progress_advances_and_a_killed_pod_resumes_from_the_checkpoint_claim(
+    cluster: Any, kube: Kube, namespace: str, operator: Path
+) -> None:
+    problem = {"builtin": {"kind": "gpt", "layers": 2, "hidden": 128, "heads": 4, "vocab": 1024, "sequenceLength": 64}}
+    training = {"globalBatchSize": 8, "maxSteps": MAX_STEPS, "optimizer": "adamw", "learningRate": 0.001,
+                "checkpoint": {"everySteps": EVERY}}  # fmt: skip
+    created = create_job(kube, namespace, quickstart(JOB, problem=problem, training=training))
+    claim_name = f"{JOB}-checkpoints"
+
+    # The claim exists, owned by the job (the garbage collector deletes it with the job), and is bound.
+    claim = kube.wait("the checkpoint claim bound", lambda: _bound(kube, namespace, claim_name), timeout=TIMEOUT)
+    owners = claim.metadata.owner_references or []
+    assert [(o.kind, o.name, o.uid, o.controller) for o in owners] == [
+        ("MemoryOptimizedTrainingJob", JOB, created["metadata"]["uid"], True)
+    ], owners
+    assert claim.spec.access_modes == ["ReadWriteMany"]
+    assert claim.spec.resources.requests["storage"] == "10Gi"  # a tiny GPT's states: the floor
+    train_job = kube.wait("the training Job", lambda: _train_job(kube, namespace), timeout=TIMEOUT)
+    volumes = {v.name: v for v in train_job.spec.template.spec.volumes}
+    assert volumes["checkpoints"].persistent_volume_claim.claim_name == claim_name
+
+    # status.progress appears and advances while the trainer runs (read from rank 0 about every 15 s).
+    first = kube.wait("status.progress", lambda: _progress(kube, namespace), timeout=TIMEOUT, interval=1)
+    assert first["maxSteps"] == MAX_STEPS and first["steps"] == f"{first['step']}/{MAX_STEPS}", first
+    later = kube.wait(
+        "status.progress to advance",
+        lambda: p if (p := _progress(kube, namespace)) and p["step"] > first["step"] and p["updatedAt"] !=
+        first["updatedAt"] else None, timeout=120, interval=1)  # fmt: skip
+    assert later["loss"] is not None and later["loss"] > 0, later
+    assert later["tokensPerSecond"] > 0 and later["stepSeconds"] > 0, later
+    assert later["etaSeconds"] >= 0 and later["eta"], later
+    assert later.get("resumedFromStep") is None, later  # the first pod started from scratch
+    job = get_job(kube, namespace, JOB) or {}
+    conditions = {c["type"]: c for c in job["status"]["conditions"]}
+    assert conditions["CheckpointStorage"]["status"] == "True", conditions
+    assert conditions["CheckpointStorage"]["reason"] == "SharedVolume", conditions
+    assert job["status"]["checkpointClaim"] == claim_name
+
+    # Kill the training pod's processes mid-run, after a checkpoint (like a lost node or a kernel kill).
+    folder = cluster.workdir / "pod-runner" / "claims" / namespace / claim_name / JOB
+    kube.wait("a checkpoint on the claim", lambda: _checkpoint_steps(folder), timeout=TIMEOUT, interval=0.5)
+    victim = kube.wait("a running trainer", lambda: _running_trainer(kube, namespace), timeout=60)
+    pid = int(victim["status"]["containerStatuses"][0]["containerID"].removeprefix("memfit-local://"))
+    saved = max(_checkpoint_steps(folder) or [0])
+    os.killpg(pid, signal.SIGKILL)
+    killed_at = time.monotonic()
+
+    # The Job's replacement pod resumes from the claim: status.progress says from which step (read from
+    # the running pod, or from its termination message if it finished between two reads).
+    seen: list[dict[str, Any]] = []
+
+    def resumed_or_done() -> dict[str, Any] | None:
+        job = get_job(kube, namespace, JOB) or {}
+        status = job.get("status") or {}
+        if (p := status.get("progress")) and p.get("resumedFromStep") is not None and p["step"] < MAX_STEPS:
+            seen.append(p)
+        return job if status.get("phase") in ("Succeeded", "Failed") else None
+
+    kube.wait("the replacement pod to finish", resumed_or_done, timeout=TIMEOUT, interval=1)
+    done = wait_phase(kube, namespace, JOB, ("Succeeded", "Failed"), 10, operator)
+    status = done["status"]
+    assert status["phase"] == "Succeeded", status
+    assert [a["outcome"] for a in status["attempts"]] == ["Succeeded"], status["attempts"]  # no re-plan
+    progress = status["progress"]
+    assert progress["step"] == MAX_STEPS and progress["eta"] == "0s", progress
+    assert progress["resumedFromStep"] >= saved >= EVERY, (progress, saved)
+    for p in seen:  # while it ran: the step counter continued from the checkpoint, not from 0
+        assert p["resumedFromStep"] == progress["resumedFromStep"] and p["step"] >= p["resumedFromStep"], seen
+        assert p.get("loss") is None or p["step"] > p["resumedFromStep"], p
+    pods = kube.pods(namespace, f"memfit.dev/job={JOB},memfit.dev/component=trainer")
+    finished = [p["status"]["containerStatuses"][0]["state"]["terminated"] for p in pods]
+    assert sorted(t["exitCode"] for t in finished) == [0, 137], finished
+    message = json.loads(next(t["message"] for t in finished if t["exitCode"] == 0))
+    assert message["steps"] == MAX_STEPS and message["resumedFromStep"] == progress["resumedFromStep"], message
+    print(f"killed after the step-{saved} checkpoint; resumed at {progress['resumedFromStep']}, done "
+          f"{time.monotonic() - killed_at:.0f}s later; {len(seen)} progress read(s) of the replacement pod; "
+          f"final progress {progress}")
+
+
+def _bound(kube: Kube, namespace: str, name: str) -> Any:
+    try:
+        claim = kube.core.read_namespaced_persistent_volume_claim(name, namespace)
+    except Exception:
+        return None
+    return claim if claim.status.phase == "Bound" else None
+
+
+def _train_job(kube: Kube, namespace: str) -> Any:
+    jobs = [j for j in kube.batch.list_namespaced_job(namespace).items if j.metadata.name == f"{JOB}-train-0"]
+    return jobs[0] if jobs else None
+
+
+def _checkpoint_steps(folder: Path) -> list[int] | None:
+    if not folder.is_dir():
+        return None
+    steps = [int(p.name.removeprefix("step-")) for p in folder.glob("step-*") if (p / "memfit.json").exists()]
+    return steps or None

@@ -1,0 +1,160 @@
+"""status.progress (rank 0's metrics -> step, losses, throughput, ETA) and the CheckpointStorage decisions."""
+
+from __future__ import annotations
+
+import math
+from datetime import timedelta
+
+import pytest
+from lifecycle_harness import T0, Harness, quickstart
+from memfit.api.job import Phase
+from memfit.lifecycle.progress import format_eta, progress_of, trainer_sample
+from memfit.lifecycle.snapshot import PROGRESS_SECONDS, TrainerSample
+
+RANK0 = {
+    "memfit_trainer_step": 120.0,
+    "memfit_trainer_loss": 2.5,
+    "memfit_trainer_eval_loss": math.nan,  # no evaluation yet
+    "memfit_trainer_tokens_per_second": 1000.0,
+    "memfit_trainer_step_seconds_sum": 30.0,
+    "memfit_trainer_step_seconds_count": 60.0,  # a resumed pod timed 60 of its steps
+    "memfit_trainer_resumed_from_step": 60.0,
+}
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [(0, "0s"), (45, "45s"), (60, "1m00s"), (245, "4m05s"), (3900, "1h05m"), (86400 + 4 * 3600 + 59, "1d04h")],
+)
+def test_eta_reads_in_its_two_largest_units(seconds: int, text: str) -> None:
+    assert format_eta(seconds) == text
+
+
+def test_progress_from_rank_0() -> None:
+    sample = trainer_sample(RANK0, attempt=1)
+    assert sample == TrainerSample(attempt=1, step=120, loss=2.5, eval_loss=None, tokens_per_second=1000.0,
+                                   step_seconds_sum=30.0, step_count=60, resumed_from_step=60)  # fmt: skip
+    progress = progress_of(sample, max_steps=1000, data_parallel=4, now=T0)
+    assert (progress.step, progress.max_steps, progress.steps) == (120, 1000, "120/1000")
+    assert progress.loss == 2.5 and progress.eval_loss is None
+    assert progress.tokens_per_second == 4000.0  # rank 0's rate x 4 data-parallel ranks
+    assert progress.step_seconds == 0.5
+    assert (progress.eta_seconds, progress.eta) == (440, "7m20s")  # 880 steps left x 0.5 s
+    assert progress.resumed_from_step == 60 and progress.attempt == 1 and progress.updated_at == T0
+
+
+@pytest.mark.parametrize(
+    ("changes", "check"),
+    [
+        pytest.param({"memfit_trainer_eval_loss": 2.75}, lambda p: p.eval_loss == 2.75, id="eval loss reported"),
+        pytest.param({"memfit_trainer_resumed_from_step": -1.0}, lambda p: p.resumed_from_step is None,
+                     id="started from scratch"),
+        pytest.param({"memfit_trainer_step_seconds_count": 0.0}, lambda p: p.eta is None and p.step_seconds is None,
+                     id="no step timed yet: no ETA"),
+        pytest.param({"memfit_trainer_step": 1000.0}, lambda p: p.eta == "0s" and p.steps == "1000/1000",
+                     id="finished"),
+        pytest.param({"memfit_trainer_step": 0.0, "memfit_trainer_loss": 0.0},
+                     lambda p: p.loss is None and p.tokens_per_second is None, id="before the first step"),
+    ],
+)  # fmt: skip
+def test_progress_edge_cases(changes: dict[str, float], check: object) -> None:
+    sample = trainer_sample(RANK0 | changes, attempt=0)
+    assert sample is not None
+    assert check(progress_of(sample, max_steps=1000, data_parallel=1, now=T0))  # type: ignore[operator]
+
+
+def test_no_step_series_is_no_sample() -> None:
+    assert trainer_sample({"memfit_trainer_loss": 1.0}, attempt=0) is None
+    assert trainer_sample({"memfit_trainer_step": math.nan}, attempt=0) is None
+
+
+# --- through decide ---------------------------------------------------------------------------------
+def _running(h: Harness) -> str:
+    h.seed_profile()
+    h.reconcile()
+    h.start("j-train-0")
+    pod = h.add_pod("j-train-0", podIP="10.1.2.3")
+    h.pods[pod]["metadata"]["annotations"] = {"batch.kubernetes.io/job-completion-index": "0"}
+    return pod
+
+
+def test_running_job_shows_progress_refreshed_every_15_seconds() -> None:
+    h = Harness(spec=quickstart(training={"globalBatchSize": 8, "maxSteps": 200}))
+    _running(h)
+    h.metrics = dict(RANK0)
+    h.reconcile()
+    first = h.stored.progress
+    assert first is not None and first.steps == "120/200" and first.updated_at == T0
+    assert h.stored.phase == Phase.RUNNING
+    # Within 15 s the metrics are not read again: the status does not change (no write).
+    h.metrics = RANK0 | {"memfit_trainer_step": 130.0}
+    h.later(PROGRESS_SECONDS - 1)
+    decision = h.reconcile()
+    assert decision.effects == () and h.stored.progress == first
+    h.later(1)
+    h.reconcile()
+    second = h.stored.progress
+    assert second is not None and second.step == 130 and second.updated_at == T0 + timedelta(seconds=PROGRESS_SECONDS)
+
+
+def test_unreachable_metrics_keep_the_last_progress() -> None:
+    h = Harness()
+    _running(h)
+    h.metrics = None
+    h.reconcile()
+    assert h.stored.progress is None
+
+
+def test_success_shows_the_job_finished() -> None:
+    h = Harness(spec=quickstart(training={"globalBatchSize": 8, "maxSteps": 200}))
+    _running(h)
+    h.metrics = dict(RANK0)
+    h.reconcile()
+    h.finish("j-train-0")
+    h.reconcile()
+    progress = h.stored.progress
+    assert h.stored.phase == Phase.SUCCEEDED
+    assert progress is not None and (progress.step, progress.steps, progress.eta) == (200, "200/200", "0s")
+
+
+# --- checkpoint storage -------------------------------------------------------------------------------
+def test_default_claim_is_created_and_recorded() -> None:
+    h = Harness()
+    h.seed_profile()
+    h.reconcile()
+    claim = h.objects[("PersistentVolumeClaim", "j-checkpoints")]
+    assert claim["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
+    assert h.stored.checkpoint_claim == "j-checkpoints"
+    status, reason, message = h.condition("CheckpointStorage")
+    # The settings' default access mode is ReadWriteOnce: the plan stays on one node, and says so.
+    assert (status, reason) == ("True", "SingleNodeVolume")
+    assert "the plan stays on one node (placement.maxNodes is 2)" in message
+    assert h.plan_json(0)["nodes"] == 1
+
+
+def test_a_missing_named_claim_creates_nothing_and_says_which_field() -> None:
+    h = Harness(spec=quickstart(training={"globalBatchSize": 8, "checkpoint": {"volumeClaim": "ckpt"}}))
+    h.seed_profile()
+    decision = h.reconcile()
+    assert not any(kind in ("Job", "PersistentVolumeClaim") for kind, _ in h.objects)
+    status, reason, message = h.condition("CheckpointStorage")
+    assert (status, reason) == ("False", "CheckpointClaimMissing")
+    assert message.startswith("training.checkpoint.volumeClaim: PersistentVolumeClaim ns/ckpt does not exist")
+    assert h.stored.phase == Phase.PLANNING
+    assert [e.reason for e in decision.events][-1:] == ["CheckpointClaimMissing"]
+    assert h.reconcile().events == ()  # no event storm while it stays missing
+    # Once the claim exists (ReadWriteMany), the job launches on it; memfit creates no claim of its own.
+    h.objects[("PersistentVolumeClaim", "ckpt")] = {"spec": {"accessModes": ["ReadWriteMany"]}}
+    h.reconcile()
+    assert ("Job", "j-train-0") in h.objects and ("PersistentVolumeClaim", "j-checkpoints") not in h.objects
+    assert h.condition("CheckpointStorage")[:2] == ("True", "SharedVolume")
+    assert h.stored.checkpoint_claim == "ckpt"
+
+
+def test_empty_dir_only_when_asked_and_said() -> None:
+    h = Harness(spec=quickstart(training={"globalBatchSize": 8, "checkpoint": {"emptyDir": True}}))
+    h.seed_profile()
+    h.reconcile()
+    assert ("PersistentVolumeClaim", "j-checkpoints") not in h.objects and ("Job", "j-train-0") in h.objects
+    assert h.condition("CheckpointStorage")[:2] == ("False", "EphemeralCheckpoints")
+    assert h.stored.checkpoint_claim is None
