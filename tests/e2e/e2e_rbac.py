@@ -18,6 +18,7 @@ NAMESPACED: Rules = {
     ("", "pods"): READ | {"delete"},
     ("", "services"): CRUD_CHILD,
     ("", "configmaps"): CRUD_CHILD,
+    ("", "persistentvolumeclaims"): frozenset({"create", "get"}),  # <job>-checkpoints; deleted by the GC
     ("", "events"): frozenset({"create", "patch"}),
 }
 KUEUE: Rules = {("kueue.x-k8s.io", "workloads"): READ}

@@ -34,7 +34,13 @@ def test_operator_exports_the_contract() -> None:
         measured_peak_bytes=1.1e9, gpu_memory_bytes=2e9, price_per_hour=1.0, baseline_price_per_hour=4.0,
         savings_percent=75.0, spend_dollars=0.5, predicted_cost_dollars=2.0,
         engine="deepspeed", precision="bf16", zero_stage="2", checkpointing="full", offload="none",
-        optimizer8bit="true")
+        optimizer8bit="true",
+        # status.progress as the operator stores it (camelCase), through the same parsing as a real status
+        progress=metrics.JobSnapshot.from_status("ml", "contract", {"progress": {
+            "step": 10, "maxSteps": 100, "steps": "10/100", "loss": 2.0, "evalLoss": 2.1,
+            "tokensPerSecond": 1000.0, "etaSeconds": 90, "eta": "1m30s"}}).progress)
+    assert dict(snapshot.progress) == {"step": 10.0, "maxSteps": 100.0, "loss": 2.0, "evalLoss": 2.1,
+                                       "tokensPerSecond": 1000.0, "etaSeconds": 90.0}
     metrics.JOBS.observe(snapshot)
     children = [(metrics.REPLANS, ("ml", "OutOfMemory")), (metrics.PROFILING_FAILURES, ("ml",)),
                 (metrics.RECONCILE_ERRORS, ("MemoryOptimizedTrainingJob",))]

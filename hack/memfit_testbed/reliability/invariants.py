@@ -153,13 +153,16 @@ def _job_state(job: dict[str, Any]) -> str:
 
 
 def world(kube: Kube, namespace: str) -> dict[str, list[dict[str, Any]]]:
-    """MOTJs, Jobs, memfit ConfigMaps, Services and Pods of the namespace, as raw dicts."""
+    """MOTJs, Jobs, memfit ConfigMaps, Services, checkpoint claims and Pods of the namespace, as raw dicts."""
     custom = client.CustomObjectsApi(kube.api_client)
     return {
         "motjs": _raw_list(custom.list_namespaced_custom_object, GROUP, VERSION, namespace, MOTJ),
         "jobs": _raw_list(kube.batch.list_namespaced_job, namespace),
         "configmaps": _raw_list(kube.core.list_namespaced_config_map, namespace, label_selector=MANAGED),
         "services": _raw_list(kube.core.list_namespaced_service, namespace, label_selector=MANAGED),
+        "persistentvolumeclaims": _raw_list(
+            kube.core.list_namespaced_persistent_volume_claim, namespace, label_selector=MANAGED
+        ),
         "pods": _raw_list(kube.core.list_namespaced_pod, namespace, label_selector=MANAGED),
     }
 
@@ -183,7 +186,7 @@ def check_world(
     cms = {c["metadata"]["name"] for c in w["configmaps"]}
     job_uids = {j["metadata"]["uid"] for j in w["jobs"]}
     report.jobs = len(motjs)
-    for kind in ("jobs", "configmaps", "services", "pods"):
+    for kind in ("jobs", "configmaps", "services", "persistentvolumeclaims", "pods"):
         for obj in w[kind]:
             meta = obj["metadata"]
             if (meta.get("labels") or {}).get("memfit.dev/component") == PROFILE_CACHE:
