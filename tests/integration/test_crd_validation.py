@@ -65,6 +65,10 @@ CEL_CASES: dict[str, tuple[dict[str, Any], str]] = {
     "ddp does not shard": ({"strategy": {"engine": "ddp", "zeroStage": 3}}, "engine ddp does not shard"),
     "ddp does not offload": ({"strategy": {"engine": "ddp", "offload": "cpu"}}, "engine ddp cannot offload"),
     "peft auto needs allowed": ({"strategy": {"peft": {"method": "auto"}}}, "peft method auto needs a non-empty"),
+    "checkpoint claim or emptyDir": (
+        {"training": {"checkpoint": {"volumeClaim": "ckpt", "emptyDir": True}}},
+        "volumeClaim and emptyDir exclude each other",
+    ),
     "peft allowed needs auto": ({"strategy": {"peft": {"method": "lora", "allowed": ["qlora"]}}},
                                 "peft allowed applies only to method auto"),
 }
