@@ -4,6 +4,7 @@ job's exporter on the same address ignored, an unreachable one None."""
 from __future__ import annotations
 
 import socket
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
 
@@ -65,3 +66,24 @@ def test_unreachable_or_foreign_endpoints_are_none() -> None:
     assert parse_trainer_metrics("# nothing here\n", job="j") is None
     text = 'memfit_trainer_step{job="j",rank="1"} 5\n'  # rank 1 only: not rank 0
     assert parse_trainer_metrics(text, job="j") is None
+
+
+def test_a_taken_port_is_retried_until_it_frees() -> None:
+    holder = socket.socket()
+    holder.bind(("0.0.0.0", 0))
+    holder.listen()
+    port = int(holder.getsockname()[1])
+    metrics = TrainerMetrics(job="late", rank=0)
+    try:
+        assert not metrics.serve(port)  # taken: the exporter keeps trying in the background
+        url = f"http://127.0.0.1:{port}/metrics"
+        holder.close()
+        deadline = time.monotonic() + 15
+        values = None
+        while values is None and time.monotonic() < deadline:
+            time.sleep(0.5)
+            values = read_trainer_metrics(url, job="late")
+        assert values is not None and values["memfit_trainer_step"] == 0
+    finally:
+        holder.close()
+        metrics.close()

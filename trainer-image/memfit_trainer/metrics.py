@@ -7,6 +7,7 @@ Labels are bounded: `job` (the MOTJ name) and `rank`; the plan info adds one ser
 from __future__ import annotations
 
 import logging
+import threading
 
 from memfit.api.plan import Plan
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, start_http_server
@@ -18,6 +19,9 @@ ENV_JOB = "MEMFIT_JOB"
 LABELS = ("job", "rank")
 # Step time buckets from 10 ms to ~20 min (tiny CPU tests to large models on slow pools).
 STEP_SECONDS_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 60, 150, 300, 600, 1200)
+
+RETRY_SECONDS = 600.0  # how long a pod keeps trying to listen when its metrics port is taken
+RETRY_INTERVAL_SECONDS = 2.0
 
 log = logging.getLogger(__name__)
 
@@ -149,12 +153,31 @@ class TrainerMetrics:
         try:
             self._server, self._thread = start_http_server(port, registry=self.registry)
         except OSError as exc:
-            log.warning("metrics: cannot listen on port %d: %s", port, exc)
+            log.warning("metrics: cannot listen on port %d: %s (retrying in the background)", port, exc)
+            # A port held a little longer (the process this pod replaces on a shared host network, the
+            # local test bed's loopback) frees up: keep trying, so the operator can read the progress.
+            self._stop_retry = threading.Event()
+            threading.Thread(target=self._retry, args=(port,), name="metrics-retry", daemon=True).start()
             return False
         return True
 
+    def _retry(self, port: int) -> None:
+        for _ in range(int(RETRY_SECONDS / RETRY_INTERVAL_SECONDS)):
+            if self._stop_retry.wait(RETRY_INTERVAL_SECONDS):
+                return
+            try:
+                self._server, self._thread = start_http_server(port, registry=self.registry)
+            except OSError:
+                continue
+            log.info("metrics: listening on port %d", port)
+            return
+        log.warning("metrics: gave up on port %d after %.0f s", port, RETRY_SECONDS)
+
     def close(self) -> None:
         """Stop the exporter (tests; a pod exits instead)."""
+        stop = getattr(self, "_stop_retry", None)
+        if stop is not None:
+            stop.set()
         server = getattr(self, "_server", None)
         if server is not None:
             server.shutdown()
