@@ -147,6 +147,7 @@ def test_deleting_the_job_garbage_collects_children(
 ) -> None:
     create_job(kube, namespace, quickstart("gc"))
     kube.wait("children of gc", lambda: jobs_named(kube, namespace, "gc-"), timeout=60)
+    kube.wait("the checkpoint claim of gc", lambda: _claims(kube, namespace, "gc-"), timeout=120)
     client.CustomObjectsApi(kube.api_client).delete_namespaced_custom_object(
         "memfit.dev", "v1alpha1", namespace, "memoryoptimizedtrainingjobs", "gc"
     )
@@ -159,9 +160,15 @@ def test_deleting_the_job_garbage_collects_children(
                 for c in kube.core.list_namespaced_config_map(namespace).items
                 if c.metadata.name.startswith("gc-")
             ]
+            and not _claims(kube, namespace, "gc-")  # <job>-checkpoints goes with the job, too
         ),
         timeout=90,
     )
+
+
+def _claims(kube: Kube, namespace: str, prefix: str) -> list[str]:
+    claims = kube.core.list_namespaced_persistent_volume_claim(namespace).items
+    return [c.metadata.name for c in claims if c.metadata.name.startswith(prefix)]
 
 
 def test_full_pool_falls_back_to_the_next_cheapest(

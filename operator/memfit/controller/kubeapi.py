@@ -176,9 +176,8 @@ class KubeApi:
         if kind == "Service":
             return _json(self.core.create_namespaced_service(namespace, manifest, _preload_content=False))
         if kind == "PersistentVolumeClaim":
-            return _json(
-                self.core.create_namespaced_persistent_volume_claim(namespace, manifest, _preload_content=False)
-            )
+            create_claim = self.core.create_namespaced_persistent_volume_claim
+            return _json(create_claim(namespace, manifest, _preload_content=False))  # type: ignore[arg-type]
         if kind == "PodGroup":
             result: Manifest = self.custom.create_namespaced_custom_object(
                 "scheduling.x-k8s.io", "v1alpha1", namespace, "podgroups", manifest
