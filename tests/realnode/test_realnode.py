@@ -35,7 +35,9 @@ def operator(real_cluster: Any, rnode: RealNode, rcrds: None, tmp_path_factory: 
         proc = subprocess.Popen(
             [sys.executable, "-m", "memfit.cli", "operator", "--metrics-host", "127.0.0.1",
              "--metrics-port", str(free_port()), "--resync-seconds", "1",
-             "--trainer-image", rnode.images.trainer], env=env, stdout=out, stderr=subprocess.STDOUT)
+             "--trainer-image", rnode.images.trainer,
+             # The test bed's checkpoint volumes (memfit_testbed.provisioner) are host folders every pod mounts.
+             "--checkpoint-access-mode", "ReadWriteMany"], env=env, stdout=out, stderr=subprocess.STDOUT)
     try:
         yield log
     finally:
