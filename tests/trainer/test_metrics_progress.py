@@ -46,6 +46,8 @@ def test_progress_read_from_a_running_exporter(exporter: tuple[TrainerMetrics, i
     sample = trainer_sample(before, attempt=0)
     assert sample is not None and sample.loss is None and sample.resumed_from_step is None
     metrics.set_resumed_from(40)
+    resumed = read_trainer_metrics(url, job="llama-ft")
+    assert resumed is not None and resumed["memfit_trainer_step"] == 40  # at the checkpoint before a step
     for step in (41, 42, 43):
         _step(metrics, step, loss=3.0 - step / 100)
     metrics.observe_eval(loss=2.9)

@@ -118,8 +118,10 @@ class TrainerMetrics:
         self.capacity.labels(**self.labels).set(capacity_bytes)
 
     def set_resumed_from(self, step: int | None) -> None:
-        """The checkpoint step this pod resumed from (None: it started at step 0)."""
+        """The checkpoint step this pod resumed from (None: it started at step 0); the step gauge starts there."""
         self.resumed_from_step.labels(**self.labels).set(-1 if step is None else step)
+        if step is not None:
+            self.step.labels(**self.labels).set(step)
 
     def observe_eval(self, *, loss: float) -> None:
         """Record an evaluation: the operator shows it as status.progress.evalLoss."""

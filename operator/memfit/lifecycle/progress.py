@@ -26,15 +26,19 @@ def trainer_sample(values: Mapping[str, float], *, attempt: int) -> TrainerSampl
     if step is None or step < 0:
         return None
     resumed = _finite(values.get(RESUMED_FROM_STEP))
+    resumed_from = int(resumed) if resumed is not None and resumed >= 0 else None
+    timed = int(_finite(values.get(STEP_SECONDS_COUNT)) or 0)  # steps this pod ran
     return TrainerSample(
         attempt=attempt,
-        step=int(step),
-        loss=_finite(values.get(LOSS)) if step > 0 else None,  # the gauge reads 0 before the first step
+        # A resumed pod is at its checkpoint's step before it runs one (older trainers report 0 then).
+        step=max(int(step), resumed_from or 0),
+        # The loss and rate gauges read 0 until the pod's first step.
+        loss=_finite(values.get(LOSS)) if timed > 0 else None,
         eval_loss=_finite(values.get(EVAL_LOSS)),
-        tokens_per_second=_finite(values.get(TOKENS_PER_SECOND)) if step > 0 else None,
+        tokens_per_second=_finite(values.get(TOKENS_PER_SECOND)) if timed > 0 else None,
         step_seconds_sum=_finite(values.get(STEP_SECONDS_SUM)) or 0.0,
-        step_count=int(_finite(values.get(STEP_SECONDS_COUNT)) or 0),
-        resumed_from_step=int(resumed) if resumed is not None and resumed >= 0 else None,
+        step_count=timed,
+        resumed_from_step=resumed_from,
     )
 
 

@@ -53,8 +53,13 @@ def test_progress_from_rank_0() -> None:
                      id="no step timed yet: no ETA"),
         pytest.param({"memfit_trainer_step": 1000.0}, lambda p: p.eta == "0s" and p.steps == "1000/1000",
                      id="finished"),
-        pytest.param({"memfit_trainer_step": 0.0, "memfit_trainer_loss": 0.0},
-                     lambda p: p.loss is None and p.tokens_per_second is None, id="before the first step"),
+        pytest.param({"memfit_trainer_step": 0.0, "memfit_trainer_loss": 0.0, "memfit_trainer_step_seconds_count": 0.0,
+                      "memfit_trainer_resumed_from_step": -1.0},
+                     lambda p: p.step == 0 and p.loss is None and p.tokens_per_second is None,
+                     id="before the first step"),
+        pytest.param({"memfit_trainer_step": 0.0, "memfit_trainer_loss": 0.0, "memfit_trainer_step_seconds_count": 0.0},
+                     lambda p: p.step == 60 and p.resumed_from_step == 60 and p.loss is None,
+                     id="resumed, before its first step: at the checkpoint's step"),
     ],
 )  # fmt: skip
 def test_progress_edge_cases(changes: dict[str, float], check: object) -> None:
