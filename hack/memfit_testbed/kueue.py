@@ -228,7 +228,7 @@ class KueueManager:
         from kubernetes import client, config
 
         core = client.CoreV1Api(config.new_client_from_config(config_file=str(self.kubeconfig)))
-        seen: dict[str, str] = {}
+        seen: dict[str, str | bytes] = {}
         while not self._stop_mirror.wait(interval):
             try:
                 data = core.read_namespaced_secret(SECRET, NAMESPACE).data or {}

@@ -55,8 +55,8 @@ def _cluster_pools() -> list[GPUNodePool]:
     from memfit.cli.cluster import _load_kube_config
 
     _load_kube_config()
-    items = client.CustomObjectsApi().list_cluster_custom_object("memfit.dev", "v1alpha1", "gpunodepools")["items"]
-    return [GPUNodePool.model_validate(item) for item in items]
+    listed: Any = client.CustomObjectsApi().list_cluster_custom_object("memfit.dev", "v1alpha1", "gpunodepools")
+    return [GPUNodePool.model_validate(item) for item in listed["items"]]
 
 
 def cmd_kueue_flavors(args: argparse.Namespace) -> int:
