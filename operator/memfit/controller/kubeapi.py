@@ -91,6 +91,20 @@ class KubeApi:
         )
         return list(pods.get("items") or [])
 
+    def list_workloads(self, namespace: str, selector: str) -> list[Manifest]:
+        """Kueue Workloads; none when Kueue is not installed (404) or the chart did not grant the read
+        (403, `kueue.enabled` off): the Queued condition then says no more than that the Job waits."""
+        try:
+            listing = self.custom.list_namespaced_custom_object(
+                "kueue.x-k8s.io", "v1beta2", namespace, "workloads", label_selector=selector,
+                _preload_content=False,
+            )
+        except ApiException as error:
+            if error.status in (403, 404):
+                return []
+            raise
+        return list(_json(listing).get("items") or [])
+
     def list_pools(self) -> list[Manifest]:
         listing = self.custom.list_cluster_custom_object(
             API_GROUP, API_VERSION, POOL_PLURAL, _preload_content=False

@@ -18,6 +18,7 @@ from memfit.api.plan import Plan
 from memfit.controller.kubeapi import KubeApi
 from memfit.controller.settings import OperatorSettings
 from memfit.controller.world import observe_world
+from memfit.kube.kueue import LABEL_QUEUE
 from memfit.kube.names import (
     COMPONENT_PROFILER,
     COMPONENT_TRAINER,
@@ -30,7 +31,7 @@ from memfit.kube.profile_cache import CachedProfile, parse_profile_cache
 from memfit.kube.train_job import parse_plan_record
 from memfit.lifecycle import AttemptChildren, JobRef, LaunchSettings, RecordedPlan, Snapshot, World
 from memfit.lifecycle.launch import ANNOTATION_PLAN_JSON
-from memfit.lifecycle.observed import JobSummary, pod_selector, summarize_job
+from memfit.lifecycle.observed import LABEL_JOB_UID, JobSummary, pod_selector, summarize_job
 from memfit.lifecycle.profiling import profile_key, profile_keys
 from memfit.lifecycle.snapshot import (
     is_terminal,
@@ -52,6 +53,7 @@ class ChildReader(Protocol):
     def get_job(self, namespace: str, name: str) -> Manifest | None: ...
     def get_config_map(self, namespace: str, name: str) -> Manifest | None: ...
     def list_pods(self, namespace: str, selector: str) -> list[Manifest]: ...
+    def list_workloads(self, namespace: str, selector: str) -> list[Manifest]: ...
 
 
 def launch_settings(settings: OperatorSettings) -> LaunchSettings:
@@ -161,7 +163,17 @@ def _profiling(api: ChildReader, ref: JobRef) -> JobSummary | None:
     if job is None:
         return None
     pods = api.list_pods(ref.namespace, pod_selector(ref.name, COMPONENT_PROFILER))
-    return summarize_job(job, pods, name)
+    return summarize_job(job, pods, name, _workload(api, ref.namespace, job))
+
+
+def _workload(api: ChildReader, namespace: str, job: Manifest) -> Manifest | None:
+    """The Kueue Workload of a queued Job that is still suspended (read only then: it is what the job's
+    Queued condition shows; an admitted Job needs no read)."""
+    meta, spec = job.get("metadata") or {}, job.get("spec") or {}
+    if not spec.get("suspend") or not (meta.get("labels") or {}).get(LABEL_QUEUE) or not meta.get("uid"):
+        return None
+    found = api.list_workloads(namespace, f"{LABEL_JOB_UID}={meta['uid']}")
+    return found[0] if found else None
 
 
 def _attempt_children(api: ChildReader, ref: JobRef, index: int) -> AttemptChildren:
@@ -174,7 +186,7 @@ def _attempt_children(api: ChildReader, ref: JobRef, index: int) -> AttemptChild
     pods = api.list_pods(ref.namespace, pod_selector(ref.name, COMPONENT_TRAINER, index)) if job else []
     return AttemptChildren(
         index=index,
-        job=summarize_job(job, pods, name) if job is not None else None,
+        job=summarize_job(job, pods, name, _workload(api, ref.namespace, job)) if job is not None else None,
         plan=plan,
         plan_recorded=cm is not None,
     )

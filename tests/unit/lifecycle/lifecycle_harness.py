@@ -96,6 +96,14 @@ class Harness:
             if all(p["metadata"]["labels"].get(k) == v for k, v in wanted.items())
         ]
 
+    def list_workloads(self, namespace: str, selector: str) -> list[Manifest]:
+        key, _, value = selector.partition("=")
+        return [
+            copy.deepcopy(w)
+            for (kind, _name), w in self.objects.items()
+            if kind == "Workload" and w["metadata"].get("labels", {}).get(key) == value
+        ]
+
     # --- one reconcile -------------------------------------------------------------------------------
     def body(self) -> Manifest:
         meta = {
