@@ -4,7 +4,9 @@ The contract that keeps memfit and Kueue from disagreeing (docs/kueue.md): a poo
 the pool's name and `nodeLabels` equal to the pool's `nodeSelector`. memfit puts that selector on every
 pod it plans onto the pool; Kueue only assigns a flavor whose nodeLabels do not contradict the pod's
 nodeSelector, and on admission injects the flavor's nodeLabels (the same labels) into the pod template.
-So the flavor Kueue picks for a memfit Job is always the planned pool's, and the selector is unchanged.
+So the flavor Kueue picks for a memfit Job is always the planned pool's, and the selector is unchanged —
+provided no pool's selector is contained in another's (then the other flavor would match too), which
+`build_kueue_setup` refuses.
 """
 
 from __future__ import annotations
@@ -105,6 +107,15 @@ def build_kueue_setup(
     if not pools:
         raise KueueConfigError("no GPUNodePools: nothing to make flavors from")
     ordered = sorted(pools, key=lambda p: p.metadata.name)
+    for a in ordered:
+        for b in ordered:
+            if a is not b and a.spec.node_selector.items() <= b.spec.node_selector.items():
+                raise KueueConfigError(
+                    f"GPUNodePool {a.metadata.name}: spec.nodeSelector {dict(a.spec.node_selector)} is contained in "
+                    f"{b.metadata.name}'s {dict(b.spec.node_selector)}; Kueue could then admit a Job planned for "
+                    f"{a.metadata.name} on flavor {b.metadata.name} (and move it there): give each pool a label "
+                    "the others do not match"
+                )
     return [
         *(build_resource_flavor(p) for p in ordered),
         build_cluster_queue(cluster_queue, ordered, gpu_quota=gpu_quota),

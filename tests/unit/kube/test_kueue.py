@@ -63,11 +63,21 @@ def test_quota_for_an_unknown_pool_is_refused() -> None:
 
 
 def test_setup_orders_flavors_then_queues() -> None:
-    docs = build_kueue_setup([make_pool("b"), make_pool("a")], cluster_queue="cq", local_queue="lq", namespace="ml")
+    pools = [make_pool("b", nodeSelector={"pool": "b"}), make_pool("a", nodeSelector={"pool": "a"})]
+    docs = build_kueue_setup(pools, cluster_queue="cq", local_queue="lq", namespace="ml")
     assert [(d["kind"], d["metadata"]["name"]) for d in docs] == [
         ("ResourceFlavor", "a"), ("ResourceFlavor", "b"), ("ClusterQueue", "cq"), ("LocalQueue", "lq")]
     assert docs[-1]["metadata"]["namespace"] == "ml" and docs[-1]["spec"] == {"clusterQueue": "cq"}
     assert [f["name"] for f in docs[2]["spec"]["resourceGroups"][0]["flavors"]] == ["a", "b"]
+
+
+def test_a_selector_contained_in_another_pool_is_refused() -> None:
+    wide = make_pool("l4", nodeSelector={"gpu": "l4"})
+    narrow = make_pool("l4-spot", nodeSelector={"gpu": "l4", "capacity": "spot"})
+    with pytest.raises(KueueConfigError, match=r"GPUNodePool l4: spec.nodeSelector \{'gpu': 'l4'\} is contained in "
+                       r"l4-spot's"):
+        build_kueue_setup([wide, narrow])
+    assert len(build_kueue_setup([narrow, make_pool("l4-od", nodeSelector={"gpu": "l4", "capacity": "od"})])) == 4
 
 
 def _pools_file(tmp_path: Path) -> Path:
