@@ -88,3 +88,19 @@ def test_quota_exhausted_waits_queued_then_trains_on_the_flavor_of_its_pool(
             assert all(p["spec"]["nodeName"].startswith("t4-spot-") for p in pods)
     finally:
         delete(docs[-2:])
+
+
+def test_a_queue_that_does_not_exist_is_named_and_nothing_runs(kube: Kube, namespace: str, operator: Path) -> None:
+    create_job(kube, namespace, quickstart("lost", scheduling={"kueueQueue": "no-such-queue"}))
+
+    def inadmissible() -> dict[str, Any] | None:
+        job = get_job(kube, namespace, "lost")
+        cond = condition(job, "Queued") if job else None
+        return cond if cond and cond["reason"] == "Inadmissible" else None
+
+    cond = kube.wait("MOTJ Queued (Inadmissible)", inadmissible, timeout=90)
+    assert cond["status"] == "True"
+    assert cond["message"] == ("profiling Job lost-profile waits in LocalQueue no-such-queue "
+                               "(Inadmissible: LocalQueue no-such-queue doesn't exist)"), cond
+    assert kube.batch.read_namespaced_job("lost-profile", namespace).spec.suspend is True
+    assert not kube.pods(namespace, "memfit.dev/job=lost")
