@@ -15,6 +15,7 @@ from memfit.api.training_config import TrainingConfig
 from memfit.catalog import GpuCatalog
 from memfit.kube.names import NVME_MOUNT
 from memfit.kube.profile_cache import KIND_ALLOCATED, Observation
+from memfit.lifecycle.quota import QueueQuota
 from memfit.lifecycle.world import PoolCapacity
 from memfit.memory.strategy import Strategy
 from memfit.planner import MeasuredPeak, PlanResult, plan, plan_summary
@@ -156,12 +157,25 @@ def plan_job(
     job_name: str,
     catalog: GpuCatalog,
     ignore_capacity: bool = False,
+    quota: QueueQuota | None = None,
 ) -> PlanOutcome:
     """Plan attempt `attempt` of a job on the pools not excluded by earlier capacity failures.
 
     With `ignore_capacity` every pool counts as empty (up to maxNodes): whether the job could fit at
-    all, which tells waiting for capacity apart from NoFit."""
+    all, which tells waiting for capacity apart from NoFit. With a Kueue `quota`, a pool also offers
+    no more GPUs than the ClusterQueue can admit there now (its nominal quota with `ignore_capacity`):
+    memfit does not plan onto a pool whose quota cannot hold the plan."""
     usable = [p for p in pools if p.metadata.name not in excluded_pools]
+    free = None if ignore_capacity else free_gpus(usable, capacity)
+    if quota is not None:
+        limit = quota.nominal if ignore_capacity else quota.free
+        free = {
+            p.metadata.name: min(
+                free[p.metadata.name] if free is not None else p.spec.max_nodes * p.spec.gpu.per_node,
+                limit(p.metadata.name),
+            )
+            for p in usable
+        }
     peaks, devices = measured_peaks(observations, spec)
     result = plan(
         spec,
@@ -170,12 +184,14 @@ def plan_job(
         profile=profile,
         measured_peaks=peaks,
         measured_devices=devices,
-        free_gpus=None if ignore_capacity else free_gpus(usable, capacity),
+        free_gpus=free,
     )
     if result.plan is None:
         if excluded_pools:
             note = f"excluded after no capacity: {', '.join(sorted(excluded_pools))}"
             result = replace(result, reasons=(*result.reasons, note))
+        if quota is not None:
+            result = replace(result, reasons=(*result.reasons, quota.describe()))
         return PlanOutcome(None, None, result)
     chosen = result.plan.model_copy(
         update={

@@ -104,6 +104,12 @@ class Harness:
             if kind == "Workload" and w["metadata"].get("labels", {}).get(key) == value
         ]
 
+    def get_local_queue(self, namespace: str, name: str) -> Manifest | None:
+        return copy.deepcopy(self.objects.get(("LocalQueue", name)))
+
+    def get_cluster_queue(self, name: str) -> Manifest | None:
+        return copy.deepcopy(self.objects.get(("ClusterQueue", name)))
+
     # --- one reconcile -------------------------------------------------------------------------------
     def body(self) -> Manifest:
         meta = {

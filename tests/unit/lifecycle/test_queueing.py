@@ -84,3 +84,61 @@ def test_job_without_queue_has_no_queued_condition() -> None:
     h.reconcile()
     assert h.job("j-profile")["spec"]["suspend"] is False
     assert all(c.type != "Queued" for c in h.stored.conditions)
+
+
+# --- quota-aware planning (memfit.lifecycle.quota) ---------------------------------------------------
+def cluster_queue(nominal: dict[str, int], reserved: dict[str, int]) -> dict[str, Any]:
+    def resources(gpus: int) -> list[dict[str, Any]]:
+        return [{"name": "cpu", "nominalQuota": "1000"}, {"name": "nvidia.com/gpu", "nominalQuota": gpus}]
+
+    return {
+        "metadata": {"name": "cq"},
+        "spec": {"resourceGroups": [{"coveredResources": ["cpu", "nvidia.com/gpu"],
+                                     "flavors": [{"name": f, "resources": resources(n)} for f, n in nominal.items()]}]},
+        "status": {"flavorsReservation": [{"name": f, "resources": [{"name": "nvidia.com/gpu", "total": str(n)}]}
+                                          for f, n in reserved.items()]},
+    }
+
+
+def queued_harness(nominal: dict[str, int], reserved: dict[str, int]) -> Harness:
+    h = Harness(spec=quickstart(scheduling=QUEUE, placement={"maxNodes": 1}))
+    h.objects[("LocalQueue", "team-a")] = {"metadata": {"name": "team-a"}, "spec": {"clusterQueue": "cq"}}
+    h.objects[("ClusterQueue", "cq")] = cluster_queue(nominal, reserved)
+    h.seed_profile()
+    return h
+
+
+def test_parse_cluster_queue() -> None:
+    from memfit.lifecycle.quota import parse_cluster_queue
+
+    quota = parse_cluster_queue(cluster_queue({"t4-spot": 2, "l4-ondemand": 8}, {"t4-spot": 2, "l4-ondemand": 3}))
+    assert (quota.free("t4-spot"), quota.free("l4-ondemand"), quota.free("a100-80-ondemand")) == (0, 5, 0)
+    assert quota.describe() == "ClusterQueue cq GPU quota free/nominal: l4-ondemand 5/8, t4-spot 0/2"
+
+
+def test_plan_skips_the_pool_whose_quota_is_used_up() -> None:
+    free = queued_harness({"t4-spot": 1, "l4-ondemand": 4}, {})
+    free.reconcile()
+    assert free.stored.plan is not None and free.stored.plan.node_pool == "t4-spot"  # cheapest, with quota
+
+    used = queued_harness({"t4-spot": 1, "l4-ondemand": 4}, {"t4-spot": 1})
+    used.reconcile()
+    assert used.stored.plan is not None and used.stored.plan.node_pool == "l4-ondemand"
+    assert used.job("j-train-0")["spec"]["template"]["spec"]["nodeSelector"] == {"memfit.dev/pool": "l4-ondemand"}
+
+
+def test_no_quota_free_anywhere_waits_for_it() -> None:
+    h = queued_harness({"t4-spot": 1}, {"t4-spot": 1})
+    h.reconcile()
+    status, reason, message = h.condition("Planned")
+    assert (status, reason) == ("False", "WaitingForCapacity")
+    assert "ClusterQueue cq GPU quota free/nominal: t4-spot 0/1" in message
+    assert ("Job", "j-train-0") not in h.objects
+
+
+def test_a_queue_without_quota_for_any_fitting_pool_is_no_fit() -> None:
+    h = queued_harness({}, {})
+    h.reconcile()
+    status, reason, message = h.condition("Failed")
+    assert (status, reason) == ("True", "NoFit")
+    assert "ClusterQueue cq GPU quota free/nominal: none" in message
