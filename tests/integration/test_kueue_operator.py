@@ -104,3 +104,27 @@ def test_a_queue_that_does_not_exist_is_named_and_nothing_runs(kube: Kube, names
                                "(Inadmissible: LocalQueue no-such-queue doesn't exist)"), cond
     assert kube.batch.read_namespaced_job("lost-profile", namespace).spec.suspend is True
     assert not kube.pods(namespace, "memfit.dev/job=lost")
+
+
+def test_plans_onto_the_pool_whose_quota_is_free(kube: Kube, namespace: str, operator: Path) -> None:
+    """The cheapest pool (t4-spot) has a free node but its queue quota is taken; memfit reads the
+    ClusterQueue and plans onto l4-ondemand, where Kueue admits it on flavor l4-ondemand. (With the quota
+    free the same job plans onto t4-spot: tests/unit/lifecycle/test_queueing.py.)"""
+    docs = setup(namespace, {"t4-spot": 1, "l4-ondemand": 4})
+    try:
+        kube.batch.create_namespaced_job(namespace, queued_job("other-team", "gpu", T4))
+        kube.wait("the other team's Job admitted", lambda: admitted(kube, namespace, "other-team"), timeout=60)
+        spec = quickstart("qa", scheduling={"kueueQueue": "gpu"},
+                          profiling={"nodePool": "l4-ondemand", "timeoutSeconds": 300},
+                          placement={"nodePools": ["t4-spot", "l4-ondemand"], "maxNodes": 1,
+                                     "baseline": {"nodePool": "a100-80-ondemand", "nodes": 1}})
+        create_job(kube, namespace, spec)
+        job = wait_phase(kube, namespace, "qa", ("Succeeded", "Failed"), TIMEOUT, operator)
+        assert job["status"]["phase"] == "Succeeded", job["status"]
+        assert job["status"]["plan"]["nodePool"] == "l4-ondemand"
+        wl = workload_of(kube, namespace, "qa-train-0")
+        assert wl is not None and gpu_flavor(wl) == "l4-ondemand"
+        pods = kube.pods(namespace, "job-name=qa-train-0")
+        assert pods and all(p["spec"]["nodeSelector"] == {"memfit.dev/pool": "l4-ondemand"} for p in pods)
+    finally:
+        delete(docs[-2:])
