@@ -20,6 +20,7 @@ from memfit.memory.strategy import Strategy
 from memfit.planner import MeasuredPeak, PlanResult, plan, plan_summary
 from memfit.planner.decide import job_adapter
 from memfit.planner.measured import MeasuredDevice, PeakKind
+from memfit.planner.offers import FreeGpus
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,18 +130,17 @@ def measured_peaks(
     return peaks, devices
 
 
-def free_gpus(pools: Sequence[GPUNodePool], capacity: Mapping[str, PoolCapacity]) -> dict[str, int]:
-    """GPUs a new attempt can get per pool: free now, plus nodes the pool may still add (autoscaling)."""
-    out: dict[str, int] = {}
+def free_gpus(pools: Sequence[GPUNodePool], capacity: Mapping[str, PoolCapacity]) -> dict[str, FreeGpus]:
+    """What a new attempt can get per pool: whole free nodes plus the nodes the pool may still add
+    (autoscaling), and the free GPUs of its partly used nodes (for a plan that needs part of a node)."""
+    out: dict[str, FreeGpus] = {}
     for pool in pools:
         cap = capacity.get(pool.metadata.name)
-        per_node = pool.spec.gpu.per_node
         if cap is None:
-            out[pool.metadata.name] = pool.spec.max_nodes * per_node
+            out[pool.metadata.name] = FreeGpus(whole_nodes=pool.spec.max_nodes)
             continue
-        out[pool.metadata.name] = (
-            cap.free_whole_nodes * per_node + max(0, pool.spec.max_nodes - cap.nodes) * per_node
-        )
+        whole = cap.free_whole_nodes + max(0, pool.spec.max_nodes - cap.nodes)
+        out[pool.metadata.name] = FreeGpus(whole_nodes=whole, on_shared_nodes=cap.free_gpus_on_shared_nodes)
     return out
 
 

@@ -23,7 +23,8 @@ from memfit.memory.shape import Shape
 from memfit.planner.baseline import cheapest_plain_baseline, plain_baseline, plain_config
 from memfit.planner.context import SearchContext
 from memfit.planner.measured import MeasuredDevice, MeasuredPeak, peak_corrections
-from memfit.planner.offers import Offer, PoolRejection, catalog_pool, resolve_offer, resolve_offers
+from memfit.planner.cost_notes import cost_notes
+from memfit.planner.offers import FreeGpus, Offer, PoolRejection, catalog_pool, resolve_offer, resolve_offers
 from memfit.planner.result import BaselineResult, Candidate, PlanResult
 from memfit.planner.search import any_fit, objective_key, prepare_offer, search_offer
 from memfit.planner.space import Choice, strategy_choices
@@ -97,7 +98,15 @@ def search_context(spec: MemoryOptimizedTrainingJobSpec, shape: ModelShape, *, p
         corrections=peak_corrections(measured_peaks, hot, calibration=calibration, devices=measured_devices),
         flops_per_sample=flops,
         mfu=mfu,
+        checkpoint_every_steps=persistent_checkpoint_steps(spec),
     )
+
+
+def persistent_checkpoint_steps(spec: MemoryOptimizedTrainingJobSpec) -> int | None:
+    """Steps between checkpoints that survive a lost node: on the checkpoint volume claim; without one
+    they sit in the pod's emptyDir and an interruption loses them (None)."""
+    checkpoint = spec.training.checkpoint
+    return checkpoint.every_steps if checkpoint.volume_claim else None
 
 
 def job_adapter(spec: MemoryOptimizedTrainingJobSpec) -> AdapterLayout | None:
@@ -173,7 +182,7 @@ def plan(
     profile: Profile | None = None,
     measured_peaks: Sequence[MeasuredPeak] = (),
     measured_devices: Sequence[MeasuredDevice] = (),
-    free_gpus: Mapping[str, int] | None = None,
+    free_gpus: Mapping[str, int | FreeGpus] | None = None,
     max_alternatives: int = DEFAULT_ALTERNATIVES,
 ) -> PlanResult:
     """Choose the configuration, pool and node count that minimise the job's objective.
@@ -182,7 +191,7 @@ def plan(
     pool), a rejection reason for every pool where nothing fits, and the fp32 baseline with the
     savings; or NoFit (plan None) with all reasons. Never raises on bad pools or impossible pins.
     `catalog` fills what a pool leaves unset (and stands in for a baseline pool that is not in `pools`);
-    `free_gpus` (pool -> free GPUs) caps node counts; `measured_peaks` correct the predictions.
+    `free_gpus` (pool -> a GPU cap, or live free nodes and shared-node GPUs) limits the layouts; `measured_peaks` correct the predictions.
     """
     shape = resolve_shape(spec, profile)
     if isinstance(shape, str):
@@ -219,6 +228,7 @@ def plan(
     chosen_plan = build_plan(chosen, spec, calibration=ctx.calibration, profile=profile,
                              offer=device, full_finetune=comparison).model_copy(update={
         "baseline": _recorded(baseline, savings), "declared_baseline": _recorded(declared, declared_savings),
+        "cost_notes": list(cost_notes(ctx, chosen, ranked, offers)),
     })
     notes = tuple(f"{o.pool}: {n}" for o in offers for n in o.notes) + tuple(peft_reasons)
     if ctx.calibration is not None:

@@ -46,3 +46,64 @@ def test_free_gpus_and_whole_nodes() -> None:
 def test_empty_selector_matches_nothing() -> None:
     cap = observe_pool_capacity(selector={}, gpus_per_node=1, nodes=[node("a", 1)], used_by_node={})
     assert cap.nodes == 0
+
+
+def gfd_node(name: str, *, used_by: int = 0, ready: bool = True) -> dict[str, Any]:
+    """An 8xA100 node as a cloud and NVIDIA GPU Feature Discovery label it."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": name, "labels": {
+            "kubernetes.io/hostname": name,
+            "node.kubernetes.io/instance-type": "p4de.24xlarge",
+            "karpenter.sh/capacity-type": "on-demand",
+            "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB",
+            "nvidia.com/gpu.count": "8",
+            "nvidia.com/gpu.memory": "81920",
+        }},
+        "spec": {"taints": [{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}]},
+        "status": {
+            "capacity": {"cpu": "96", "memory": "1176280764Ki", "nvidia.com/gpu": "8", "pods": "737"},
+            "allocatable": {"cpu": "95690m", "memory": "1167449756Ki", "nvidia.com/gpu": "8", "pods": "737"},
+            "conditions": [{"type": "MemoryPressure", "status": "False"},
+                           {"type": "Ready", "status": "True" if ready else "False", "reason": "KubeletReady"}],
+        },
+    }
+
+
+def inference_pod(name: str, node_name: str, gpus: int, phase: str = "Running") -> dict[str, Any]:
+    """A vLLM-style pod holding `gpus` GPUs (requests = limits), with an init container and a sidecar."""
+    gpu = {"nvidia.com/gpu": str(gpus)}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": "serving"},
+        "spec": {
+            "nodeName": node_name,
+            "initContainers": [{"name": "fetch", "image": "busybox", "resources": {}}],
+            "containers": [
+                {"name": "server", "image": "vllm/vllm-openai",
+                 "resources": {"requests": {"cpu": "8", **gpu}, "limits": {"memory": "64Gi", **gpu}}},
+                {"name": "metrics", "image": "exporter", "resources": {"requests": {"cpu": "100m"}}},
+            ],
+        },
+        "status": {"phase": phase},
+    }
+
+
+A100_SELECTOR = {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"}
+
+
+def test_partly_used_nodes_report_their_free_gpus_most_first() -> None:
+    nodes = [gfd_node("a100-a"), gfd_node("a100-b"), gfd_node("a100-c"), gfd_node("a100-d"),
+             gfd_node("a100-e", ready=False)]
+    used = gpus_requested_by_node([
+        inference_pod("llama-70b", "a100-a", 8),  # full
+        inference_pod("llama-8b", "a100-b", 2), inference_pod("mistral", "a100-b", 4),  # 2 free
+        inference_pod("embedder", "a100-c", 1),  # 7 free
+        inference_pod("done", "a100-d", 8, phase="Succeeded"),  # finished: the node is whole again
+        inference_pod("pending", "", 4, phase="Pending"),  # not bound: holds nothing yet
+    ])
+    cap = observe_pool_capacity(selector=A100_SELECTOR, gpus_per_node=8, nodes=nodes, used_by_node=used)
+    assert (cap.nodes, cap.ready_nodes, cap.allocatable_gpus, cap.free_gpus, cap.free_whole_nodes) == (5, 4, 32, 17, 1)
+    assert cap.free_gpus_on_shared_nodes == (7, 2)
