@@ -14,8 +14,8 @@ from memfit.memory.predict import MemoryTerms, memory_terms
 from memfit.memory.shape import Shape
 from memfit.memory.strategy import Strategy
 from memfit.memory.timing import TimeTerms, time_terms
-from memfit.planner.measured import PeakCorrections
 from memfit.planner.interruptions import expected_hours
+from memfit.planner.measured import PeakCorrections
 from memfit.planner.offers import Layout, Offer
 from memfit.planner.space import ENGINES, OFFLOADS, Choice
 

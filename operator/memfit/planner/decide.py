@@ -22,8 +22,8 @@ from memfit.memory.problems import ShapeError, shape_from_problem
 from memfit.memory.shape import Shape
 from memfit.planner.baseline import cheapest_plain_baseline, plain_baseline, plain_config
 from memfit.planner.context import SearchContext
-from memfit.planner.measured import MeasuredDevice, MeasuredPeak, peak_corrections
 from memfit.planner.cost_notes import cost_notes
+from memfit.planner.measured import MeasuredDevice, MeasuredPeak, peak_corrections
 from memfit.planner.offers import FreeGpus, Offer, PoolRejection, catalog_pool, resolve_offer, resolve_offers
 from memfit.planner.result import BaselineResult, Candidate, PlanResult
 from memfit.planner.search import any_fit, objective_key, prepare_offer, search_offer
