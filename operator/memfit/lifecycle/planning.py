@@ -20,6 +20,7 @@ from memfit.memory.strategy import Strategy
 from memfit.planner import MeasuredPeak, PlanResult, plan, plan_summary
 from memfit.planner.decide import job_adapter
 from memfit.planner.measured import MeasuredDevice, PeakKind
+from memfit.planner.measured_speed import MeasuredStepTime
 from memfit.planner.offers import FreeGpus
 
 
@@ -130,6 +131,13 @@ def measured_peaks(
     return peaks, devices
 
 
+def measured_step_times(observations: Sequence[Observation]) -> list[MeasuredStepTime]:
+    """Step times of attempts that ran on a GPU and reported them, with the step time their plan predicted
+    (an out-of-memory attempt's few steps are not a speed)."""
+    return [MeasuredStepTime(o.measured_on, o.step_seconds, o.predicted_step_seconds) for o in observations
+            if o.on_gpu and not o.out_of_memory and o.step_seconds and o.predicted_step_seconds]
+
+
 def free_gpus(pools: Sequence[GPUNodePool], capacity: Mapping[str, PoolCapacity]) -> dict[str, FreeGpus]:
     """What a new attempt can get per pool: whole free nodes plus the nodes the pool may still add
     (autoscaling), and the free GPUs of its partly used nodes (for a plan that needs part of a node)."""
@@ -171,6 +179,7 @@ def plan_job(
         measured_peaks=peaks,
         measured_devices=devices,
         free_gpus=None if ignore_capacity else free_gpus(usable, capacity),
+        measured_step_times=measured_step_times(observations),
     )
     if result.plan is None:
         if excluded_pools:
