@@ -40,7 +40,7 @@ class OfferFailures:
     min_nvme: tuple[float, Choice, int] | None = None
     min_deadline: tuple[float, Choice, int] | None = None
     min_price_over: float | None = None
-    interrupted: tuple[Choice, int] | None = None  # a fit that interruptions would never let finish
+    interrupted_world_size: int | None = None  # fewest GPUs of a run that interruptions never let finish
     extra: list[str] = field(default_factory=list)
 
     def note_memory(self, peak_bytes: int, choice: Choice, world_size: int, micro_batch: int) -> None:
@@ -62,9 +62,9 @@ class OfferFailures:
         if self.min_deadline is None or hours < self.min_deadline[0]:
             self.min_deadline = (hours, choice, world_size)
 
-    def note_interruptions(self, choice: Choice, world_size: int) -> None:
-        if self.interrupted is None or world_size < self.interrupted[1]:
-            self.interrupted = (choice, world_size)
+    def note_interruptions(self, world_size: int) -> None:
+        if self.interrupted_world_size is None or world_size < self.interrupted_world_size:
+            self.interrupted_world_size = world_size
 
     def note_price(self, price_per_hour: float) -> None:
         if self.min_price_over is None or price_per_hour < self.min_price_over:
@@ -120,14 +120,14 @@ class OfferFailures:
                 f"the fastest fitting configuration ({words} on {world} GPUs) takes {hours:.1f} h, over the "
                 f"deadline of {deadline_hours:g} h"
             )
-        if self.interrupted is not None and not parts:
-            choice, world = self.interrupted
+        if self.interrupted_world_size is not None and not parts:
             rate = offer.interruption_rate_per_hour
             parts.append(
-                f"{choice.config.describe(words=True)} on {world} GPU{'s' if world > 1 else ''} fits but would "
-                f"not finish: at {rate:g} interruptions per node-hour ({offer.capacity_type}) the work lost "
-                "since the last checkpoint plus the restart takes as long as the time between interruptions "
-                "(set training.checkpoint.volumeClaim or a smaller everySteps, or use on-demand)"
+                f"no run on it would finish (fastest tried on {self.interrupted_world_size} GPU"
+                f"{'s' if self.interrupted_world_size > 1 else ''}): at {rate:g} interruptions per node-hour "
+                f"({offer.capacity_type}) the work lost since the last checkpoint plus the restart takes as long "
+                "as the time between interruptions (set training.checkpoint.volumeClaim or a smaller everySteps, "
+                "or use on-demand)"
             )
         if self.min_price_over is not None and max_cost_per_hour is not None and not parts:
             parts.append(

@@ -149,7 +149,10 @@ def prepare_offer(ctx: SearchContext, offer: Offer, choices: Sequence[Choice]) -
         per_gpu = ctx.global_batch // layout.world_size
         for gi, (group_ranks, members) in enumerate(groups):
             seconds = _bound_seconds(ctx, offer, layout, members[0], per_gpu)
-            hours = ctx.steps * seconds / 3600
+            hours = ctx.expected_hours(offer, layout, seconds)  # non-decreasing in seconds: still a bound
+            if hours == float("inf"):
+                failures.note_interruptions(layout.world_size)  # no member would finish between interruptions
+                continue
             bound = hours if ctx.minimize == Minimize.TIME else hours * layout.price_per_hour
             bounds.append((bound, li, gi, layout, group_ranks, members))
     bounds.sort(key=lambda item: item[:3])
@@ -278,7 +281,7 @@ def _evaluate(ctx: SearchContext, offer: Offer, layout: Layout, choice: Choice,
     step = optimistic if b == optimistic_b else tt.step_seconds(offer.speed, b)
     hours = ctx.expected_hours(offer, layout, step.step_seconds)
     if hours == float("inf"):
-        failures.note_interruptions(choice, n)
+        failures.note_interruptions(n)
         return None, False
     if ctx.deadline_hours is not None and hours > ctx.deadline_hours:
         failures.note_deadline(hours, choice, n)

@@ -90,7 +90,8 @@ def test_checkpoints_on_a_volume_make_spot_cheap_again_and_its_risk_is_in_the_co
 def test_a_spot_pool_where_the_run_would_never_finish_is_rejected_with_the_reason() -> None:
     result = plan(spot_job(steps=200_000), pools=pools(0.5)[:1], catalog=CATALOG)
     assert result.plan is None
-    assert "fits but would not finish: at 0.5 interruptions per node-hour (spot)" in result.message()
+    assert "no run on it would finish" in result.message()
+    assert "at 0.5 interruptions per node-hour (spot)" in result.message()
     assert "set training.checkpoint.volumeClaim" in result.message()
 
 
