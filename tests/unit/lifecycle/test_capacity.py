@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from cluster_manifests import gfd_node, inference_pod
 from memfit.lifecycle.capacity import gpus_requested_by_node, observe_pool_capacity
 
 
@@ -46,49 +47,6 @@ def test_free_gpus_and_whole_nodes() -> None:
 def test_empty_selector_matches_nothing() -> None:
     cap = observe_pool_capacity(selector={}, gpus_per_node=1, nodes=[node("a", 1)], used_by_node={})
     assert cap.nodes == 0
-
-
-def gfd_node(name: str, *, used_by: int = 0, ready: bool = True) -> dict[str, Any]:
-    """An 8xA100 node as a cloud and NVIDIA GPU Feature Discovery label it."""
-    return {
-        "apiVersion": "v1",
-        "kind": "Node",
-        "metadata": {"name": name, "labels": {
-            "kubernetes.io/hostname": name,
-            "node.kubernetes.io/instance-type": "p4de.24xlarge",
-            "karpenter.sh/capacity-type": "on-demand",
-            "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB",
-            "nvidia.com/gpu.count": "8",
-            "nvidia.com/gpu.memory": "81920",
-        }},
-        "spec": {"taints": [{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}]},
-        "status": {
-            "capacity": {"cpu": "96", "memory": "1176280764Ki", "nvidia.com/gpu": "8", "pods": "737"},
-            "allocatable": {"cpu": "95690m", "memory": "1167449756Ki", "nvidia.com/gpu": "8", "pods": "737"},
-            "conditions": [{"type": "MemoryPressure", "status": "False"},
-                           {"type": "Ready", "status": "True" if ready else "False", "reason": "KubeletReady"}],
-        },
-    }
-
-
-def inference_pod(name: str, node_name: str, gpus: int, phase: str = "Running") -> dict[str, Any]:
-    """A vLLM-style pod holding `gpus` GPUs (requests = limits), with an init container and a sidecar."""
-    gpu = {"nvidia.com/gpu": str(gpus)}
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": "serving"},
-        "spec": {
-            "nodeName": node_name,
-            "initContainers": [{"name": "fetch", "image": "busybox", "resources": {}}],
-            "containers": [
-                {"name": "server", "image": "vllm/vllm-openai",
-                 "resources": {"requests": {"cpu": "8", **gpu}, "limits": {"memory": "64Gi", **gpu}}},
-                {"name": "metrics", "image": "exporter", "resources": {"requests": {"cpu": "100m"}}},
-            ],
-        },
-        "status": {"phase": phase},
-    }
 
 
 A100_SELECTOR = {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"}

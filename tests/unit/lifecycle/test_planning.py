@@ -6,10 +6,12 @@ from pathlib import Path
 
 import pytest
 import yaml
+from cluster_manifests import gfd_node, inference_pod
 from memfit.api.job import MemoryOptimizedTrainingJobSpec
 from memfit.api.pool import GPUNodePool
 from memfit.catalog import CATALOG
 from memfit.kube.profile_cache import Observation
+from memfit.lifecycle.capacity import gpus_requested_by_node, observe_pool_capacity
 from memfit.lifecycle.planning import config_key, free_gpus, plan_job, strategy_of
 from memfit.lifecycle.world import PoolCapacity
 from memfit.planner.offers import FreeGpus, Offer, resolve_offer
@@ -159,6 +161,18 @@ def test_a_shared_node_with_too_few_free_gpus_is_not_planned_on() -> None:
     assert one_free.plan is None and "on 1 GPU; has 80.0 GiB" in one_free.message()
     none_free = run(a100_job(160), capacity=a100_capacity())
     assert none_free.plan is None and "no free GPUs right now" in none_free.message()
+
+
+def test_from_node_and_pod_manifests_to_a_plan_on_the_free_gpus_of_a_busy_node() -> None:
+    """The operator's path: Nodes and Pods -> pool capacity -> free GPUs -> plan (maxNodes 1: no new node)."""
+    pool = next(p for p in POOLS if p.metadata.name == "a100-80-ondemand")
+    used = gpus_requested_by_node([inference_pod("llama-8b", "a100-a", 2), inference_pod("mistral", "a100-a", 2)])
+    capacity = {"a100-80-ondemand": observe_pool_capacity(
+        selector=pool.spec.node_selector, gpus_per_node=8, nodes=[gfd_node("a100-a")], used_by_node=used)}
+    assert free_gpus([pool], capacity)["a100-80-ondemand"] == FreeGpus(whole_nodes=0, on_shared_nodes=(4,))
+    p = run(a100_job(160), capacity=capacity).plan
+    assert p is not None and (p.nodes, p.gpus_per_node) == (1, 4)
+    assert p.cost_notes[0].startswith("uses 4 of the 8 GPUs of a node other pods already use")
 
 
 def test_a_partly_used_node_is_only_offered_for_layouts_it_can_hold() -> None:
