@@ -122,7 +122,7 @@ if [ ! -x "$BIN/kube-apiserver" ] || [ ! -x "$BIN/kube-controller-manager" ] || 
   log "building kubernetes v$K8S_VERSION (cold: tens of minutes on 2 cores)"; build_kubernetes
 fi
 if [ ! -x "$KUEUE_DIR/bin/kueue" ]; then
-  log "building kueue v$KUEUE_VERSION (cold: about 10 min on 2 cores)"; (build_kueue)
+  log "building kueue v$KUEUE_VERSION (cold: module downloads and a full compile, minutes)"; (build_kueue)
 fi
 if [ "${1:-}" != "--no-node" ]; then
   mkdir -p "$NODE_BIN"
