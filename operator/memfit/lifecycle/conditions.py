@@ -15,6 +15,9 @@ SUCCEEDED = "Succeeded"
 FAILED = "Failed"
 CHECKPOINT_STORAGE = "CheckpointStorage"  # which volume holds the checkpoints and what it allows
 ALL_TYPES = (PROFILED, PLANNED, RUNNING, SUCCEEDED, FAILED)
+# Only on jobs with scheduling.kueueQueue (memfit.lifecycle.queueing): True while a child Job waits in
+# the queue, its reason the Workload's (Kueue's CamelCase: Pending, Inadmissible, QuotaReserved...).
+QUEUED = "Queued"
 
 # Reasons (CamelCase, specific).
 INVALID_SPEC = "InvalidSpec"
@@ -28,6 +31,7 @@ PLAN_FOUND = "PlanFound"
 NO_FIT = "NoFit"
 WAITING_FOR_CAPACITY = "WaitingForCapacity"
 WAITING_FOR_ADMISSION = "WaitingForAdmission"
+ADMITTED = "Admitted"  # Queued=False: Kueue admitted the child Job
 LAUNCHING = "Launching"
 PODS_RUNNING = "PodsRunning"
 PODS_PENDING = "PodsPending"

@@ -21,6 +21,7 @@ from memfit.lifecycle.launch import launch_effects
 from memfit.lifecycle.learning import ALLOCATOR_METERS, learn
 from memfit.lifecycle.observed import JobSummary, PodSummary
 from memfit.lifecycle.progress import progress_of
+from memfit.lifecycle.queueing import queue_step
 from memfit.lifecycle.result import Ensure
 from memfit.lifecycle.snapshot import Snapshot
 
@@ -56,6 +57,7 @@ def monitor_step(draft: Draft, snap: Snapshot, spec: MemoryOptimizedTrainingJobS
         draft.effects.append(
             Ensure(build_plan_config_map(owner=snap.job.owner(), plan=plan, summary=draft.plan))
         )
+    queue_step(draft, job, "training Job")
     peaks = [p.peak_bytes for p in job.pods if p.peak_bytes is not None]
     measured = max(peaks) if peaks else None
     if job.complete:
