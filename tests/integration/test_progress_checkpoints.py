@@ -134,7 +134,7 @@ def test_progress_advances_and_a_killed_pod_resumes_from_the_checkpoint_claim(
     message = json.loads(next(t["message"] for t in finished if t["exitCode"] == 0))
     assert message["steps"] == MAX_STEPS and message["resumedFromStep"] == progress["resumedFromStep"], message
     print(f"killed after the step-{saved} checkpoint; resumed at {progress['resumedFromStep']}, done "
-          f"{time.monotonic() - killed_at:.0f}s later; {len(seen)} progress read(s) of the replacement pod; "
+          f"{time.monotonic() - killed_at:.0f}s later; {len(seen)} status polls showed the replacement pod's progress; "
           f"final progress {progress}")
 
 
