@@ -1,4 +1,4 @@
-"""Memory of LoRA and QLoRA training (DDP; LoRA on FSDP2 in peft_fsdp.py): a frozen base in 16 or 4 bits, fp32 adapters with their
+"""Memory of LoRA and QLoRA training (DDP; FSDP2 in peft_fsdp.py, LoRA on DeepSpeed ZeRO-3 in peft_deepspeed.py): a frozen base in 16 or 4 bits, fp32 adapters with their
 gradients and optimizer state, and the activations a frozen base saves.
 
 Model states (per GPU; Ψ all parameters, A adapter parameters, Q the blocks' linear weights):
@@ -38,6 +38,7 @@ from memfit.memory.activations import (
     _norm,
 )
 from memfit.memory.adapter import AdapterLayout
+from memfit.memory.peft_deepspeed import deepspeed_peft_phases, deepspeed_peft_states
 from memfit.memory.peft_fsdp import fsdp_peft_phases, fsdp_peft_states
 from memfit.memory.shape import Shape
 from memfit.memory.states import ModelStates, optimizer_state_bytes_per_param
@@ -83,6 +84,8 @@ def peft_states(shape: Shape, strategy: Strategy, layout: AdapterLayout) -> Mode
         small = float(shape.layers * layout.small_adapter_tensors_per_block)
         eight = optimizer_state_bytes_per_param(strategy.optimizer, eight_bit=True)
         optimizer = eight * (a - small) + state * small
+    if strategy.config.engine == Engine.DEEPSPEED:
+        return deepspeed_peft_states(shape, strategy, adapters=a, optimizer_bytes=optimizer)
     params = base_bytes(shape, strategy, layout) + ADAPTER_BYTES * a
     if strategy.config.engine == Engine.FSDP:
         sharded = fsdp_peft_states(ModelStates(params, ADAPTER_BYTES * a, optimizer), strategy)
@@ -97,6 +100,8 @@ def peft_phases(shape: Shape, strategy: Strategy, layout: AdapterLayout) -> Phas
     if strategy.config.engine == Engine.FSDP:
         return fsdp_peft_phases(shape, strategy, layout)
     a = float(adapter_parameters(shape, layout))
+    if strategy.config.engine == Engine.DEEPSPEED:
+        return deepspeed_peft_phases(shape, strategy, layout, adapters=a)
     grads = ADAPTER_BYTES * a
     full = strategy.config.activation_checkpointing == Checkpointing.FULL
     copies = 2.0 * a / (shape.layers if full else 1) if strategy.mixed_precision else 0.0

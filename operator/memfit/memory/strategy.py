@@ -115,17 +115,35 @@ def strategy_problem(strategy: Strategy) -> str | None:
     if config.optimizer8bit and offload != Offload.NONE:
         # Offloaded optimizers step on the CPU (DeepSpeedCPUAdam, torch on CPU); bitsandbytes is CUDA-only.
         return "an 8-bit (bitsandbytes) optimizer cannot run with optimizer offload"
-    if config.peft == PeftMethod.AUTO:
-        return "peft must be concrete (none, lora or qlora), not auto"
-    if config.peft == PeftMethod.LORA and engine == Engine.DEEPSPEED:
-        return "LoRA runs on DDP or FSDP in this version (DeepSpeed ZeRO-3 adapters are not implemented yet)"
-    if config.peft == PeftMethod.QLORA and engine != Engine.DDP:
-        # bitsandbytes' Params4bit loses its quantisation state under fully_shard (sharded 4-bit
-        # storage through bnb_4bit_quant_storage is not implemented), and ZeRO-3 is not either.
-        return "QLoRA runs on DDP in this version (its 4-bit base is not sharded by FSDP or ZeRO-3 yet)"
-    if config.peft != PeftMethod.NONE and offload != Offload.NONE:
-        return "LoRA/QLoRA plans do not offload in this version"
+    problem = peft_problem(config.peft, engine=engine, zero_stage=stage, offload=offload)
+    if problem is not None:
+        return problem
     if min(strategy.world_size, strategy.gpus_per_node, config.micro_batch_size,
            config.gradient_accumulation_steps) < 1:
         return "world size, GPUs per node, micro-batch and accumulation must be >= 1"
+    return None
+
+
+def peft_problem(method: PeftMethod, *, engine: Engine, zero_stage: int, offload: Offload) -> str | None:
+    """Why a LoRA/QLoRA method cannot run on this engine, stage and offload (None when it can): the one
+    rule the planner's space, the API's cross-field checks and the trainer's plan check share."""
+    if method == PeftMethod.AUTO:
+        return "peft must be concrete (none, lora or qlora), not auto"
+    if method == PeftMethod.LORA:
+        if engine == Engine.DEEPSPEED and zero_stage != 3:
+            # memfit runs adapters on ZeRO-3, which partitions the frozen base; ZeRO-1/2 would keep a
+            # replicated base that DDP keeps more cheaply.
+            return f"LoRA on DeepSpeed runs with ZeRO stage 3 (the frozen base partitioned), not stage {zero_stage}"
+        if offload == Offload.NVME:
+            return "LoRA offloads to the CPU only (ZeRO-Offload of the adapters' optimizer), not to NVMe"
+        if offload == Offload.CPU and engine != Engine.DEEPSPEED:
+            return "LoRA offloads with DeepSpeed ZeRO-3 only (FSDP's CPU offload of adapters is not modelled)"
+    if method == PeftMethod.QLORA:
+        if engine == Engine.DEEPSPEED:
+            # DeepSpeed casts the module to its dtype and partitions Params4bit as ordinary tensors.
+            return "QLoRA does not run on DeepSpeed (it casts and partitions the 4-bit base as plain tensors)"
+        if engine == Engine.FSDP:
+            return "QLoRA runs on DDP in this version (FSDP does not shard its 4-bit base yet)"
+        if offload != Offload.NONE:
+            return "QLoRA's 4-bit base cannot be offloaded"
     return None

@@ -13,6 +13,7 @@ the memory model counts visible here.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 from pathlib import Path
@@ -134,6 +135,17 @@ def apply_peft(problem: TrainingProblem, *, method: PeftMethod, adapter: Adapter
     return sum(p.numel() for n, p in model.named_parameters() if ".lora_" in n)
 
 
+def full_parameters(model: nn.Module) -> contextlib.AbstractContextManager[Any]:
+    """Every parameter whole for the duration (a collective under DeepSpeed ZeRO-3, whose parameters are
+    partitions between its hooks: every rank must enter); nothing to do for other engines."""
+    params = list(model.parameters())
+    if not any(hasattr(p, "ds_id") for p in params):
+        return contextlib.nullcontext()
+    import deepspeed
+
+    return deepspeed.zero.GatheredParameters(params, modifier_rank=None)
+
+
 def adapter_state(model: nn.Module) -> dict[str, torch.Tensor]:
     """The adapters' weights under peft's key names (`base_model.model.<module>.lora_A.weight`)."""
     return {PEFT_PREFIX + n: p.detach().cpu().clone() for n, p in model.named_parameters() if ".lora_" in n}
@@ -179,12 +191,14 @@ def eval_loss(problem: TrainingProblem, precision: Precision, *, seed: int, step
 
 
 def write_eval_loss(problem: TrainingProblem, plan: Any, directory: Path, *, seed: int,
-                    device: torch.device) -> None:
-    """`memfit_eval.json` beside the adapter: the trained model's loss on the batch after the last step."""
+                    device: torch.device, write: bool = True) -> None:
+    """`memfit_eval.json` beside the adapter: the trained model's loss on the batch after the last step.
+    Every rank computes it (a sharded model's forward is a collective); only `write` ranks write it."""
     step = plan.training.max_steps + 1
     loss = eval_loss(problem, plan.precision, seed=seed, step=step, device=device)
-    record = {"step": step, "samples": EVAL_SAMPLES, "seed": seed, "loss": loss}
-    (directory / EVAL_FILE).write_text(json.dumps(record, sort_keys=True))
+    if write:
+        record = {"step": step, "samples": EVAL_SAMPLES, "seed": seed, "loss": loss}
+        (directory / EVAL_FILE).write_text(json.dumps(record, sort_keys=True))
 
 
 def merged_state(model: nn.Module) -> dict[str, torch.Tensor]:
