@@ -62,7 +62,8 @@ def test_only_adapters_train_and_the_saved_adapter_reproduces_the_loss(
 
 @pytest.mark.parametrize(("engine", "method"), [pytest.param("ddp", "qlora", id="qlora ddp"),
                                                 pytest.param("fsdp", "lora", id="lora fsdp"),
-                                                pytest.param("deepspeed", "lora", id="lora zero3")])
+                                                pytest.param("deepspeed", "lora", id="lora zero3"),
+                                                pytest.param("fsdp", "qlora", id="qlora fsdp")])
 def test_a_peft_run_resumes_from_its_checkpoint_with_the_same_losses(
     engine: str, method: str, tmp_path: Path, train_local: Callable[..., Any]
 ) -> None:
@@ -188,16 +189,30 @@ def test_lora_on_deepspeed_zero3_partitions_the_frozen_base_and_trains_only_the_
     assert abs(before - recorded["loss"]) > 5 * abs(again - recorded["loss"])  # the adapter is what moved it
 
 
-def test_lora_on_zero3_at_world_size_2_saves_the_adapter_gathered_from_both_ranks(tmp_path: Path) -> None:
-    """Two gloo ranks: every rank takes part in gathering the ZeRO-3 partitions (rank 0 alone would
-    hang), rank 0 writes the adapter, and the adapter holds whole tensors that reproduce the loss."""
+@pytest.mark.parametrize(("engine", "method"), [pytest.param("deepspeed", "lora", id="lora zero3"),
+                                                pytest.param("fsdp", "qlora", id="qlora fsdp")])
+def test_a_sharded_peft_run_at_world_size_2_saves_whole_adapter_and_merged_weights(
+    engine: str, method: str, tmp_path: Path
+) -> None:
+    """Two gloo ranks: every rank takes part in gathering the ZeRO-3 partitions or FSDP shards (rank 0
+    alone would hang), rank 0 writes the adapter and the merged model, whose whole tensors reproduce
+    the trained model's loss (QLoRA on FSDP: the 4-bit weights packed in bf16 and sharded)."""
     import torch
-    from memfit_trainer.problems import build_problem
-    from memfit_trainer.strategies.peft import ADAPTER_WEIGHTS, EVAL_FILE, apply_peft, eval_loss, load_adapter
+    from memfit_trainer.problems import BatchKey, build_problem
+    from memfit_trainer.strategies.peft import (
+        ADAPTER_WEIGHTS,
+        EVAL_FILE,
+        MERGED_WEIGHTS,
+        apply_peft,
+        eval_loss,
+        load_adapter,
+    )
     from trainer_support import run_cli
 
-    builder = make_plan().deepspeed(3).bf16().world(2).peft("lora").steps(4).learning_rate(1e-2)
-    run = run_cli(builder, tmp_path, env={"MEMFIT_OUTPUT_DIR": str(tmp_path / "adapter")}, timeout_s=300)
+    builder = make_plan().bf16().world(2).peft(method).steps(4).learning_rate(1e-2)
+    builder = builder.deepspeed(3) if engine == "deepspeed" else builder.fsdp(3)
+    env = {"MEMFIT_OUTPUT_DIR": str(tmp_path / "adapter"), "MEMFIT_SAVE_MERGED": "1"}
+    run = run_cli(builder, tmp_path, env=env, timeout_s=300)
     assert run.returncode == 0, run.output[-3000:]
     state = torch.load(tmp_path / "adapter" / ADAPTER_WEIGHTS, weights_only=True)
     assert state["base_model.model.blocks.0.attn.qkv.lora_B.weight"].shape == (192, 8)
@@ -209,3 +224,25 @@ def test_lora_on_zero3_at_world_size_2_saves_the_adapter_gathered_from_both_rank
     recorded = json.loads((tmp_path / "adapter" / EVAL_FILE).read_text())
     again = eval_loss(problem, plan.precision, seed=0, step=recorded["step"], device=torch.device("cpu"))
     assert again == pytest.approx(recorded["loss"], rel=2e-2)
+    plain = build_problem(plan.problem, seed=0)  # no adapters, no 4-bit layers
+    plain.model.to(torch.bfloat16).load_state_dict(torch.load(tmp_path / "adapter" / MERGED_WEIGHTS,
+                                                              weights_only=True))
+    batch = plain.make_batch(BatchKey(seed=0, step=recorded["step"], sample_start=0, samples=4))
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        merged = plain.loss_fn(plain.model, batch).item()
+    assert merged == pytest.approx(recorded["loss"], rel=3e-2)
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp32"])
+def test_qlora_on_fsdp_packs_4bit_weights_in_the_flat_dtype_and_trains_like_ddp(
+    precision: str, train_local: Callable[..., Any]
+) -> None:
+    """The FSDP+QLoRA recipe: the 4-bit weights are stored in the base's dtype (quant_storage), so FSDP
+    shards and casts them like any parameter, and the layer recovers its quantisation state: the
+    losses equal QLoRA on DDP (uint8 storage) step for step."""
+    builder = make_plan().precision(precision).peft("qlora").steps(4).learning_rate(1e-2)
+    ddp = train_local(builder)
+    fsdp = train_local(builder.fsdp(3))
+    assert "torch.uint8" in ddp.facts["param_dtypes"]
+    assert "torch.uint8" not in fsdp.facts["param_dtypes"]
+    assert [loss for _, loss in fsdp.losses] == pytest.approx([loss for _, loss in ddp.losses], rel=1e-3)

@@ -160,7 +160,8 @@ def run_training(
     runner: Any = None
     try:
         problem = build_problem(plan.problem, seed=options.seed)
-        adapters = apply_peft(problem, method=plan.peft, adapter=plan.adapter, precision=plan.precision, device=device)
+        adapters = apply_peft(problem, method=plan.peft, adapter=plan.adapter, precision=plan.precision, device=device,
+                   engine=plan.engine)
         recomputed = apply_activation_checkpointing(problem, plan.activation_checkpointing)
         fmt = CHECKPOINT_FORMATS[plan.engine]
         latest = find_latest(options.checkpoint_dir) if options.checkpoint_dir else None

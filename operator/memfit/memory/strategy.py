@@ -142,8 +142,6 @@ def peft_problem(method: PeftMethod, *, engine: Engine, zero_stage: int, offload
         if engine == Engine.DEEPSPEED:
             # DeepSpeed casts the module to its dtype and partitions Params4bit as ordinary tensors.
             return "QLoRA does not run on DeepSpeed (it casts and partitions the 4-bit base as plain tensors)"
-        if engine == Engine.FSDP:
-            return "QLoRA runs on DDP in this version (FSDP does not shard its 4-bit base yet)"
         if offload != Offload.NONE:
             return "QLoRA's 4-bit base cannot be offloaded"
     return None
