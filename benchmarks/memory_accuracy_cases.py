@@ -292,6 +292,17 @@ def peft_cases() -> list[Case]:
           peft="lora", rank=8, offload="cpu"),
     ]
     cases += zero3 + [replace(case, world_size=2) for case in zero3]
+    # QLoRA on FSDP2 (4-bit weights packed in the compute dtype, sharded): world size 1 and 2.
+    qlora_fsdp = [
+        c("gpt", engine="fsdp", zero_stage=3, precision="bf16", micro_batch_size=4, peft="qlora"),
+        c("gpt", engine="fsdp", zero_stage=2, precision="bf16", micro_batch_size=2, peft="qlora", rank=32),
+        c("gpt", engine="fsdp", zero_stage=3, precision="fp32", checkpointing="full", micro_batch_size=4,
+          peft="qlora", double_quant=False),
+        c("bert", engine="fsdp", zero_stage=3, precision="bf16", micro_batch_size=4, peft="qlora"),
+        c("vit", engine="fsdp", zero_stage=3, precision="bf16", checkpointing="full", micro_batch_size=8,
+          peft="qlora"),
+    ]
+    cases += [replace(case, world_size=2) for case in qlora_fsdp] + [qlora_fsdp[0], qlora_fsdp[3]]
     return cases
 
 

@@ -64,15 +64,29 @@ def adapter_parameters(shape: Shape, layout: AdapterLayout) -> int:
 
 def base_bytes(shape: Shape, strategy: Strategy, layout: AdapterLayout) -> float:
     """The frozen base: 16-bit (or fp32) LoRA, or QLoRA's 4-bit linear weights with their constants."""
+    return base_tensor_bytes(shape, strategy, layout) + quantisation_state_bytes(shape, strategy, layout)
+
+
+def base_tensor_bytes(shape: Shape, strategy: Strategy, layout: AdapterLayout) -> float:
+    """The frozen base's parameters (what FSDP shards): every weight at the compute dtype, or QLoRA's
+    packed 4-bit linear weights (0.5 B each, in whatever storage dtype) and the rest at the compute dtype."""
     compute = 4.0 if not strategy.mixed_precision else 2.0
     if strategy.config.peft != PeftMethod.QLORA:
         return compute * shape.parameters
     quantised = float(shape.layers * layout.linear_weights_per_block)
+    return NF4_BYTES * quantised + compute * (shape.parameters - quantised)
+
+
+def quantisation_state_bytes(shape: Shape, strategy: Strategy, layout: AdapterLayout) -> float:
+    """QLoRA's quantisation constants and codes (0 for LoRA): kept on each layer, not parameters, so every
+    rank holds them whole under FSDP."""
+    if strategy.config.peft != PeftMethod.QLORA:
+        return 0.0
+    quantised = float(shape.layers * layout.linear_weights_per_block)
     blocks = quantised / NF4_BLOCK
     constants = blocks * (1.0 + 4.0 / NF4_NESTED_BLOCK) if layout.double_quant else blocks * 4.0
     per_layer = QUANT_CODE_BYTES + (NESTED_CODE_BYTES if layout.double_quant else 0)
-    return (NF4_BYTES * quantised + constants + per_layer * shape.layers * layout.linears_per_block
-            + compute * (shape.parameters - quantised))
+    return constants + per_layer * shape.layers * layout.linears_per_block
 
 
 def peft_states(shape: Shape, strategy: Strategy, layout: AdapterLayout) -> ModelStates:
@@ -88,9 +102,10 @@ def peft_states(shape: Shape, strategy: Strategy, layout: AdapterLayout) -> Mode
         return deepspeed_peft_states(shape, strategy, adapters=a, optimizer_bytes=optimizer)
     params = base_bytes(shape, strategy, layout) + ADAPTER_BYTES * a
     if strategy.config.engine == Engine.FSDP:
-        sharded = fsdp_peft_states(ModelStates(params, ADAPTER_BYTES * a, optimizer), strategy)
-        return ModelStates(sharded.parameters_bytes + shape.buffer_bytes, sharded.gradients_bytes,
-                           sharded.optimizer_bytes)
+        tensors = base_tensor_bytes(shape, strategy, layout) + ADAPTER_BYTES * a
+        sharded = fsdp_peft_states(ModelStates(tensors, ADAPTER_BYTES * a, optimizer), strategy)
+        whole = quantisation_state_bytes(shape, strategy, layout) + shape.buffer_bytes
+        return ModelStates(sharded.parameters_bytes + whole, sharded.gradients_bytes, sharded.optimizer_bytes)
     return ModelStates(params + shape.buffer_bytes, ADAPTER_BYTES * a, optimizer)
 
 
