@@ -8,7 +8,7 @@ from pathlib import Path
 
 from memfit.api.common import Checkpointing, Engine, Offload, Precision
 from memfit.api.plan import Plan
-from memfit.memory.strategy import peft_problem
+from memfit.api.peft_rules import peft_engine_problem
 from pydantic import ValidationError
 
 from memfit_trainer.termination import (
@@ -150,7 +150,7 @@ def refuse_invalid(error: Exception, *, rank: int | None, environ: Mapping[str, 
 
 def _peft_problems(plan: Plan) -> list[str]:
     """LoRA/QLoRA plans need their adapter settings and an engine, stage and offload that can hold them
-    (memfit.memory.strategy.peft_problem)."""
+    (memfit.api.peft_rules.peft_engine_problem)."""
     if plan.peft.value == "none":
         return []
     if plan.peft.value == "auto":
@@ -158,7 +158,7 @@ def _peft_problems(plan: Plan) -> list[str]:
     reasons = []
     if plan.adapter is None:
         reasons.append(f"peft {plan.peft.value} needs plan.adapter (rank, alpha, target modules)")
-    problem = peft_problem(plan.peft, engine=plan.engine, zero_stage=plan.zero_stage, offload=plan.offload)
+    problem = peft_engine_problem(plan.peft, engine=plan.engine, zero_stage=plan.zero_stage, offload=plan.offload)
     if problem is not None:
         reasons.append(problem)
     return reasons

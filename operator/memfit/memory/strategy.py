@@ -6,6 +6,7 @@ from dataclasses import dataclass, replace
 from enum import StrEnum
 
 from memfit.api.common import Checkpointing, Engine, Offload, PeftMethod, Precision, Toggle
+from memfit.api.peft_rules import peft_engine_problem
 from memfit.api.job import OptimizerKind, StrategySpec
 from memfit.api.training_config import PLAIN_FP32_DDP, TrainingConfig
 from memfit.memory.adapter import AdapterLayout
@@ -115,7 +116,7 @@ def strategy_problem(strategy: Strategy) -> str | None:
     if config.optimizer8bit and offload != Offload.NONE:
         # Offloaded optimizers step on the CPU (DeepSpeedCPUAdam, torch on CPU); bitsandbytes is CUDA-only.
         return "an 8-bit (bitsandbytes) optimizer cannot run with optimizer offload"
-    problem = peft_problem(config.peft, engine=engine, zero_stage=stage, offload=offload)
+    problem = peft_engine_problem(config.peft, engine=engine, zero_stage=stage, offload=offload)
     if problem is not None:
         return problem
     if min(strategy.world_size, strategy.gpus_per_node, config.micro_batch_size,
@@ -123,25 +124,3 @@ def strategy_problem(strategy: Strategy) -> str | None:
         return "world size, GPUs per node, micro-batch and accumulation must be >= 1"
     return None
 
-
-def peft_problem(method: PeftMethod, *, engine: Engine, zero_stage: int, offload: Offload) -> str | None:
-    """Why a LoRA/QLoRA method cannot run on this engine, stage and offload (None when it can): the one
-    rule the planner's space, the API's cross-field checks and the trainer's plan check share."""
-    if method == PeftMethod.AUTO:
-        return "peft must be concrete (none, lora or qlora), not auto"
-    if method == PeftMethod.LORA:
-        if engine == Engine.DEEPSPEED and zero_stage != 3:
-            # memfit runs adapters on ZeRO-3, which partitions the frozen base; ZeRO-1/2 would keep a
-            # replicated base that DDP keeps more cheaply.
-            return f"LoRA on DeepSpeed runs with ZeRO stage 3 (the frozen base partitioned), not stage {zero_stage}"
-        if offload == Offload.NVME:
-            return "LoRA offloads to the CPU only (ZeRO-Offload of the adapters' optimizer), not to NVMe"
-        if offload == Offload.CPU and engine != Engine.DEEPSPEED:
-            return "LoRA offloads with DeepSpeed ZeRO-3 only (FSDP's CPU offload of adapters is not modelled)"
-    if method == PeftMethod.QLORA:
-        if engine == Engine.DEEPSPEED:
-            # DeepSpeed casts the module to its dtype and partitions Params4bit as ordinary tensors.
-            return "QLoRA does not run on DeepSpeed (it casts and partitions the 4-bit base as plain tensors)"
-        if offload != Offload.NONE:
-            return "QLoRA's 4-bit base cannot be offloaded"
-    return None
