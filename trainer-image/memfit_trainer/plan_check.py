@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from memfit.api.common import Checkpointing, Engine, Offload, Precision
-from memfit.api.plan import Plan
 from memfit.api.peft_rules import peft_engine_problem
+from memfit.api.plan import Plan
 from pydantic import ValidationError
 
 from memfit_trainer.termination import (

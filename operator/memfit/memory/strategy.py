@@ -6,8 +6,8 @@ from dataclasses import dataclass, replace
 from enum import StrEnum
 
 from memfit.api.common import Checkpointing, Engine, Offload, PeftMethod, Precision, Toggle
-from memfit.api.peft_rules import peft_engine_problem
 from memfit.api.job import OptimizerKind, StrategySpec
+from memfit.api.peft_rules import peft_engine_problem
 from memfit.api.training_config import PLAIN_FP32_DDP, TrainingConfig
 from memfit.memory.adapter import AdapterLayout
 
