@@ -15,11 +15,14 @@ from memfit.api.training_config import TrainingConfig
 from memfit.catalog import GpuCatalog
 from memfit.kube.names import NVME_MOUNT
 from memfit.kube.profile_cache import KIND_ALLOCATED, Observation
+from memfit.lifecycle.quota import QueueQuota
 from memfit.lifecycle.world import PoolCapacity
 from memfit.memory.strategy import Strategy
 from memfit.planner import MeasuredPeak, PlanResult, plan, plan_summary
 from memfit.planner.decide import job_adapter
 from memfit.planner.measured import MeasuredDevice, PeakKind
+from memfit.planner.measured_speed import MeasuredStepTime
+from memfit.planner.offers import FreeGpus
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,19 +132,33 @@ def measured_peaks(
     return peaks, devices
 
 
-def free_gpus(pools: Sequence[GPUNodePool], capacity: Mapping[str, PoolCapacity]) -> dict[str, int]:
-    """GPUs a new attempt can get per pool: free now, plus nodes the pool may still add (autoscaling)."""
-    out: dict[str, int] = {}
+def measured_step_times(observations: Sequence[Observation]) -> list[MeasuredStepTime]:
+    """Step times of attempts that ran on a GPU and reported them, with the step time their plan predicted
+    (an out-of-memory attempt's few steps are not a speed)."""
+    return [MeasuredStepTime(o.measured_on, o.step_seconds, o.predicted_step_seconds) for o in observations
+            if o.on_gpu and not o.out_of_memory and o.step_seconds and o.predicted_step_seconds]
+
+
+def free_gpus(pools: Sequence[GPUNodePool], capacity: Mapping[str, PoolCapacity]) -> dict[str, FreeGpus]:
+    """What a new attempt can get per pool: whole free nodes plus the nodes the pool may still add
+    (autoscaling), and the free GPUs of its partly used nodes (for a plan that needs part of a node)."""
+    out: dict[str, FreeGpus] = {}
     for pool in pools:
         cap = capacity.get(pool.metadata.name)
-        per_node = pool.spec.gpu.per_node
         if cap is None:
-            out[pool.metadata.name] = pool.spec.max_nodes * per_node
+            out[pool.metadata.name] = FreeGpus(whole_nodes=pool.spec.max_nodes)
             continue
-        out[pool.metadata.name] = (
-            cap.free_whole_nodes * per_node + max(0, pool.spec.max_nodes - cap.nodes) * per_node
-        )
+        whole = cap.free_whole_nodes + max(0, pool.spec.max_nodes - cap.nodes)
+        out[pool.metadata.name] = FreeGpus(whole_nodes=whole, on_shared_nodes=cap.free_gpus_on_shared_nodes)
     return out
+
+
+def _capped(room: int | FreeGpus, gpus: int) -> int | FreeGpus:
+    """Live room on a pool, capped at `gpus` (the queue's free quota there)."""
+    if isinstance(room, FreeGpus):
+        cap = gpus if room.max_gpus is None else min(room.max_gpus, gpus)
+        return replace(room, max_gpus=cap)
+    return min(room, gpus)
 
 
 def plan_job(
@@ -156,12 +173,20 @@ def plan_job(
     job_name: str,
     catalog: GpuCatalog,
     ignore_capacity: bool = False,
+    quota: QueueQuota | None = None,
 ) -> PlanOutcome:
     """Plan attempt `attempt` of a job on the pools not excluded by earlier capacity failures.
 
     With `ignore_capacity` every pool counts as empty (up to maxNodes): whether the job could fit at
-    all, which tells waiting for capacity apart from NoFit."""
+    all, which tells waiting for capacity apart from NoFit. With a Kueue `quota`, a pool also offers
+    no more GPUs than the ClusterQueue can admit there now (its nominal quota with `ignore_capacity`):
+    memfit does not plan onto a pool whose quota cannot hold the plan."""
     usable = [p for p in pools if p.metadata.name not in excluded_pools]
+    free: Mapping[str, int | FreeGpus] | None = None if ignore_capacity else free_gpus(usable, capacity)
+    if quota is not None and free is None:
+        free = {p.metadata.name: quota.nominal(p.metadata.name) for p in usable}  # a cap in GPUs
+    elif quota is not None and free is not None:
+        free = {name: _capped(room, quota.free(name)) for name, room in free.items()}
     peaks, devices = measured_peaks(observations, spec)
     result = plan(
         spec,
@@ -170,12 +195,15 @@ def plan_job(
         profile=profile,
         measured_peaks=peaks,
         measured_devices=devices,
-        free_gpus=None if ignore_capacity else free_gpus(usable, capacity),
+        free_gpus=free,
+        measured_step_times=measured_step_times(observations),
     )
     if result.plan is None:
         if excluded_pools:
             note = f"excluded after no capacity: {', '.join(sorted(excluded_pools))}"
             result = replace(result, reasons=(*result.reasons, note))
+        if quota is not None:
+            result = replace(result, reasons=(*result.reasons, quota.describe()))
         return PlanOutcome(None, None, result)
     chosen = result.plan.model_copy(
         update={

@@ -8,6 +8,7 @@ from typing import Any
 
 from memfit.api.pool import GPUNodePool
 from memfit.catalog import CATALOG, GpuCatalog
+from memfit.lifecycle.quota import QueueQuota
 
 
 @dataclass(frozen=True, slots=True)
@@ -19,6 +20,9 @@ class PoolCapacity:
     allocatable_gpus: int
     free_gpus: int
     free_whole_nodes: int  # ready nodes with every GPU free: what a multi-GPU pod per node needs
+    # Free GPUs of each ready node with some GPUs in use and some free, most first: where a plan that
+    # needs part of a node (1, 2, 4 GPUs) can go without a new node.
+    free_gpus_on_shared_nodes: tuple[int, ...] = ()
 
     def to_status(self) -> dict[str, Any]:
         return {
@@ -37,6 +41,9 @@ class World:
     pools: tuple[GPUNodePool, ...] = ()
     capacity: Mapping[str, PoolCapacity] = field(default_factory=dict)
     catalog: GpuCatalog = CATALOG
+    # The job's Kueue ClusterQueue quota (scheduling.kueueQueue); per job, so set with `replace` on the
+    # shared world by the reader. None: no queue, or its ClusterQueue could not be read.
+    queue_quota: QueueQuota | None = None
 
     def pool(self, name: str) -> GPUNodePool | None:
         return next((p for p in self.pools if p.metadata.name == name), None)
