@@ -229,10 +229,10 @@ class Case:
 
 
 def peft_cases() -> list[Case]:
-    """The PEFT section: LoRA and QLoRA on DDP and LoRA on FSDP2 (as memfit plans them) on GPT, BERT and
-    ViT; ranks 4-64, all or some target modules, adapter dropout, fp32/bf16, checkpointing
-    none/selective/full, micro-batch 1-8, AdamW / 8-bit AdamW / SGD, double quantisation on/off, world
-    size 1 and 2."""
+    """The PEFT section: LoRA and QLoRA on DDP and FSDP2, LoRA on DeepSpeed ZeRO-3 with and without
+    ZeRO-Offload (as memfit plans them) on GPT, BERT and ViT; ranks 4-64, all or some target modules,
+    adapter dropout, fp32/bf16, checkpointing none/selective/full, micro-batch 1-8, AdamW / 8-bit AdamW /
+    SGD, double quantisation on/off, world size 1 and 2."""
     c = Case
     cases = [
         c("gpt", precision="fp32", micro_batch_size=1, peft="lora"),
@@ -377,7 +377,7 @@ def _sharded_cases() -> list[Case]:
 
 def full_cases() -> list[Case]:
     """The full benchmark: 30 single-rank DDP cases over three families and 19 sharded ones (the
-    transformer section), the 36 cases of the entrypoint section, the 24 of the depth section and the 37
+    transformer section), the 36 cases of the entrypoint section, the 24 of the depth section and the 56
     of the PEFT section."""
     return [*_ddp_cases("gpt"), *_ddp_cases("bert"), *_ddp_cases("vit"), *_sharded_cases(), *entrypoint_cases(),
             *depth_cases(), *peft_cases()]
