@@ -158,6 +158,7 @@ class Case:
     targets: tuple[str, ...] = ()  # empty = every linear layer of the blocks
     dropout: float = 0.0
     double_quant: bool = True
+    offload: str = "none"  # none | cpu (DeepSpeed optimizer offload, FSDP CPUOffloadPolicy)
 
     @property
     def id(self) -> str:
@@ -170,8 +171,9 @@ class Case:
             peft = f"{self.peft}-r{self.rank}-" + ("+".join(self.targets) if self.targets else "all")
             peft += f"-d{self.dropout:g}" if self.dropout else ""
             peft += "-" if self.double_quant else "-nodq-"
+        offload = f"-offload{self.offload}" if self.offload != "none" else ""
         return (
-            f"{peft}{self.family}-{engine}-w{self.world_size}-{self.precision}-{self.checkpointing}"
+            f"{peft}{self.family}-{engine}{offload}-w{self.world_size}-{self.precision}-{self.checkpointing}"
             f"-mbs{self.micro_batch_size}-{opt}"
         )
 
@@ -197,7 +199,7 @@ class Case:
             "zeroStage": self.zero_stage,
             "precision": self.precision,
             "activationCheckpointing": self.checkpointing,
-            "offload": "none",
+            "offload": self.offload,
             "optimizer8bit": self.eight_bit,
             "microBatchSize": self.micro_batch_size,
             "gradientAccumulationSteps": 1,
@@ -227,10 +229,10 @@ class Case:
 
 
 def peft_cases() -> list[Case]:
-    """The PEFT section: LoRA and QLoRA on DDP and LoRA on FSDP2 (as memfit plans them) on GPT, BERT and
-    ViT; ranks 4-64, all or some target modules, adapter dropout, fp32/bf16, checkpointing
-    none/selective/full, micro-batch 1-8, AdamW / 8-bit AdamW / SGD, double quantisation on/off, world
-    size 1 and 2."""
+    """The PEFT section: LoRA and QLoRA on DDP and FSDP2, LoRA on DeepSpeed ZeRO-3 with and without
+    ZeRO-Offload (as memfit plans them) on GPT, BERT and ViT; ranks 4-64, all or some target modules,
+    adapter dropout, fp32/bf16, checkpointing none/selective/full, micro-batch 1-8, AdamW / 8-bit AdamW /
+    SGD, double quantisation on/off, world size 1 and 2."""
     c = Case
     cases = [
         c("gpt", precision="fp32", micro_batch_size=1, peft="lora"),
@@ -277,6 +279,30 @@ def peft_cases() -> list[Case]:
     ]
     cases += [replace(case, world_size=2) for case in fsdp]
     cases += [fsdp[0], fsdp[5], fsdp[6]]
+    # LoRA on DeepSpeed ZeRO-3 (the frozen base partitioned with the adapters), with and without
+    # ZeRO-Offload of the adapters' optimizer (and ZeRO-3's parameter offload), world size 1 and 2.
+    zero3 = [
+        c("gpt", engine="deepspeed", zero_stage=3, precision="bf16", micro_batch_size=2, peft="lora"),
+        c("gpt", engine="deepspeed", zero_stage=3, precision="fp32", micro_batch_size=2, peft="lora"),
+        c("gpt", engine="deepspeed", zero_stage=3, precision="bf16", micro_batch_size=2, peft="lora", offload="cpu"),
+        c("gpt", engine="deepspeed", zero_stage=3, precision="bf16", checkpointing="full", micro_batch_size=8,
+          peft="lora", rank=64),
+        c("bert", engine="deepspeed", zero_stage=3, precision="bf16", micro_batch_size=4, peft="lora"),
+        c("vit", engine="deepspeed", zero_stage=3, precision="fp32", checkpointing="full", micro_batch_size=4,
+          peft="lora", rank=8, offload="cpu"),
+    ]
+    cases += zero3 + [replace(case, world_size=2) for case in zero3]
+    # QLoRA on FSDP2 (4-bit weights packed in the compute dtype, sharded): world size 1 and 2.
+    qlora_fsdp = [
+        c("gpt", engine="fsdp", zero_stage=3, precision="bf16", micro_batch_size=4, peft="qlora"),
+        c("gpt", engine="fsdp", zero_stage=2, precision="bf16", micro_batch_size=2, peft="qlora", rank=32),
+        c("gpt", engine="fsdp", zero_stage=3, precision="fp32", checkpointing="full", micro_batch_size=4,
+          peft="qlora", double_quant=False),
+        c("bert", engine="fsdp", zero_stage=3, precision="bf16", micro_batch_size=4, peft="qlora"),
+        c("vit", engine="fsdp", zero_stage=3, precision="bf16", checkpointing="full", micro_batch_size=8,
+          peft="qlora"),
+    ]
+    cases += [replace(case, world_size=2) for case in qlora_fsdp] + [qlora_fsdp[0], qlora_fsdp[3]]
     return cases
 
 
@@ -351,7 +377,7 @@ def _sharded_cases() -> list[Case]:
 
 def full_cases() -> list[Case]:
     """The full benchmark: 30 single-rank DDP cases over three families and 19 sharded ones (the
-    transformer section), the 36 cases of the entrypoint section, the 24 of the depth section and the 37
+    transformer section), the 36 cases of the entrypoint section, the 24 of the depth section and the 56
     of the PEFT section."""
     return [*_ddp_cases("gpt"), *_ddp_cases("bert"), *_ddp_cases("vit"), *_sharded_cases(), *entrypoint_cases(),
             *depth_cases(), *peft_cases()]

@@ -53,7 +53,7 @@ def _strategy(case: Case) -> Any:
         zero_stage=case.zero_stage,
         precision=Precision(case.precision),
         activation_checkpointing=Checkpointing(case.checkpointing),
-        offload=Offload.NONE,
+        offload=Offload(case.offload),
         optimizer8bit=case.eight_bit,
         micro_batch_size=case.micro_batch_size,
         gradient_accumulation_steps=1,

@@ -45,7 +45,8 @@ def run_case(plan_wire: dict[str, Any], env: Any, device: Any) -> dict[str, Any]
     with meter:
         with meter.region("build"):
             problem = build_problem(plan.problem, seed=0)
-            apply_peft(problem, method=plan.peft, adapter=plan.adapter, precision=plan.precision, device=device)
+            apply_peft(problem, method=plan.peft, adapter=plan.adapter, precision=plan.precision, device=device,
+                       engine=plan.engine)
             apply_activation_checkpointing(problem, plan.activation_checkpointing)
             runner = make_runner(plan=plan, problem=problem, device=device, world_size=env.world_size)
         mbs = plan.micro_batch_size

@@ -53,7 +53,8 @@ def record(case_id: str) -> tuple[Any, Any]:
     try:
         with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
             problem = build_problem(plan.problem, seed=0)
-            apply_peft(problem, method=plan.peft, adapter=plan.adapter, precision=plan.precision, device=device)
+            apply_peft(problem, method=plan.peft, adapter=plan.adapter, precision=plan.precision, device=device,
+                       engine=plan.engine)
             apply_activation_checkpointing(problem, plan.activation_checkpointing)
             runner = make_runner(plan=plan, problem=problem, device=device, world_size=env.world_size)
             mbs = plan.micro_batch_size

@@ -61,12 +61,14 @@ def test_only_adapters_train_and_the_saved_adapter_reproduces_the_loss(
 
 
 @pytest.mark.parametrize(("engine", "method"), [pytest.param("ddp", "qlora", id="qlora ddp"),
-                                                pytest.param("fsdp", "lora", id="lora fsdp")])
+                                                pytest.param("fsdp", "lora", id="lora fsdp"),
+                                                pytest.param("deepspeed", "lora", id="lora zero3"),
+                                                pytest.param("fsdp", "qlora", id="qlora fsdp")])
 def test_a_peft_run_resumes_from_its_checkpoint_with_the_same_losses(
     engine: str, method: str, tmp_path: Path, train_local: Callable[..., Any]
 ) -> None:
     plan = make_plan().bf16().peft(method)
-    plan = plan.fsdp(3) if engine == "fsdp" else plan
+    plan = {"fsdp": plan.fsdp(3), "deepspeed": plan.deepspeed(3)}.get(engine, plan)
     expected = [loss for _, loss in train_local(plan.steps(STEPS)).losses]
     folder = tmp_path / "ckpt"
     train_local(plan.steps(4, every=EVERY).checkpoint_dir(folder), checkpoint_dir=folder)
@@ -144,3 +146,103 @@ def test_the_saved_adapter_loads_with_the_peft_library_and_gives_the_trained_los
             base_loss = plain.loss_fn(model, batch).item()
     assert loss == pytest.approx(trained.losses[-1][1], rel=1e-4)
     assert base_loss != pytest.approx(loss, rel=1e-3)  # the adapter's weights were loaded, not just its shape
+
+
+@pytest.mark.parametrize("offload", [pytest.param("none", id="zero3"), pytest.param("cpu", id="zero3 offload cpu")])
+def test_lora_on_deepspeed_zero3_partitions_the_frozen_base_and_trains_only_the_adapters(
+    offload: str, tmp_path: Path, train_local: Callable[..., Any]
+) -> None:
+    """ZeRO-3 partitions every parameter (the frozen base too), its optimizer owns only the adapters
+    (on the host with ZeRO-Offload, DeepSpeedCPUAdam); the adapter saved from the partitions reproduces
+    the trained model's loss in a plain model with the same adapters."""
+    import torch
+    from memfit_trainer.strategies.peft import EVAL_FILE, apply_peft, eval_loss, load_adapter
+
+    builder = make_plan().deepspeed(3).bf16().offload(offload).peft("lora").steps(STEPS).learning_rate(1e-2)
+    result = train_local(builder, output_dir=tmp_path / "adapter")
+    losses = [loss for _, loss in result.losses]
+    assert losses[-1] < losses[0]
+    facts = result.facts
+    assert facts["zero_stage"] == 3 and facts["offload_optimizer"] == (None if offload == "none" else "cpu")
+    assert facts["offload_param"] == (None if offload == "none" else "cpu")
+    # The optimizer's state covers the adapters only: Adam m and v over A in fp32 (one flat partition).
+    assert result.adapter_parameters == 2 * 8 * ((64 + 192) + (64 + 64) + (64 + 256) + (256 + 64))
+    assert facts["optimizer_state_bytes"] >= 8 * result.adapter_parameters
+    assert facts["optimizer_state_bytes"] < 8 * result.adapter_parameters + 4096
+    if offload == "cpu":
+        assert facts["optimizer_class"] == "DeepSpeedCPUAdam"
+
+    plan = builder.build()
+    assert plan.problem is not None
+    from memfit_trainer.problems import build_problem
+
+    problem = build_problem(plan.problem, seed=0)
+    apply_peft(problem, method=plan.peft, adapter=plan.adapter, precision=plan.precision, device=torch.device("cpu"))
+    assert load_adapter(problem.model, tmp_path / "adapter") == 4 * 2 * 2
+    recorded = json.loads((tmp_path / "adapter" / EVAL_FILE).read_text())
+    again = eval_loss(problem, plan.precision, seed=0, step=recorded["step"], device=torch.device("cpu"))
+    assert again == pytest.approx(recorded["loss"], rel=2e-2)  # bf16 ZeRO-3 model vs bf16 autocast model
+    untrained = build_problem(plan.problem, seed=0)
+    apply_peft(untrained, method=plan.peft, adapter=plan.adapter, precision=plan.precision,
+               device=torch.device("cpu"))
+    before = eval_loss(untrained, plan.precision, seed=0, step=recorded["step"], device=torch.device("cpu"))
+    assert abs(before - recorded["loss"]) > 5 * abs(again - recorded["loss"])  # the adapter is what moved it
+
+
+@pytest.mark.parametrize(("engine", "method"), [pytest.param("deepspeed", "lora", id="lora zero3"),
+                                                pytest.param("fsdp", "qlora", id="qlora fsdp")])
+def test_a_sharded_peft_run_at_world_size_2_saves_whole_adapter_and_merged_weights(
+    engine: str, method: str, tmp_path: Path
+) -> None:
+    """Two gloo ranks: every rank takes part in gathering the ZeRO-3 partitions or FSDP shards (rank 0
+    alone would hang), rank 0 writes the adapter and the merged model, whose whole tensors reproduce
+    the trained model's loss (QLoRA on FSDP: the 4-bit weights packed in bf16 and sharded)."""
+    import torch
+    from memfit_trainer.problems import BatchKey, build_problem
+    from memfit_trainer.strategies.peft import (
+        ADAPTER_WEIGHTS,
+        EVAL_FILE,
+        MERGED_WEIGHTS,
+        apply_peft,
+        eval_loss,
+        load_adapter,
+    )
+    from trainer_support import run_cli
+
+    builder = make_plan().bf16().world(2).peft(method).steps(4).learning_rate(1e-2)
+    builder = builder.deepspeed(3) if engine == "deepspeed" else builder.fsdp(3)
+    env = {"MEMFIT_OUTPUT_DIR": str(tmp_path / "adapter"), "MEMFIT_SAVE_MERGED": "1"}
+    run = run_cli(builder, tmp_path, env=env, timeout_s=300)
+    assert run.returncode == 0, run.output[-3000:]
+    state = torch.load(tmp_path / "adapter" / ADAPTER_WEIGHTS, weights_only=True)
+    assert state["base_model.model.blocks.0.attn.qkv.lora_B.weight"].shape == (192, 8)
+    plan = builder.build()
+    assert plan.problem is not None
+    problem = build_problem(plan.problem, seed=0)
+    apply_peft(problem, method=plan.peft, adapter=plan.adapter, precision=plan.precision, device=torch.device("cpu"))
+    load_adapter(problem.model, tmp_path / "adapter")
+    recorded = json.loads((tmp_path / "adapter" / EVAL_FILE).read_text())
+    again = eval_loss(problem, plan.precision, seed=0, step=recorded["step"], device=torch.device("cpu"))
+    assert again == pytest.approx(recorded["loss"], rel=2e-2)
+    plain = build_problem(plan.problem, seed=0)  # no adapters, no 4-bit layers
+    plain.model.to(torch.bfloat16).load_state_dict(torch.load(tmp_path / "adapter" / MERGED_WEIGHTS,
+                                                              weights_only=True))
+    batch = plain.make_batch(BatchKey(seed=0, step=recorded["step"], sample_start=0, samples=4))
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        merged = plain.loss_fn(plain.model, batch).item()
+    assert merged == pytest.approx(recorded["loss"], rel=3e-2)
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp32"])
+def test_qlora_on_fsdp_packs_4bit_weights_in_the_flat_dtype_and_trains_like_ddp(
+    precision: str, train_local: Callable[..., Any]
+) -> None:
+    """The FSDP+QLoRA recipe: the 4-bit weights are stored in the base's dtype (quant_storage), so FSDP
+    shards and casts them like any parameter, and the layer recovers its quantisation state: the
+    losses equal QLoRA on DDP (uint8 storage) step for step."""
+    builder = make_plan().precision(precision).peft("qlora").steps(4).learning_rate(1e-2)
+    ddp = train_local(builder)
+    fsdp = train_local(builder.fsdp(3))
+    assert "torch.uint8" in ddp.facts["param_dtypes"]
+    assert "torch.uint8" not in fsdp.facts["param_dtypes"]
+    assert [loss for _, loss in fsdp.losses] == pytest.approx([loss for _, loss in ddp.losses], rel=1e-3)

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from memfit.api.common import Checkpointing, Engine, Offload, Precision
+from memfit.api.peft_rules import peft_engine_problem
 from memfit.api.plan import Plan
 from pydantic import ValidationError
 
@@ -148,7 +149,8 @@ def refuse_invalid(error: Exception, *, rank: int | None, environ: Mapping[str, 
 
 
 def _peft_problems(plan: Plan) -> list[str]:
-    """LoRA/QLoRA plans need their adapter settings; LoRA runs on DDP and FSDP, QLoRA on DDP."""
+    """LoRA/QLoRA plans need their adapter settings and an engine, stage and offload that can hold them
+    (memfit.api.peft_rules.peft_engine_problem)."""
     if plan.peft.value == "none":
         return []
     if plan.peft.value == "auto":
@@ -156,8 +158,7 @@ def _peft_problems(plan: Plan) -> list[str]:
     reasons = []
     if plan.adapter is None:
         reasons.append(f"peft {plan.peft.value} needs plan.adapter (rank, alpha, target modules)")
-    engines = ("ddp", "fsdp") if plan.peft.value == "lora" else ("ddp",)
-    if plan.engine.value not in engines:
-        reasons.append(f"peft {plan.peft.value} runs on engine {' or '.join(engines)} in this version, "
-                       f"not {plan.engine.value}")
+    problem = peft_engine_problem(plan.peft, engine=plan.engine, zero_stage=plan.zero_stage, offload=plan.offload)
+    if problem is not None:
+        reasons.append(problem)
     return reasons

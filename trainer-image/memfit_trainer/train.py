@@ -31,7 +31,13 @@ from memfit_trainer.metrics import TrainerMetrics
 from memfit_trainer.problems import BatchKey, build_problem
 from memfit_trainer.strategies import CHECKPOINT_FORMATS, make_runner
 from memfit_trainer.strategies.checkpointing import apply_activation_checkpointing
-from memfit_trainer.strategies.peft import apply_peft, save_adapter, save_merged, write_eval_loss
+from memfit_trainer.strategies.peft import (
+    apply_peft,
+    full_parameters,
+    save_adapter,
+    save_merged,
+    write_eval_loss,
+)
 
 ENV_INJECT_OOM_AT_STEP = "MEMFIT_INJECT_OOM_AT_STEP"
 ENV_INJECT_OOM_RANK = "MEMFIT_INJECT_OOM_RANK"
@@ -154,7 +160,8 @@ def run_training(
     runner: Any = None
     try:
         problem = build_problem(plan.problem, seed=options.seed)
-        adapters = apply_peft(problem, method=plan.peft, adapter=plan.adapter, precision=plan.precision, device=device)
+        adapters = apply_peft(problem, method=plan.peft, adapter=plan.adapter, precision=plan.precision, device=device,
+                   engine=plan.engine)
         recomputed = apply_activation_checkpointing(problem, plan.activation_checkpointing)
         fmt = CHECKPOINT_FORMATS[plan.engine]
         latest = find_latest(options.checkpoint_dir) if options.checkpoint_dir else None
@@ -200,13 +207,8 @@ def run_training(
         result.device_peak_bytes = getattr(meter, "run_device_peak_bytes", None)
         result.device = device.type if meter.name != "simulated-gpu" else "simulated-cuda"
         folder = options.output_dir or (options.checkpoint_dir / "adapter" if options.checkpoint_dir else None)
-        if adapters and plan.adapter is not None and folder is not None and env.rank == 0:
-            model = problem.model
-            result.adapter_dir = str(save_adapter(model, folder, method=plan.peft, adapter=plan.adapter,
-                                                  base_model=_base_model_name(plan)))
-            if options.save_merged:
-                save_merged(model, folder)
-            write_eval_loss(problem, plan, folder, seed=options.seed, device=device)
+        if adapters and plan.adapter is not None and folder is not None:
+            _save_peft_outputs(problem, plan, folder, options=options, rank=env.rank, device=device, result=result)
         result.seconds = time.perf_counter() - started
         return result
     finally:
@@ -215,6 +217,20 @@ def run_training(
         runner = None
         gc.collect()
         meter.stop()
+
+
+def _save_peft_outputs(problem: Any, plan: Plan, folder: Path, *, options: TrainOptions, rank: int,
+                       device: torch.device, result: RunResult) -> None:
+    """Adapter (and merged model) from rank 0, with every parameter whole (every rank takes part in
+    gathering ZeRO-3 partitions), then the eval loss, which every rank computes."""
+    assert plan.adapter is not None
+    with full_parameters(problem.model):
+        if rank == 0:
+            result.adapter_dir = str(save_adapter(problem.model, folder, method=plan.peft, adapter=plan.adapter,
+                                                  base_model=_base_model_name(plan)))
+            if options.save_merged:
+                save_merged(problem.model, folder)
+    write_eval_loss(problem, plan, folder, seed=options.seed, device=device, write=rank == 0)
 
 
 def _base_model_name(plan: Plan) -> str:

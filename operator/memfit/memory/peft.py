@@ -1,4 +1,4 @@
-"""Memory of LoRA and QLoRA training (DDP; LoRA on FSDP2 in peft_fsdp.py): a frozen base in 16 or 4 bits, fp32 adapters with their
+"""Memory of LoRA and QLoRA training (DDP; FSDP2 in peft_fsdp.py, LoRA on DeepSpeed ZeRO-3 in peft_deepspeed.py): a frozen base in 16 or 4 bits, fp32 adapters with their
 gradients and optimizer state, and the activations a frozen base saves.
 
 Model states (per GPU; Ψ all parameters, A adapter parameters, Q the blocks' linear weights):
@@ -38,6 +38,7 @@ from memfit.memory.activations import (
     _norm,
 )
 from memfit.memory.adapter import AdapterLayout
+from memfit.memory.peft_deepspeed import deepspeed_peft_phases, deepspeed_peft_states
 from memfit.memory.peft_fsdp import fsdp_peft_phases, fsdp_peft_states
 from memfit.memory.shape import Shape
 from memfit.memory.states import ModelStates, optimizer_state_bytes_per_param
@@ -63,15 +64,29 @@ def adapter_parameters(shape: Shape, layout: AdapterLayout) -> int:
 
 def base_bytes(shape: Shape, strategy: Strategy, layout: AdapterLayout) -> float:
     """The frozen base: 16-bit (or fp32) LoRA, or QLoRA's 4-bit linear weights with their constants."""
+    return base_tensor_bytes(shape, strategy, layout) + quantisation_state_bytes(shape, strategy, layout)
+
+
+def base_tensor_bytes(shape: Shape, strategy: Strategy, layout: AdapterLayout) -> float:
+    """The frozen base's parameters (what FSDP shards): every weight at the compute dtype, or QLoRA's
+    packed 4-bit linear weights (0.5 B each, in whatever storage dtype) and the rest at the compute dtype."""
     compute = 4.0 if not strategy.mixed_precision else 2.0
     if strategy.config.peft != PeftMethod.QLORA:
         return compute * shape.parameters
     quantised = float(shape.layers * layout.linear_weights_per_block)
+    return NF4_BYTES * quantised + compute * (shape.parameters - quantised)
+
+
+def quantisation_state_bytes(shape: Shape, strategy: Strategy, layout: AdapterLayout) -> float:
+    """QLoRA's quantisation constants and codes (0 for LoRA): kept on each layer, not parameters, so every
+    rank holds them whole under FSDP."""
+    if strategy.config.peft != PeftMethod.QLORA:
+        return 0.0
+    quantised = float(shape.layers * layout.linear_weights_per_block)
     blocks = quantised / NF4_BLOCK
     constants = blocks * (1.0 + 4.0 / NF4_NESTED_BLOCK) if layout.double_quant else blocks * 4.0
     per_layer = QUANT_CODE_BYTES + (NESTED_CODE_BYTES if layout.double_quant else 0)
-    return (NF4_BYTES * quantised + constants + per_layer * shape.layers * layout.linears_per_block
-            + compute * (shape.parameters - quantised))
+    return constants + per_layer * shape.layers * layout.linears_per_block
 
 
 def peft_states(shape: Shape, strategy: Strategy, layout: AdapterLayout) -> ModelStates:
@@ -83,11 +98,14 @@ def peft_states(shape: Shape, strategy: Strategy, layout: AdapterLayout) -> Mode
         small = float(shape.layers * layout.small_adapter_tensors_per_block)
         eight = optimizer_state_bytes_per_param(strategy.optimizer, eight_bit=True)
         optimizer = eight * (a - small) + state * small
+    if strategy.config.engine == Engine.DEEPSPEED:
+        return deepspeed_peft_states(shape, strategy, adapters=a, optimizer_bytes=optimizer)
     params = base_bytes(shape, strategy, layout) + ADAPTER_BYTES * a
     if strategy.config.engine == Engine.FSDP:
-        sharded = fsdp_peft_states(ModelStates(params, ADAPTER_BYTES * a, optimizer), strategy)
-        return ModelStates(sharded.parameters_bytes + shape.buffer_bytes, sharded.gradients_bytes,
-                           sharded.optimizer_bytes)
+        tensors = base_tensor_bytes(shape, strategy, layout) + ADAPTER_BYTES * a
+        sharded = fsdp_peft_states(ModelStates(tensors, ADAPTER_BYTES * a, optimizer), strategy)
+        whole = quantisation_state_bytes(shape, strategy, layout) + shape.buffer_bytes
+        return ModelStates(sharded.parameters_bytes + whole, sharded.gradients_bytes, sharded.optimizer_bytes)
     return ModelStates(params + shape.buffer_bytes, ADAPTER_BYTES * a, optimizer)
 
 
@@ -97,6 +115,8 @@ def peft_phases(shape: Shape, strategy: Strategy, layout: AdapterLayout) -> Phas
     if strategy.config.engine == Engine.FSDP:
         return fsdp_peft_phases(shape, strategy, layout)
     a = float(adapter_parameters(shape, layout))
+    if strategy.config.engine == Engine.DEEPSPEED:
+        return deepspeed_peft_phases(shape, strategy, layout, adapters=a)
     grads = ADAPTER_BYTES * a
     full = strategy.config.activation_checkpointing == Checkpointing.FULL
     copies = 2.0 * a / (shape.layers if full else 1) if strategy.mixed_precision else 0.0

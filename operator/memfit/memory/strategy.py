@@ -7,6 +7,7 @@ from enum import StrEnum
 
 from memfit.api.common import Checkpointing, Engine, Offload, PeftMethod, Precision, Toggle
 from memfit.api.job import OptimizerKind, StrategySpec
+from memfit.api.peft_rules import peft_engine_problem
 from memfit.api.training_config import PLAIN_FP32_DDP, TrainingConfig
 from memfit.memory.adapter import AdapterLayout
 
@@ -115,17 +116,11 @@ def strategy_problem(strategy: Strategy) -> str | None:
     if config.optimizer8bit and offload != Offload.NONE:
         # Offloaded optimizers step on the CPU (DeepSpeedCPUAdam, torch on CPU); bitsandbytes is CUDA-only.
         return "an 8-bit (bitsandbytes) optimizer cannot run with optimizer offload"
-    if config.peft == PeftMethod.AUTO:
-        return "peft must be concrete (none, lora or qlora), not auto"
-    if config.peft == PeftMethod.LORA and engine == Engine.DEEPSPEED:
-        return "LoRA runs on DDP or FSDP in this version (DeepSpeed ZeRO-3 adapters are not implemented yet)"
-    if config.peft == PeftMethod.QLORA and engine != Engine.DDP:
-        # bitsandbytes' Params4bit loses its quantisation state under fully_shard (sharded 4-bit
-        # storage through bnb_4bit_quant_storage is not implemented), and ZeRO-3 is not either.
-        return "QLoRA runs on DDP in this version (its 4-bit base is not sharded by FSDP or ZeRO-3 yet)"
-    if config.peft != PeftMethod.NONE and offload != Offload.NONE:
-        return "LoRA/QLoRA plans do not offload in this version"
+    problem = peft_engine_problem(config.peft, engine=engine, zero_stage=stage, offload=offload)
+    if problem is not None:
+        return problem
     if min(strategy.world_size, strategy.gpus_per_node, config.micro_batch_size,
            config.gradient_accumulation_steps) < 1:
         return "world size, GPUs per node, micro-batch and accumulation must be >= 1"
     return None
+

@@ -36,10 +36,22 @@ BAD = {
                                    "at most 64"),
     "rank larger than llama's k_proj": (spec({"method": "lora", "lora": {"rank": 2048}}, problem=LLAMA),
                                         "spec.strategy.peft.lora.rank", "at most 1024"),
-    "qlora on zero-1": (spec({"method": "qlora"}, engine="deepspeed", zeroStage=1), "spec.strategy.peft.method",
-                        "allowed engines: ddp, fsdp, or deepspeed with zeroStage 3"),
-    "qlora offloaded": (spec({"method": "qlora"}, engine="deepspeed", offload="cpu"), "spec.strategy.peft.method",
+    "qlora on zero-1": (spec({"method": "qlora"}, engine="deepspeed", zeroStage=1), "spec.strategy.zeroStage",
+                        "QLoRA does not run on DeepSpeed"),
+    "qlora on zero-3": (spec({"method": "qlora"}, engine="deepspeed", zeroStage=3), "spec.strategy.zeroStage",
+                        "allowed: ddp or fsdp (zeroStage 2 or 3), without offload"),
+    "qlora on deepspeed": (spec({"method": "qlora"}, engine="deepspeed"), "spec.strategy.engine",
+                           "QLoRA does not run on DeepSpeed"),
+    "qlora offloaded": (spec({"method": "qlora"}, engine="fsdp", offload="cpu"), "spec.strategy.offload",
                         "cannot be offloaded"),
+    "lora on zero-2": (spec({"method": "lora"}, engine="deepspeed", zeroStage=2), "spec.strategy.zeroStage",
+                       "LoRA on DeepSpeed runs with ZeRO stage 3"),
+    "lora offloaded on fsdp": (spec({"method": "lora"}, engine="fsdp", offload="cpu"), "spec.strategy.offload",
+                               "offload cpu only with deepspeed zeroStage 3"),
+    "lora offloaded to nvme": (spec({"method": "lora"}, offload="nvme"), "spec.strategy.offload",
+                               "not to NVMe"),
+    "auto where neither method runs": (spec({"method": "auto", "allowed": ["lora", "qlora"]}, engine="deepspeed",
+                                            zeroStage=1), "spec.strategy.zeroStage", "with spec.strategy.peft.method qlora"),
     "qlora compute vs precision": (spec({"method": "qlora", "qlora": {"computeDtype": "fp16"}}, precision="bf16"),
                                    "spec.strategy.peft.qlora.computeDtype", "conflicts with strategy.precision"),
     "entrypoint without targets": (spec({"method": "lora"}, problem={"entrypoint": "pkg.mod:fn"}),
@@ -74,3 +86,19 @@ def test_default_targets_are_every_linear_layer_of_a_llama_block() -> None:
     linears = target_linears(LLAMA, settings.target_modules)
     # Llama-3-8B, r = 16 on all seven projections: peft reports 41,943,040 trainable parameters.
     assert linears is not None and 32 * sum(16 * (i + o) for i, o in linears) == 41_943_040
+
+
+ACCEPTED = {
+    "lora on zero-3 with cpu offload": spec({"method": "lora"}, engine="deepspeed", zeroStage=3, offload="cpu"),
+    "qlora on fsdp": spec({"method": "qlora"}, engine="fsdp", zeroStage=3),
+    "auto lora or qlora on deepspeed (lora can run)": spec({"method": "auto", "allowed": ["lora", "qlora"]},
+                                                           engine="deepspeed"),
+    "auto with the full fine-tune on zero-1": spec({"method": "auto", "allowed": ["none", "qlora"]},
+                                                   engine="deepspeed", zeroStage=1),
+}
+
+
+@pytest.mark.parametrize("doc", list(ACCEPTED.values()), ids=list(ACCEPTED))
+def test_peft_on_the_engines_that_hold_it_is_accepted(doc: dict[str, Any]) -> None:
+    assert check_spec(doc) == []
+    MemoryOptimizedTrainingJobSpec.model_validate(doc)

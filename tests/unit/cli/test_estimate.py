@@ -53,10 +53,10 @@ BAD_ESTIMATES = {
     "bad builtin": (["--builtin", "gpt:layers=2,hidden=65,heads=4"], "problem.builtin.heads: 4 does not divide"),
     "not an integer": (["--builtin", "gpt:layers=two"], "--builtin.layers: 'two' is not an integer"),
     "unknown gpu": (["--builtin", "gpt:layers=2,hidden=64,heads=4", "--gpu", "v100"], "--gpu: 'v100'"),
-    "lora on zero-3": (["--builtin", "gpt:layers=2,hidden=64,heads=4", "--peft", "lora", "--engine", "deepspeed",
-                        "--stage", "3"], "LoRA runs on DDP or FSDP in this version"),
-    "qlora on fsdp": (["--builtin", "gpt:layers=2,hidden=64,heads=4", "--peft", "qlora", "--engine", "fsdp"],
-                      "QLoRA runs on DDP in this version"),
+    "lora on zero-2": (["--builtin", "gpt:layers=2,hidden=64,heads=4", "--peft", "lora", "--engine", "deepspeed",
+                        "--stage", "2"], "LoRA on DeepSpeed runs with ZeRO stage 3"),
+    "qlora on zero-3": (["--builtin", "gpt:layers=2,hidden=64,heads=4", "--peft", "qlora", "--engine", "deepspeed",
+                         "--stage", "3"], "QLoRA does not run on DeepSpeed"),
 }
 
 

@@ -138,3 +138,59 @@ def test_the_profiles_peft_variant_only_raises_peft_predictions(extra: int) -> N
     full = Strategy(config=PLAIN_FP32_DDP.model_copy(update={"micro_batch_size": 4}), device=Device.CPU)
     assert (predict_memory(shape, full, calibration=calibrate(without, shape)).allocated_bytes
             == predict_memory(shape, full, calibration=calibration).allocated_bytes)
+
+
+def sharded(method: PeftMethod, engine: str, *, world: int, stage: int = 3, offload: str = "none") -> tuple[Shape, Strategy]:
+    from memfit.api.common import Engine, Offload
+
+    shape, strategy, layout = setup(method, Precision.BF16)
+    config = strategy.config.model_copy(update={"engine": Engine(engine), "zero_stage": stage,
+                                                "offload": Offload(offload)})
+    return shape, Strategy(config=config, device=Device.CPU, world_size=world, gpus_per_node=world, adapter=layout)
+
+
+# Bytes allocated when the optimizer step starts (memory_accuracy_worker.py `optimizer_start_bytes`, CPU
+# allocator counter, GPT bf16, rank 16 on every block linear): ZeRO-3 holds its partitions, the adapters'
+# master, moments, 16-bit gradient partition and a reduce bucket; FSDP the shards, the 4-bit constants
+# whole and the sharded adapter gradients.
+MEASURED_STEP_START = {
+    "lora zero3 w1": (PeftMethod.LORA, "deepspeed", 1, 12_880_909),
+    "lora zero3 w2": (PeftMethod.LORA, "deepspeed", 2, 6_537_741),
+    "qlora fsdp w1": (PeftMethod.QLORA, "fsdp", 1, 8_108_352),
+    "qlora fsdp w2": (PeftMethod.QLORA, "fsdp", 2, 4_096_836),
+}
+
+
+@pytest.mark.parametrize(("method", "engine", "world", "measured"), list(MEASURED_STEP_START.values()),
+                         ids=list(MEASURED_STEP_START))
+def test_sharded_peft_states_match_the_measured_start_of_the_step(method: PeftMethod, engine: str, world: int,
+                                                                   measured: int) -> None:
+    from memfit.memory.predict import memory_terms
+
+    shape, strategy = sharded(method, engine, world=world)
+    terms = memory_terms(shape, strategy)
+    held = terms.static_bytes + (terms.step_gradient_bytes if engine == "fsdp" else 0.0)
+    assert held == pytest.approx(measured, rel=1e-2)
+
+
+def test_zero3_offload_moves_the_adapter_states_to_the_host_on_cuda_only() -> None:
+    from dataclasses import replace
+
+    shape, on_cpu = sharded(PeftMethod.LORA, "deepspeed", world=2, offload="cpu")
+    cpu = predict_memory(shape, on_cpu)
+    cuda = predict_memory(shape, replace(on_cpu, device=Device.CUDA))
+    assert cpu.host_bytes == 0 and cpu.optimizer_bytes > 0  # on a CPU device the "host" is the device
+    assert cuda.optimizer_bytes == 0 and cuda.parameters_bytes == 0
+    assert cuda.host_bytes >= 1.5 * cpu.optimizer_bytes  # DeepSpeed's pinned-buffer factor
+
+
+def test_qlora_on_fsdp_shards_the_packed_weights_but_not_the_quantisation_constants() -> None:
+    from memfit.memory.peft import quantisation_state_bytes
+
+    shape, one = sharded(PeftMethod.QLORA, "fsdp", world=1)
+    _, four = sharded(PeftMethod.QLORA, "fsdp", world=4)
+    assert one.adapter is not None
+    constants = quantisation_state_bytes(shape, one, one.adapter)
+    p1, p4 = predict_memory(shape, one).parameters_bytes, predict_memory(shape, four).parameters_bytes
+    assert constants > 0
+    assert p4 - constants == pytest.approx((p1 - constants) / 4, rel=1e-6, abs=4)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from memfit.api.common import PeftMethod
+from memfit.api.common import Engine, PeftMethod
 from memfit.catalog import CATALOG
 from memfit.cli.inputs import load_job, load_pools
 from memfit.planner import catalog_pools, plan
@@ -55,3 +55,19 @@ def test_llama_70b_qlora_fits_one_80gb_gpu_and_explains_the_smaller_pools(source
     rejected = {r.pool: r.reason for r in result.rejections}
     for name in ("l4", "l40s", "a10g") if source == "example pools" else ("l4", "l40s", "a100-40"):
         assert name in rejected and "needs" in rejected[name] and "QLoRA" in rejected[name], rejected.get(name)
+
+
+def test_llama_70b_qlora_with_engine_auto_may_shard_the_4bit_base_with_fsdp() -> None:
+    """Unpinned, the planner also searches QLoRA on FSDP (the 4-bit base sharded): it is chosen only
+    when it costs less than the single-GPU plan, and every rank still holds under the GPU."""
+    job = load_job(EXAMPLES / "llama-70b-qlora.yaml")
+    single = plan(job.spec, pools=_pools("example pools"), catalog=CATALOG)
+    spec = job.spec.model_copy(update={"strategy": job.spec.strategy.model_copy(update={"engine": Engine.AUTO})})
+    free = plan(spec, pools=_pools("example pools"), catalog=CATALOG)
+    assert single.plan is not None and free.plan is not None
+    assert free.plan.peft == PeftMethod.QLORA
+    assert free.plan.estimated_cost <= single.plan.estimated_cost
+    assert free.plan.memory.peak_bytes * 1.1 <= free.plan.gpu_memory_bytes
+    if free.plan.world_size > 1:
+        assert free.plan.engine == Engine.FSDP
+        assert free.plan.memory.parameters_bytes < single.plan.memory.parameters_bytes

@@ -57,8 +57,9 @@ def test_the_planner_agrees_with_brute_force_when_peft_is_allowed(allowed: tuple
 
 
 def test_llama_70b_qlora_fits_one_80gb_gpu_and_says_why_smaller_ones_do_not() -> None:
+    # engine ddp: one unsharded GPU is the question (QLoRA on FSDP may shard it over smaller GPUs)
     job = make_job().hf(LLAMA_70B_CONFIG, seq=2048).batch(16).steps(500).peft("qlora").pin(
-        activationCheckpointing="full").build()
+        activationCheckpointing="full", engine="ddp").build()
     pools = [make_pool("l4", "l4", per_node=8), make_pool("l40s", "l40s", per_node=8),
              make_pool("a100-80", "a100-80", per_node=8)]
     result = plan(job, pools=pools, catalog=CATALOG, max_alternatives=0)
@@ -109,14 +110,16 @@ def test_with_peft_allowed_the_planner_finds_the_brute_force_optimum(
     assert got == pytest.approx(expected, rel=1e-9)
 
 
-def test_lora_may_shard_with_fsdp_while_qlora_and_zero3_adapters_are_not_offered() -> None:
-    from memfit.api.common import Engine
+def test_peft_runs_where_the_engine_holds_it_lora_on_zero3_and_qlora_on_fsdp() -> None:
+    from memfit.api.common import Engine, Offload
     from memfit.planner.space import strategy_choices
 
     job = make_job().peft("auto", "lora", "qlora").build()
     choices, _ = strategy_choices(job.strategy)
-    engines = {(c.config.peft, c.config.engine) for c in choices}
-    assert (PeftMethod.LORA, Engine.FSDP) in engines
-    assert (PeftMethod.QLORA, Engine.FSDP) not in engines
-    assert not {e for m, e in engines if m != PeftMethod.NONE} & {Engine.DEEPSPEED}
-    assert all(c.config.offload.value == "none" for c in choices if c.config.peft != PeftMethod.NONE)
+    configs = {(c.config.peft, c.config.engine, c.config.zero_stage, c.config.offload) for c in choices}
+    engines = {(m, e) for m, e, _, _ in configs}
+    assert {(PeftMethod.LORA, Engine.FSDP), (PeftMethod.QLORA, Engine.FSDP), (PeftMethod.LORA, Engine.DEEPSPEED)} <= engines
+    assert (PeftMethod.QLORA, Engine.DEEPSPEED) not in engines
+    assert {z for m, e, z, _ in configs if m == PeftMethod.LORA and e == Engine.DEEPSPEED} == {3}
+    offloaded = {(m, e, z, o) for m, e, z, o in configs if m != PeftMethod.NONE and o != Offload.NONE}
+    assert offloaded == {(PeftMethod.LORA, Engine.DEEPSPEED, 3, Offload.CPU)}

@@ -13,13 +13,15 @@ the memory model counts visible here.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
-from memfit.api.common import PeftMethod, Precision
+from memfit.api.common import Engine, PeftMethod, Precision
 from memfit.api.peft import AdapterSettings
 from torch import nn
 
@@ -56,15 +58,19 @@ class LoraLinear(nn.Module):
         return result + update.to(result.dtype)
 
 
-def _quantize_linear(linear: nn.Linear, *, adapter: AdapterSettings, compute: torch.dtype) -> nn.Module:
+def _quantize_linear(linear: nn.Linear, *, adapter: AdapterSettings, compute: torch.dtype,
+                     storage: torch.dtype) -> nn.Module:
     import bitsandbytes as bnb
 
     quantized = bnb.nn.Linear4bit(linear.in_features, linear.out_features, bias=linear.bias is not None,
                                   compute_dtype=compute, compress_statistics=adapter.double_quant,
-                                  quant_type=adapter.quant_type.value)
+                                  quant_type=adapter.quant_type.value, quant_storage=storage)
+    # `module=` keeps the quantisation state on the layer too: FSDP replaces the parameter with its own
+    # (sharded, then gathered) tensors, and Linear4bit.forward restores the state from the module.
     quantized.weight = bnb.nn.Params4bit(linear.weight.data.to(torch.float32).contiguous(), requires_grad=False,
                                          quant_type=adapter.quant_type.value,
-                                         compress_statistics=adapter.double_quant)
+                                         compress_statistics=adapter.double_quant, quant_storage=storage,
+                                         module=quantized)
     if linear.bias is not None:
         quantized.bias = nn.Parameter(linear.bias.data.to(compute), requires_grad=False)
     return quantized
@@ -102,9 +108,13 @@ def target_problems(problem: TrainingProblem, targets: list[str], rank: int) -> 
 
 
 def apply_peft(problem: TrainingProblem, *, method: PeftMethod, adapter: AdapterSettings | None,
-               precision: Precision, device: torch.device) -> int:
+               precision: Precision, device: torch.device, engine: Engine = Engine.DDP) -> int:
     """Freeze the base (16-bit, or 4-bit for QLoRA), add adapters to the targets; the adapters' parameter
-    count. Call before checkpointing is applied and before the engine wraps the model."""
+    count. Call before checkpointing is applied and before the engine wraps the model.
+
+    QLoRA packs its 4-bit weights in uint8, or for FSDP in the base's dtype (`quant_storage`, as the
+    FSDP+QLoRA recipe does): FSDP2's MixedPrecisionPolicy casts every parameter to the compute dtype at
+    gather, which must leave the packed bytes unchanged, and shards them like any other tensor."""
     if method == PeftMethod.NONE:
         return 0
     if adapter is None:
@@ -122,7 +132,8 @@ def apply_peft(problem: TrainingProblem, *, method: PeftMethod, adapter: Adapter
     for name, linear in linears:
         base: nn.Module = linear
         if method == PeftMethod.QLORA:
-            base = _quantize_linear(linear, adapter=adapter, compute=base_dtype)
+            storage = base_dtype if engine == Engine.FSDP else torch.uint8
+            base = _quantize_linear(linear, adapter=adapter, compute=base_dtype, storage=storage)
         if name.rpartition(".")[2] in targets:
             base = LoraLinear(base, in_features=linear.in_features, out_features=linear.out_features,
                               rank=adapter.rank, alpha=adapter.alpha, dropout=adapter.dropout)
@@ -132,6 +143,32 @@ def apply_peft(problem: TrainingProblem, *, method: PeftMethod, adapter: Adapter
         _replace(model, name, module)
     model.to(device)  # bitsandbytes quantises Params4bit when they are moved to the device
     return sum(p.numel() for n, p in model.named_parameters() if ".lora_" in n)
+
+
+def full_parameters(model: nn.Module) -> contextlib.AbstractContextManager[Any]:
+    """Every parameter whole for the duration: a collective under DeepSpeed ZeRO-3 (partitions between its
+    hooks) and FSDP2 (sharded DTensors; every unit is unsharded, then resharded), so every rank must
+    enter; nothing to do for DDP."""
+    params = list(model.parameters())
+    if any(hasattr(p, "ds_id") for p in params):
+        import deepspeed
+
+        return deepspeed.zero.GatheredParameters(params, modifier_rank=None)
+    return _fsdp_unsharded(model)
+
+
+@contextlib.contextmanager
+def _fsdp_unsharded(model: nn.Module) -> Iterator[None]:
+    from torch.distributed.fsdp import FSDPModule
+
+    units = [m for m in model.modules() if isinstance(m, FSDPModule)]
+    for unit in units:
+        unit.unshard()
+    try:
+        yield
+    finally:
+        for unit in units:
+            unit.reshard()
 
 
 def adapter_state(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -179,12 +216,14 @@ def eval_loss(problem: TrainingProblem, precision: Precision, *, seed: int, step
 
 
 def write_eval_loss(problem: TrainingProblem, plan: Any, directory: Path, *, seed: int,
-                    device: torch.device) -> None:
-    """`memfit_eval.json` beside the adapter: the trained model's loss on the batch after the last step."""
+                    device: torch.device, write: bool = True) -> None:
+    """`memfit_eval.json` beside the adapter: the trained model's loss on the batch after the last step.
+    Every rank computes it (a sharded model's forward is a collective); only `write` ranks write it."""
     step = plan.training.max_steps + 1
     loss = eval_loss(problem, plan.precision, seed=seed, step=step, device=device)
-    record = {"step": step, "samples": EVAL_SAMPLES, "seed": seed, "loss": loss}
-    (directory / EVAL_FILE).write_text(json.dumps(record, sort_keys=True))
+    if write:
+        record = {"step": step, "samples": EVAL_SAMPLES, "seed": seed, "loss": loss}
+        (directory / EVAL_FILE).write_text(json.dumps(record, sort_keys=True))
 
 
 def merged_state(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -198,8 +237,9 @@ def merged_state(model: nn.Module) -> dict[str, torch.Tensor]:
         if isinstance(module, LoraLinear):
             base = module.base_layer
             weight = base.weight
-            if isinstance(base, bnb.nn.Linear4bit):
-                weight = bnb.functional.dequantize_4bit(weight.data, weight.quant_state)
+            if isinstance(base, bnb.nn.Linear4bit):  # FSDP's gathered tensor: the state is on the layer
+                weight = bnb.functional.dequantize_4bit(weight.data, getattr(weight, "quant_state", None)
+                                                        or base.quant_state)
             delta = (module.lora_B.weight.float() @ module.lora_A.weight.float()) * module.scaling
             state[f"{name}.weight"] = (weight.float() + delta).to(weight.dtype).detach().cpu()
             if getattr(base, "bias", None) is not None:
@@ -209,8 +249,8 @@ def merged_state(model: nn.Module) -> dict[str, torch.Tensor]:
             continue
         for pname, param in module.named_parameters(recurse=False):
             data = param.data
-            if type(param).__name__ == "Params4bit":  # a quantised layer without an adapter
-                data = bnb.functional.dequantize_4bit(data, param.quant_state)
+            if isinstance(module, bnb.nn.Linear4bit) and pname == "weight":  # a quantised layer, no adapter
+                data = bnb.functional.dequantize_4bit(data, getattr(param, "quant_state", None) or module.quant_state)
             state[f"{name}.{pname}" if name else pname] = data.detach().cpu().clone()
     return state
 
