@@ -86,7 +86,7 @@ def test_progress_advances_and_a_killed_pod_resumes_from_the_checkpoint_claim(
     later = kube.wait(
         "status.progress to advance",
         lambda: p if (p := _progress(kube, namespace)) and p["step"] > first["step"] and p["updatedAt"] !=
-        first["updatedAt"] else None, timeout=120, interval=1)  # fmt: skip
+        first["updatedAt"] and "tokensPerSecond" in p else None, timeout=120, interval=1)  # fmt: skip
     assert later["loss"] is not None and later["loss"] > 0, later
     assert later["tokensPerSecond"] > 0 and later["stepSeconds"] > 0, later
     assert later["etaSeconds"] >= 0 and later["eta"], later
