@@ -1,0 +1,124 @@
+"""Real fine-tuning through the trainer CLI: pretrained tiny Llama from a volume, JSONL data, HF output."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from finetune_support import (
+    DATA_CLAIM,
+    MAX_POSITIONS,
+    MODEL_CLAIM,
+    MODEL_PATH,
+    data,
+    document_loss,
+    make_volumes,
+    problem,
+    sentences,
+)
+from trainer_support import PlanBuilder, losses, make_plan, run_cli
+
+STEPS = 6
+EXIT_INVALID_PLAN = 88
+
+
+@pytest.fixture(scope="module")
+def volumes(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    pytest.importorskip("transformers")
+    pytest.importorskip("tokenizers")
+    return make_volumes(tmp_path_factory.mktemp("volumes"))
+
+
+def finetune_plan(**data_extra: Any) -> PlanBuilder:
+    return (make_plan().problem(problem()).data(data(evalEverySteps=3, **data_extra)).optimizer("adamw")
+            .learning_rate(1e-2).steps(STEPS))
+
+
+def run(plan: PlanBuilder, tmp: Path, volumes: Path) -> tuple[Any, Path]:
+    tmp.mkdir(parents=True, exist_ok=True)
+    out = tmp / "out"
+    result = run_cli(plan, tmp, env={"MEMFIT_VOLUMES_DIR": str(volumes), "MEMFIT_OUTPUT_DIR": str(out),
+                                     "HF_HUB_OFFLINE": "1"})
+    return result, out
+
+
+def assert_saved_model_learned(out: Path, volumes: Path) -> dict[str, Any]:
+    """The output loads with from_pretrained and beats the starting model on held-out text."""
+    for name in ("config.json", "model.safetensors", "tokenizer.json", "memfit_training.json"):
+        assert (out / name).is_file(), name
+    held_out = sentences(24, seed=1)  # eval.jsonl's documents
+    before = document_loss(volumes / MODEL_CLAIM / MODEL_PATH, held_out)
+    after = document_loss(out, held_out)
+    assert after < before - 0.5, (before, after)
+    summary = json.loads((out / "memfit_training.json").read_text())
+    assert [step for step, _ in summary["eval_losses"]] == [0, 3, 6]
+    assert summary["final_eval_loss"] < summary["initial_eval_loss"]
+    assert summary["steps"] == STEPS and summary["data"]["files"]["path"] == "train.jsonl"
+    return summary
+
+
+def test_world1_ddp_finetune_saves_a_model_that_learned(volumes: Path, tmp_path: Path) -> None:
+    result, out = run(finetune_plan().ddp().batch(2, 2), tmp_path, volumes)
+    assert result.returncode == 0, result.output[-3000:]
+    summary = assert_saved_model_learned(out, volumes)
+    # The trainer's own eval loss at step 0 is the pretrained model's (weights were loaded, not random).
+    assert summary["initial_eval_loss"] == pytest.approx(
+        document_loss(volumes / MODEL_CLAIM / MODEL_PATH, sentences(24, seed=1)), rel=0.05)
+
+
+def test_world2_ddp_sees_the_same_samples_as_world1(volumes: Path, tmp_path: Path) -> None:
+    """Same global batch, other world size and micro-batch: the same samples per step, so the same losses."""
+    one, _ = run(finetune_plan().ddp().batch(4, 1), tmp_path / "w1", volumes)
+    two, out = run(finetune_plan().ddp().world(2).batch(1, 2), tmp_path / "w2", volumes)
+    assert one.returncode == 0 and two.returncode == 0, (one.output[-2000:], two.output[-2000:])
+    assert losses(two.reports[0]) == pytest.approx(losses(one.reports[0]), rel=1e-4)
+    rank0, rank1 = ([loss for _, loss in two.reports[r]["eval_losses"]] for r in (0, 1))
+    assert rank0 == pytest.approx(rank1, rel=1e-6)  # every rank evaluates the whole eval set
+    assert_saved_model_learned(out, volumes)
+
+
+@pytest.mark.parametrize("engine", ["zero3", "fsdp3"])
+def test_sharded_world2_finetune_saves_consolidated_weights(engine: str, volumes: Path, tmp_path: Path) -> None:
+    plan = finetune_plan().world(2).batch(1, 2)
+    plan = plan.deepspeed(3) if engine == "zero3" else plan.fsdp(3)
+    result, out = run(plan, tmp_path, volumes)
+    assert result.returncode == 0, result.output[-3000:]
+    assert_saved_model_learned(out, volumes)
+
+
+def test_chat_messages_are_rendered_with_the_chat_template(volumes: Path, tmp_path: Path) -> None:
+    plan = (make_plan().problem(problem()).steps(2)
+            .data({"files": {"volumeClaim": DATA_CLAIM, "path": "chat.jsonl"}, "messagesField": "messages"}))
+    result, out = run(plan, tmp_path, volumes)
+    assert result.returncode == 0, result.output[-3000:]
+    assert (out / "model.safetensors").is_file()
+
+
+@pytest.mark.parametrize(
+    ("plan", "field", "words"),
+    [
+        (make_plan().problem({"huggingface": {"volumeClaim": MODEL_CLAIM, "path": "no-such-model"}}).data(data()),
+         "spec.problem.huggingface.path", "does not exist on volume 'models'"),
+        (make_plan().problem(problem()).data(data(textField="body")), "spec.data.textField",
+         "no column 'body'"),
+        (make_plan().problem(problem()).data(
+            {"files": {"volumeClaim": DATA_CLAIM, "path": "numbers.jsonl"}}), "spec.data.textField",
+         "must hold text; row 0 holds int"),
+        (make_plan().problem(problem(sequenceLength=MAX_POSITIONS + 1)).data(data()),
+         "spec.problem.huggingface.sequenceLength", f"exceeds the model's max_position_embeddings {MAX_POSITIONS}"),
+        (make_plan().problem(problem(config={"model_type": "llama", "hidden_size": 64})).data(data()),
+         "spec.problem.huggingface.config.hidden_size", "the pretrained weights' config says 32"),
+    ],
+    ids=["missing model path", "missing text field", "text field not text", "sequence too long",
+         "inline config disagrees"],
+)
+def test_bad_input_is_refused_naming_the_field(plan: PlanBuilder, field: str, words: str, volumes: Path,
+                                               tmp_path: Path) -> None:
+    result, out = run(plan.steps(1), tmp_path, volumes)
+    assert result.returncode == EXIT_INVALID_PLAN, result.output[-3000:]
+    assert result.termination is not None and result.termination["reason"] == "InvalidPlan"
+    message = result.termination["message"]
+    assert field in message and words in message, message
+    assert not (out / "model.safetensors").exists()
