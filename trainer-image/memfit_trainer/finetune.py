@@ -62,7 +62,7 @@ def consolidated_state(runner: Any) -> dict[str, torch.Tensor] | None:
 
         state = get_model_state_dict(runner.model, options=StateDictOptions(full_state_dict=True,
                                                                            cpu_offload=True))
-        return state if rank == 0 else None
+        return {k: v for k, v in state.items() if isinstance(v, torch.Tensor)} if rank == 0 else None
     if runner.engine == Engine.DEEPSPEED.value:
         if int(runner.model.zero_optimization_stage()) == 3:
             gathered = runner.model._zero3_consolidated_16bit_state_dict()  # gathers every partition

@@ -6,7 +6,6 @@ from __future__ import annotations
 import importlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -149,7 +148,7 @@ def _pretrained(spec: HuggingFaceProblem, transformers: Any, config: Any, finetu
     if finetune.zero3_config is not None:
         # transformers builds the model under deepspeed.zero.Init while this object lives: each rank
         # materialises only its partition of the weights, never the whole model.
-        import deepspeed
+        import deepspeed  # type: ignore[import-untyped]
         from transformers.integrations import HfDeepSpeedConfig
 
         # DeepSpeed's config reads the world size from deepspeed.comm: join it to the existing group first.
@@ -219,7 +218,7 @@ def build_huggingface(spec: HuggingFaceProblem, *, depth: int | None = None,
     tokenizer = None
     eval_batches = None
     data = finetune.data if finetune is not None else None
-    if finetune is not None and (data is not None and data.real or pretrained):
+    if finetune is not None and ((data is not None and data.real) or pretrained):
         tokenizer = _tokenizer(spec, transformers, environ)
     if finetune is not None and data is not None and data.real:
         train = pack(read_rows(data, eval_set=False, environ=environ), data=data, tokenizer=tokenizer,
