@@ -16,6 +16,7 @@ MODEL_PATH = "tiny-llama"
 DATA_CLAIM = "data"
 SEQUENCE_LENGTH = 32
 MAX_POSITIONS = 64
+VOCAB = 400  # the model's embedding rows: at least the tokenizer's size (examples/finetune-tiny.yaml)
 
 _SUBJECTS = ["the cat", "a dog", "the bird", "my friend", "the teacher", "a child"]
 _VERBS = ["sees", "likes", "follows", "helps", "finds", "calls"]
@@ -41,7 +42,7 @@ def train_tokenizer(corpus: list[str]) -> Any:
     tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=["<pad>", "<unk>", "<s>", "</s>"],
+    trainer = trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=["<pad>", "<unk>", "<s>", "</s>"],
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tokenizer.train_from_iterator(corpus, trainer=trainer)
     fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token="<s>", eos_token="</s>",
@@ -59,7 +60,8 @@ def make_volumes(root: Path, *, seed: int = 0) -> Path:
     tokenizer = train_tokenizer(train)
     model_dir = root / MODEL_CLAIM / MODEL_PATH
     torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+    assert len(tokenizer) <= VOCAB, len(tokenizer)
+    config = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=MAX_POSITIONS,
                          bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
                          pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=False)

@@ -122,3 +122,22 @@ def test_bad_input_is_refused_naming_the_field(plan: PlanBuilder, field: str, wo
     message = result.termination["message"]
     assert field in message and words in message, message
     assert not (out / "model.safetensors").exists()
+
+
+def test_example_manifest_finetunes_on_the_local_volumes(volumes: Path, tmp_path: Path) -> None:
+    """examples/finetune-tiny.yaml's problem, data and training, run as the operator would hand them over
+    (its planning config must agree with the weights, or the trainer would refuse them)."""
+    import yaml
+    from trainer_support import REPO
+
+    spec = yaml.safe_load((REPO / "examples" / "finetune-tiny.yaml").read_text())["spec"]
+    root = tmp_path / "volumes"
+    root.mkdir()
+    (root / "models").symlink_to(volumes / MODEL_CLAIM)
+    (root / "corpus").symlink_to(volumes / DATA_CLAIM)
+    training = spec["training"]
+    plan = (make_plan().problem(spec["problem"]).data(spec["data"]).ddp().batch(training["globalBatchSize"], 1)
+            .steps(training["maxSteps"]).learning_rate(training["learningRate"]))
+    result, out = run(plan, tmp_path, root)
+    assert result.returncode == 0, result.output[-3000:]
+    assert_saved_model_learned(out, volumes)
