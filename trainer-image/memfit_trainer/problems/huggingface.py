@@ -4,6 +4,7 @@ from a config (`AutoConfig.for_model` on the inline config), trained on syntheti
 from __future__ import annotations
 
 import importlib
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -183,7 +184,7 @@ def build_huggingface(spec: HuggingFaceProblem, *, depth: int | None = None,
     `depth` sets the config's `num_hidden_layers` (the generic name every transformers config maps to
     its layer count) and cuts per-layer lists (`layer_types`) to match."""
     transformers = _transformers()
-    environ = finetune.environ if finetune is not None else {}
+    environ: Mapping[str, str] = finetune.environ if finetune is not None else os.environ
     config = _config(spec, transformers, environ)
     config.use_cache = False
     _check_positions(spec, config)
