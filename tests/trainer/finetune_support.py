@@ -51,8 +51,9 @@ def train_tokenizer(corpus: list[str]) -> Any:
     return fast
 
 
-def make_volumes(root: Path, *, seed: int = 0) -> Path:
-    """root/models/tiny-llama (model + tokenizer) and root/data/{train,eval,bad}.jsonl; returns root."""
+def make_volumes(root: Path, *, seed: int = 0, tied: bool = False) -> Path:
+    """root/models/tiny-llama (model + tokenizer; input and output embeddings shared when `tied`, as in
+    Llama-3.2-1B) and root/data/{train,eval,chat,numbers}.jsonl; returns root."""
     import torch
     from transformers import AutoModelForCausalLM, LlamaConfig
 
@@ -64,7 +65,7 @@ def make_volumes(root: Path, *, seed: int = 0) -> Path:
     config = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=MAX_POSITIONS,
                          bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-                         pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=False)
+                         pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=tied)
     AutoModelForCausalLM.from_config(config).save_pretrained(model_dir)
     tokenizer.save_pretrained(model_dir)
     data = root / DATA_CLAIM

@@ -79,13 +79,29 @@ def test_world2_ddp_sees_the_same_samples_as_world1(volumes: Path, tmp_path: Pat
     assert_saved_model_learned(out, volumes)
 
 
-@pytest.mark.parametrize("engine", ["zero3", "fsdp3"])
-def test_sharded_world2_finetune_saves_consolidated_weights(engine: str, volumes: Path, tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def tied_volumes(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    pytest.importorskip("transformers")
+    return make_volumes(tmp_path_factory.mktemp("tied"), tied=True)
+
+
+@pytest.mark.parametrize(("engine", "tied"), [("zero3", False), ("fsdp3", False), ("zero3", True), ("fsdp3", True)],
+                         ids=["zero3", "fsdp3", "zero3-tied", "fsdp3-tied"])
+def test_sharded_world2_finetune_saves_consolidated_weights(engine: str, tied: bool, request: pytest.FixtureRequest,
+                                                            tmp_path: Path) -> None:
+    """Weights gathered from ZeRO-3 partitions / FSDP2 shards; tied input/output embeddings (Llama-3.2-1B)
+    are saved once and stay tied when loaded."""
+    volumes = request.getfixturevalue("tied_volumes" if tied else "volumes")
     plan = finetune_plan().world(2).batch(1, 2)
     plan = plan.deepspeed(3) if engine == "zero3" else plan.fsdp(3)
     result, out = run(plan, tmp_path, volumes)
     assert result.returncode == 0, result.output[-3000:]
     assert_saved_model_learned(out, volumes)
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(out, local_files_only=True)
+    shared = model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
+    assert shared == tied
 
 
 def test_chat_messages_are_rendered_with_the_chat_template(volumes: Path, tmp_path: Path) -> None:
@@ -141,3 +157,37 @@ def test_example_manifest_finetunes_on_the_local_volumes(volumes: Path, tmp_path
     result, out = run(plan, tmp_path, root)
     assert result.returncode == 0, result.output[-3000:]
     assert_saved_model_learned(out, volumes)
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "csv", "arrow"])
+def test_table_formats_pack_the_same_tokens_as_jsonl(fmt: str, volumes: Path, tmp_path: Path) -> None:
+    """parquet, csv and a `datasets` save_to_disk folder (arrow) hold the same rows as train.jsonl: the packed
+    samples the trainer draws are identical."""
+    datasets = pytest.importorskip("datasets")
+    from memfit.api.data import DataSpec
+    from memfit.api.problem import HuggingFaceProblem
+    from memfit_trainer.problems import BatchKey
+    from memfit_trainer.problems.huggingface import Finetune, build_huggingface
+
+    rows = datasets.load_dataset("json", data_files=str(volumes / DATA_CLAIM / "train.jsonl"), split="train",
+                                 cache_dir=str(tmp_path / "cache"))
+    root = tmp_path / "volumes"
+    (root / "tables").mkdir(parents=True)
+    (root / MODEL_CLAIM).symlink_to(volumes / MODEL_CLAIM)
+    target = root / "tables" / f"train.{fmt}"
+    if fmt == "parquet":
+        rows.to_parquet(str(target))
+    elif fmt == "csv":
+        rows.to_csv(str(target), index=False)
+    else:
+        rows.save_to_disk(str(target))
+    spec = HuggingFaceProblem.model_validate(problem()["huggingface"])
+
+    def first_batches(data: dict[str, Any], volumes_dir: Path) -> list[Any]:
+        built = build_huggingface(spec, finetune=Finetune(data=DataSpec.model_validate(data), global_batch_size=4,
+                                                          environ={"MEMFIT_VOLUMES_DIR": str(volumes_dir)}))
+        return [built.make_batch(BatchKey(seed=0, step=s, sample_start=0, samples=4))["input_ids"] for s in (1, 2)]
+
+    table = first_batches({"files": {"volumeClaim": "tables", "path": target.name, "format": fmt}}, root)
+    jsonl = first_batches({"files": {"volumeClaim": DATA_CLAIM, "path": "train.jsonl"}}, volumes)
+    assert all(bool((a == b).all()) for a, b in zip(table, jsonl, strict=True))
