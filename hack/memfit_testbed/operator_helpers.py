@@ -30,38 +30,56 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def operator_command(port: int, *extra: str, resync_seconds: float = 1) -> list[str]:
+def operator_command(port: int, *extra: str, resync_seconds: float = 1,
+                     trainer_image: str = "memfit-trainer:test") -> list[str]:
     """The `memfit operator` command line the tests run (metrics on 127.0.0.1:`port`)."""
     return [
         sys.executable, "-m", "memfit.cli", "operator", "--metrics-host", "127.0.0.1",
         "--metrics-port", str(port), "--resync-seconds", str(resync_seconds),
-        "--trainer-image", "memfit-trainer:test", *extra,
+        "--trainer-image", trainer_image, *extra,
     ]  # fmt: skip
 
 
-@contextmanager
-def operator_process(
-    kubeconfig: Path, log_path: Path, *extra: str
-) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
-    """`memfit operator` as a real process (the way it runs in the pod); stopped on exit."""
+def start_operator(kubeconfig: Path, log_path: Path, *extra: str, pod_runner: bool = True,
+                   trainer_image: str = "memfit-trainer:test") -> tuple[subprocess.Popen[bytes], int]:
+    """Start `memfit operator` as a host process, appending to `log_path`; its metrics port.
+
+    With `pod_runner` its pods carry the label the local pod runner runs; without it they go to a real
+    kubelet (the real node) and run `trainer_image`."""
     port = free_port()
     env = {**os.environ, "KUBECONFIG": str(kubeconfig)}
+    label = ("--extra-pod-label", RUN_LOCAL) if pod_runner else ()
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(
-            operator_command(port, "--extra-pod-label", RUN_LOCAL, *extra),
+            operator_command(port, *label, *extra, trainer_image=trainer_image),
             env=env,
             stdout=log,
             stderr=subprocess.STDOUT,
         )
+    return proc, port
+
+
+def stop_operator(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM, then SIGKILL after 15 s."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+@contextmanager
+def operator_process(
+    kubeconfig: Path, log_path: Path, *extra: str, pod_runner: bool = True,
+    trainer_image: str = "memfit-trainer:test",
+) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
+    """`memfit operator` as a real process (the way it runs in the pod); stopped on exit."""
+    proc, port = start_operator(kubeconfig, log_path, *extra, pod_runner=pod_runner, trainer_image=trainer_image)
     try:
         yield proc, port
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_operator(proc)
 
 
 def apply_pools(kube: Kube) -> None:

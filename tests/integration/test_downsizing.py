@@ -41,15 +41,15 @@ def runs(kube: Kube, namespace: str, scenario: d.Scenario, count: int) -> list[d
 
 
 def test_measured_peaks_move_the_next_run_to_the_cheaper_pool(kube: Kube, namespace: str, operator: Path) -> None:
-    first, second, third = runs(kube, namespace, d.DOWN, 3)
-    assert [r.phase for r in (first, second, third)] == ["Succeeded"] * 3, (first, second, third)
+    first, second = runs(kube, namespace, d.DOWN, 2)  # the benchmark runs a third: it stays small
+    assert [r.phase for r in (first, second)] == ["Succeeded"] * 2, (first, second)
     # Planned on the default device terms: only the large pool fits.
     assert first.pool == "down-large"
     # Measured: real CPU allocator bytes, the simulated GPU's smaller gap and context on top.
     assert first.measured_device_mib is not None and first.measured_device_mib < first.predicted_peak_mib
     # Learned: the next runs fit the small pool, cost less, and their corrected prediction still covers
     # what the GPU holds.
-    assert second.pool == third.pool == "down-small"
+    assert second.pool == "down-small"
     assert second.price_per_hour < first.price_per_hour and second.estimated_cost < first.estimated_cost
     assert second.measured_device_mib is not None and second.measured_device_mib <= second.predicted_peak_mib
     assert second.predicted_peak_mib * 1.1 <= second.usable_mib

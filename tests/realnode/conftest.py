@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 from kubernetes import config
-from memfit_testbed import kwok_pools, testcluster
+from memfit_testbed import testcluster
 from memfit_testbed.cluster_helpers import Kube
-from memfit_testbed.realnode import hostchanges
+from memfit_testbed.realnode.cluster import real_node_cluster
 from memfit_testbed.realnode.node import RealNode, unsupported_reason
 
 pytestmark = pytest.mark.realnode
@@ -35,20 +35,9 @@ def real_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[tes
     if reason := unsupported_reason():
         print(f"\nreal-node tier skipped: {reason}", file=sys.stderr)
         pytest.skip(f"real node not supported on this machine: {reason}")
-    workdir = tmp_path_factory.mktemp("realnode-cluster")
-    cluster = testcluster.TestCluster(workdir=workdir, pod_runner=False, die_with_parent=True)
-    cluster.start()
-    node = RealNode(cluster_dir=workdir, apiserver_port=cluster.ports["apiserver"])
-    try:
-        kwok_pools.apply_pools(str(cluster.kubeconfig))
-        secs = node.start()
+    with real_node_cluster(tmp_path_factory.mktemp("realnode-cluster")) as (cluster, node, secs):
         print(f"\nreal node {node.node_name} Ready in {secs:.1f}s; images {node.images}", file=sys.stderr)
         yield cluster, node
-    finally:
-        node.stop()
-        cluster.stop()
-        left = hostchanges.remaining()
-        assert not left, f"the real node left host changes behind: {left}"
 
 
 @pytest.fixture(scope="session")

@@ -13,7 +13,7 @@ import pytest
 from kubernetes import client
 from memfit_testbed import kwok_pools
 from memfit_testbed.cluster_helpers import Kube
-from memfit_testbed.operator_helpers import create_job, free_port, quickstart, wait_phase
+from memfit_testbed.operator_helpers import create_job, operator_process, quickstart, wait_phase
 from memfit_testbed.realnode.node import NODE_IP, POD_CIDR, RealNode
 
 pytestmark = [pytest.mark.realnode, pytest.mark.slow]
@@ -23,28 +23,11 @@ pytestmark = [pytest.mark.realnode, pytest.mark.slow]
 def operator(real_cluster: Any, rnode: RealNode, rcrds: None, tmp_path_factory: pytest.TempPathFactory
              ) -> Iterator[Path]:
     """`memfit operator` as a host process (no pod-runner label): its pods go to the real node."""
-    import os
-    import subprocess
-    import sys
-
     cluster, _ = real_cluster
     assert rnode.images is not None
     log = tmp_path_factory.mktemp("operator") / "operator.log"
-    env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig)}
-    with open(log, "ab") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "memfit.cli", "operator", "--metrics-host", "127.0.0.1",
-             "--metrics-port", str(free_port()), "--resync-seconds", "1",
-             "--trainer-image", rnode.images.trainer], env=env, stdout=out, stderr=subprocess.STDOUT)
-    try:
+    with operator_process(cluster.kubeconfig, log, pod_runner=False, trainer_image=rnode.images.trainer):
         yield log
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 @pytest.fixture
@@ -224,20 +207,21 @@ def test_pod_deleted_mid_run_resumes_from_the_pvc_checkpoint(
     ns = rnamespace()
     folder = rnode.local_volume(ns, "ckpt")
     doc = quickstart("resume")
-    doc["spec"]["training"].update(maxSteps=600, checkpoint={"volumeClaim": "ckpt", "everySteps": 10})
+    # Enough steps that the pod is still training when it is deleted after its second checkpoint.
+    doc["spec"]["training"].update(maxSteps=300, checkpoint={"volumeClaim": "ckpt", "everySteps": 10})
     create_job(rkube, ns, doc)
     rkube.wait("a checkpoint at step 20 on the volume",
-               lambda: (folder / "resume" / "step-00000020").exists() or None, timeout=300)
+               lambda: (folder / "resume" / "step-00000020").exists() or None, timeout=240)
     victim = next(p for p in pods_of(rkube, ns, "resume") if "-train-" in p["metadata"]["name"])
     victim_name = victim["metadata"]["name"]
     rkube.core.delete_namespaced_pod(victim_name, ns, grace_period_seconds=0)
-    job, seen = run_to_end(rkube, ns, "resume", 400, operator)
+    job, seen = run_to_end(rkube, ns, "resume", 600, operator)
     assert job["status"]["phase"] == "Succeeded", job["status"]
     finished = [terminated(p) for name, p in seen.items() if "-train-" in name and name != victim_name]
     done = [t for t in finished if t.get("exitCode") == 0]
     assert done, f"no replacement pod finished; pods seen: {sorted(seen)}"
     message = json.loads(done[0]["message"])
-    assert message["steps"] == 600 and message["resumedFromStep"] >= 20, message
+    assert message["steps"] == 300 and message["resumedFromStep"] >= 20, message
 
 
 REAL_FAST_POOL = {

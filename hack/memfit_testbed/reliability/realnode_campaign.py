@@ -14,18 +14,16 @@ import os
 import random
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from kubernetes import client, config
 
-from memfit_testbed import kwok_pools, testcluster
 from memfit_testbed.cluster_helpers import Kube
-from memfit_testbed.operator_helpers import apply_pools, create_job, free_port, quickstart
-from memfit_testbed.realnode import hostchanges
-from memfit_testbed.realnode.node import RealNode, unsupported_reason
+from memfit_testbed.operator_helpers import apply_pools, create_job, quickstart, start_operator, stop_operator
+from memfit_testbed.realnode.cluster import real_node_cluster
+from memfit_testbed.realnode.node import unsupported_reason
 from memfit_testbed.reliability.chaos import install_crds
 from memfit_testbed.reliability.invariants import JobRecorder, check_world, leftovers
 
@@ -41,12 +39,7 @@ def run_real_node_campaign(work: Path, *, lifecycles: int, kills: int, seed: int
         return {"skipped": reason}
     workdir = work / "realnode-cluster"
     workdir.mkdir(parents=True, exist_ok=True)
-    cluster = testcluster.TestCluster(workdir=workdir, pod_runner=False, die_with_parent=True)
-    cluster.start()
-    node = RealNode(cluster_dir=workdir, apiserver_port=cluster.ports["apiserver"])
-    try:
-        kwok_pools.apply_pools(str(cluster.kubeconfig))
-        ready = node.start()
+    with real_node_cluster(workdir) as (cluster, node, ready):
         install_crds(cluster.kubeconfig)
         kube = Kube(config.new_client_from_config(config_file=str(cluster.kubeconfig)),
                     lambda: cluster.log_tail(30))
@@ -55,12 +48,6 @@ def run_real_node_campaign(work: Path, *, lifecycles: int, kills: int, seed: int
         result = _campaign(kube, cluster.kubeconfig, node.images.trainer, work, lifecycles, kills, seed, timeout)
         result["node_ready_seconds"] = round(ready, 1)
         return result
-    finally:
-        node.stop()
-        cluster.stop()
-        left = hostchanges.remaining()
-        if left:
-            raise AssertionError(f"the real node left host changes behind: {left}")
 
 
 def _campaign(kube: Kube, kubeconfig: Path, image: str, work: Path, lifecycles: int, kills: int, seed: int,
@@ -107,12 +94,7 @@ def _campaign(kube: Kube, kubeconfig: Path, image: str, work: Path, lifecycles: 
             left = leftovers(kube, NAMESPACE)
     finally:
         recorder.stop()
-        operator.terminate()
-        try:
-            operator.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            operator.kill()
-            operator.wait()
+        stop_operator(operator)
     return report.summary() | {
         "runtime": f"containerd (real kubelet), image {image}",
         "lifecycles": lifecycles,
@@ -127,13 +109,8 @@ def _campaign(kube: Kube, kubeconfig: Path, image: str, work: Path, lifecycles: 
 
 def _operator(kubeconfig: Path, image: str, log: Path) -> subprocess.Popen[bytes]:
     """`memfit operator` as a host process without the pod-runner label: its pods go to the real node."""
-    env = {**os.environ, "KUBECONFIG": str(kubeconfig)}
-    with open(log, "ab") as out:
-        return subprocess.Popen(
-            [sys.executable, "-m", "memfit.cli", "operator", "--metrics-host", "127.0.0.1",
-             "--metrics-port", str(free_port()), "--resync-seconds", "1", "--namespace", NAMESPACE,
-             "--trainer-image", image],
-            env=env, stdout=out, stderr=subprocess.STDOUT)
+    proc, _ = start_operator(kubeconfig, log, "--namespace", NAMESPACE, pod_runner=False, trainer_image=image)
+    return proc
 
 
 def _phases(kube: Kube, names: list[str]) -> dict[str, str]:

@@ -294,6 +294,11 @@ class PlanSummary(TrainingConfig):  # the TrainingConfig inline: its fields sit 
     )
     declared_baseline_cost: float | None = Field(default=None, ge=0)
     declared_savings_percent: float | None = Field(default=None)
+    cost_note: str | None = Field(
+        default=None, max_length=1024,
+        description="Why it costs what it does: the part of a shared node it uses, spot interruptions priced "
+        "as risk, or why on-demand was chosen over spot.",
+    )
 
 
 class Attempt(ApiModel):

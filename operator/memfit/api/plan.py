@@ -99,6 +99,9 @@ class Plan(TrainingConfig):
     trainable_parameters: int | None = Field(default=None, ge=0, description="Parameters the optimizer trains.")
     full_finetune: FullFinetuneComparison | None = Field(
         default=None, description="For a LoRA/QLoRA plan: the full fine-tune it was compared with.")
+    cost_notes: list[str] = Field(
+        default_factory=list, max_length=8,
+        description="Why it costs what it does: the part of a node it uses, spot interruptions priced as risk.")
     attempt: int = Field(default=0, ge=0)
     checkpoint_dir: str | None = Field(default=None, max_length=1024)
     nvme_path: str | None = Field(default=None, max_length=1024)
@@ -144,4 +147,5 @@ class Plan(TrainingConfig):
             declared_baseline=declared.label if declared else None,
             declared_baseline_cost=round_cost(declared.cost) if declared else None,
             declared_savings_percent=round(declared.savings_percent, 1) if declared else None,
+            cost_note="; ".join(self.cost_notes)[:1024] or None,
         )

@@ -75,6 +75,11 @@ class GPUNodePoolSpec(ApiModel):
     capacity_type: CapacityType = Field(
         default=CapacityType.ON_DEMAND, description="on-demand, spot or reserved."
     )
+    interruption_rate_per_hour: float | None = Field(
+        default=None, ge=0, le=100,
+        description="Expected interruptions per node-hour (spot reclaims); default by capacityType: "
+        "spot 0.05, on-demand and reserved 0. Priced as lost work since the last checkpoint plus a restart.",
+    )
     max_nodes: int = Field(default=8, ge=0, le=10_000, description="Most nodes the pool can provide.")
     host: HostSpec = Field(default_factory=HostSpec, description="Host RAM and NVMe per node.")
     interconnect: InterconnectSpec = Field(default_factory=InterconnectSpec, description="Links.")

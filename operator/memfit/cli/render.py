@@ -82,6 +82,8 @@ def render_result(result: PlanResult, *, title: str) -> str:
         out += [f"  memory per GPU at the peak ({c.memory.phase}), {c.headroom_percent}% headroom kept:",
                 breakdown_table(c.memory, usable_bytes=c.usable_bytes)]
         out += peft_lines(result)
+        if result.plan is not None and result.plan.cost_notes:
+            out += ["", "Why this cost:"] + [f"  - {n}" for n in result.plan.cost_notes]
         if result.alternatives:
             rows = [_candidate_row(str(i), a) for i, a in enumerate(result.alternatives, start=2)]
             out += ["", "Alternatives (best on each other pool):", _table(headers, rows)]

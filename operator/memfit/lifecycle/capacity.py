@@ -1,5 +1,6 @@
 """Live GPUNodePool capacity from the cluster's Nodes and Pods (as values): nodes, ready nodes,
-allocatable, free GPUs and whole free nodes; what plans are made against and pool status shows."""
+allocatable, free GPUs, whole free nodes and the free GPUs of partly used (shared) nodes; what plans
+are made against and pool status shows."""
 
 from __future__ import annotations
 
@@ -57,6 +58,7 @@ def observe_pool_capacity(
     allocatable = 0
     free = 0
     whole = 0
+    shared: list[int] = []
     for node in ready:
         alloc = _quantity(((node.get("status") or {}).get("allocatable") or {}).get(GPU_RESOURCE, 0))
         node_free = max(0, alloc - used_by_node.get(node["metadata"]["name"], 0))
@@ -64,4 +66,6 @@ def observe_pool_capacity(
         free += node_free
         if node_free >= max(1, gpus_per_node):
             whole += 1
-    return PoolCapacity(len(members), len(ready), allocatable, free, whole)
+        elif node_free > 0:
+            shared.append(node_free)
+    return PoolCapacity(len(members), len(ready), allocatable, free, whole, tuple(sorted(shared, reverse=True)))

@@ -109,10 +109,23 @@ def launch_step(
         f"attempt {index}: {plan.describe()} on {plan.node_pool}, "
         f"predicted peak {summary.predicted_peak}, {summary.cost_per_hour_text}/h{savings}"
     )
+    if index > 0:
+        msg += f"; {global_batch_words(plan, spec.training.global_batch_size)}"
+    if summary.cost_note:
+        msg += f"; {summary.cost_note}"
     draft.set(c.PLANNED, True, c.PLAN_FOUND, msg)
     draft.set(c.RUNNING, False, c.LAUNCHING, f"training Job {train_job_name(snap.job.name, index)} created")
     draft.enter(Phase.LAUNCHING if index == 0 else Phase.REPLANNING, msg)
     draft.event(c.PLAN_FOUND if index == 0 else c.REPLANNING, msg)
+
+
+def global_batch_words(plan: Plan, global_batch: int) -> str:
+    """What a re-plan did to the global batch: kept (the planner only splits it differently), spelled
+    out as GPUs x micro-batch x accumulation; a mismatch is said as loudly."""
+    effective = plan.world_size * plan.micro_batch_size * plan.gradient_accumulation_steps
+    verb = "keeps" if effective == global_batch else f"CHANGES (training.globalBatchSize is {global_batch})"
+    return (f"{verb} the effective global batch {effective} = {plan.world_size} GPUs x micro-batch "
+            f"{plan.micro_batch_size} x accumulation {plan.gradient_accumulation_steps}")
 
 
 def _no_plan(draft: Draft, outcome: PlanOutcome, someday: PlanOutcome) -> None:

@@ -20,6 +20,8 @@ from memfit.memory.strategy import Strategy
 from memfit.planner import MeasuredPeak, PlanResult, plan, plan_summary
 from memfit.planner.decide import job_adapter
 from memfit.planner.measured import MeasuredDevice, PeakKind
+from memfit.planner.measured_speed import MeasuredStepTime
+from memfit.planner.offers import FreeGpus
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,18 +131,24 @@ def measured_peaks(
     return peaks, devices
 
 
-def free_gpus(pools: Sequence[GPUNodePool], capacity: Mapping[str, PoolCapacity]) -> dict[str, int]:
-    """GPUs a new attempt can get per pool: free now, plus nodes the pool may still add (autoscaling)."""
-    out: dict[str, int] = {}
+def measured_step_times(observations: Sequence[Observation]) -> list[MeasuredStepTime]:
+    """Step times of attempts that ran on a GPU and reported them, with the step time their plan predicted
+    (an out-of-memory attempt's few steps are not a speed)."""
+    return [MeasuredStepTime(o.measured_on, o.step_seconds, o.predicted_step_seconds) for o in observations
+            if o.on_gpu and not o.out_of_memory and o.step_seconds and o.predicted_step_seconds]
+
+
+def free_gpus(pools: Sequence[GPUNodePool], capacity: Mapping[str, PoolCapacity]) -> dict[str, FreeGpus]:
+    """What a new attempt can get per pool: whole free nodes plus the nodes the pool may still add
+    (autoscaling), and the free GPUs of its partly used nodes (for a plan that needs part of a node)."""
+    out: dict[str, FreeGpus] = {}
     for pool in pools:
         cap = capacity.get(pool.metadata.name)
-        per_node = pool.spec.gpu.per_node
         if cap is None:
-            out[pool.metadata.name] = pool.spec.max_nodes * per_node
+            out[pool.metadata.name] = FreeGpus(whole_nodes=pool.spec.max_nodes)
             continue
-        out[pool.metadata.name] = (
-            cap.free_whole_nodes * per_node + max(0, pool.spec.max_nodes - cap.nodes) * per_node
-        )
+        whole = cap.free_whole_nodes + max(0, pool.spec.max_nodes - cap.nodes)
+        out[pool.metadata.name] = FreeGpus(whole_nodes=whole, on_shared_nodes=cap.free_gpus_on_shared_nodes)
     return out
 
 
@@ -171,6 +179,7 @@ def plan_job(
         measured_peaks=peaks,
         measured_devices=devices,
         free_gpus=None if ignore_capacity else free_gpus(usable, capacity),
+        measured_step_times=measured_step_times(observations),
     )
     if result.plan is None:
         if excluded_pools:

@@ -19,6 +19,9 @@ class PoolCapacity:
     allocatable_gpus: int
     free_gpus: int
     free_whole_nodes: int  # ready nodes with every GPU free: what a multi-GPU pod per node needs
+    # Free GPUs of each ready node with some GPUs in use and some free, most first: where a plan that
+    # needs part of a node (1, 2, 4 GPUs) can go without a new node.
+    free_gpus_on_shared_nodes: tuple[int, ...] = ()
 
     def to_status(self) -> dict[str, Any]:
         return {

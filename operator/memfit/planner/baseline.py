@@ -2,7 +2,8 @@
 
 - `plain_baseline`: what a practitioner runs without memfit: DDP with bf16 autocast (fp16 on GPUs
   without bf16), the job's optimizer in 32 bits, no checkpointing, no offload, at the largest
-  micro-batch that fits, renting whole nodes. `cheapest_plain_baseline` puts it on the allowed pool
+  micro-batch that fits, renting whole nodes, with a spot pool's interruptions priced as for the plan
+  (planner.interruptions). `cheapest_plain_baseline` puts it on the allowed pool
   where it is cheapest (one whole node: DDP replicates the model, so more nodes never help it fit);
   this is the default baseline savings are reported against. `placement.baseline` names the pool
   and node count a user would have used; that declared baseline runs the same plain setup there and
@@ -17,6 +18,7 @@ measured-peak corrections), so the two costs compare like for like.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 from memfit.api.common import Precision
@@ -27,6 +29,7 @@ from memfit.memory.strategy import Strategy
 from memfit.memory.timing import time_terms
 from memfit.planner.context import SearchContext
 from memfit.planner.explain import gib
+from memfit.planner.interruptions import expected_hours
 from memfit.planner.offers import Offer
 from memfit.planner.result import BaselineResult
 from memfit.planner.space import divisors
@@ -94,7 +97,13 @@ def _ddp_baseline(ctx: SearchContext, offer: Offer, config: TrainingConfig, *, n
     tt = time_terms(ctx.shape, strategy, samples_per_gpu_step=per_gpu,
                     flops_per_sample_override=ctx.flops_per_sample, mfu=ctx.mfu)
     step = tt.step_seconds(offer.speed, micro)
-    hours = ctx.steps * step.step_seconds / 3600
+    # Interruptions priced as for memfit's plan (the same pool, checkpoints and model): both sides alike.
+    hours = expected_hours(hours=ctx.steps * step.step_seconds / 3600, step_seconds=step.step_seconds,
+                           rate_per_node_hour=offer.interruption_rate_per_hour, nodes=nodes,
+                           checkpoint_every_steps=ctx.checkpoint_every_steps)
+    if math.isinf(hours):
+        fits = False
+        note = "; ".join(filter(None, [note, "would not finish: interruptions come faster than it checkpoints"]))
     price = nodes * offer.price_per_node_hour  # whole nodes are rented, used or not
     return BaselineResult(
         label=label,

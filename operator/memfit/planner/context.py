@@ -14,8 +14,9 @@ from memfit.memory.predict import MemoryTerms, memory_terms
 from memfit.memory.shape import Shape
 from memfit.memory.strategy import Strategy
 from memfit.memory.timing import TimeTerms, time_terms
+from memfit.planner.interruptions import expected_hours
 from memfit.planner.measured import PeakCorrections
-from memfit.planner.offers import Layout
+from memfit.planner.offers import Layout, Offer
 from memfit.planner.space import ENGINES, OFFLOADS, Choice
 
 
@@ -38,6 +39,8 @@ class SearchContext:
     flops_per_sample: float
     mfu: float | None
     adapter: AdapterLayout | None = None  # the LoRA/QLoRA layout PEFT choices train
+    # Steps between persistent checkpoints (None: none survive a lost node), for interruption risk.
+    checkpoint_every_steps: int | None = None
     # Keyed by choice rank or memory id (unique within one plan call), world size (and GPUs per node).
     memory_cache: dict[tuple[int, int], MemoryTerms] = field(default_factory=dict)
     time_cache: dict[tuple[int, int, int], TimeTerms] = field(default_factory=dict)
@@ -52,6 +55,13 @@ class SearchContext:
         if choice.config.peft == PeftMethod.NONE or self.adapter is None:
             return self.shape.trainable
         return self.shape.layers * self.adapter.adapter_parameters_per_block
+
+    def expected_hours(self, offer: Offer, layout: Layout, step_seconds: float) -> float:
+        """Hours of the run on `layout` of `offer`, with the expected lost work and restarts of its
+        interruptions (planner.interruptions); non-decreasing in `step_seconds`."""
+        return expected_hours(hours=self.steps * step_seconds / 3600, step_seconds=step_seconds,
+                              rate_per_node_hour=offer.interruption_rate_per_hour, nodes=layout.nodes,
+                              checkpoint_every_steps=self.checkpoint_every_steps)
 
     def fits_gpu(self, peak_bytes: float, usable_bytes: int) -> bool:
         """The fit rule: predicted peak x (1 + headroom) <= usable GPU memory."""

@@ -22,8 +22,10 @@ from memfit.memory.problems import ShapeError, shape_from_problem
 from memfit.memory.shape import Shape
 from memfit.planner.baseline import cheapest_plain_baseline, plain_baseline, plain_config
 from memfit.planner.context import SearchContext
+from memfit.planner.cost_notes import cost_notes
 from memfit.planner.measured import MeasuredDevice, MeasuredPeak, peak_corrections
-from memfit.planner.offers import Offer, PoolRejection, catalog_pool, resolve_offer, resolve_offers
+from memfit.planner.measured_speed import MeasuredStepTime, step_time_factors, with_measured_speed
+from memfit.planner.offers import FreeGpus, Offer, PoolRejection, catalog_pool, resolve_offer, resolve_offers
 from memfit.planner.result import BaselineResult, Candidate, PlanResult
 from memfit.planner.search import any_fit, objective_key, prepare_offer, search_offer
 from memfit.planner.space import Choice, strategy_choices
@@ -97,7 +99,15 @@ def search_context(spec: MemoryOptimizedTrainingJobSpec, shape: ModelShape, *, p
         corrections=peak_corrections(measured_peaks, hot, calibration=calibration, devices=measured_devices),
         flops_per_sample=flops,
         mfu=mfu,
+        checkpoint_every_steps=persistent_checkpoint_steps(spec),
     )
+
+
+def persistent_checkpoint_steps(spec: MemoryOptimizedTrainingJobSpec) -> int | None:
+    """Steps between checkpoints that survive a lost node: on the checkpoint volume claim; without one
+    they sit in the pod's emptyDir and an interruption loses them (None)."""
+    checkpoint = spec.training.checkpoint
+    return checkpoint.every_steps if checkpoint.volume_claim else None
 
 
 def job_adapter(spec: MemoryOptimizedTrainingJobSpec) -> AdapterLayout | None:
@@ -174,7 +184,8 @@ def plan(
     profile: Profile | None = None,
     measured_peaks: Sequence[MeasuredPeak] = (),
     measured_devices: Sequence[MeasuredDevice] = (),
-    free_gpus: Mapping[str, int] | None = None,
+    free_gpus: Mapping[str, int | FreeGpus] | None = None,
+    measured_step_times: Sequence[MeasuredStepTime] = (),
     max_alternatives: int = DEFAULT_ALTERNATIVES,
 ) -> PlanResult:
     """Choose the configuration, pool and node count that minimise the job's objective.
@@ -183,7 +194,8 @@ def plan(
     pool), a rejection reason for every pool where nothing fits, and the fp32 baseline with the
     savings; or NoFit (plan None) with all reasons. Never raises on bad pools or impossible pins.
     `catalog` fills what a pool leaves unset (and stands in for a baseline pool that is not in `pools`);
-    `free_gpus` (pool -> free GPUs) caps node counts; `measured_peaks` correct the predictions.
+    `free_gpus` (pool -> a GPU cap, or live free nodes and shared-node GPUs) limits the layouts;
+    `measured_step_times` of finished GPU runs calibrate each product's throughput (planner.measured_speed); `measured_peaks` correct the predictions.
     """
     shape = resolve_shape(spec, profile)
     if isinstance(shape, str):
@@ -197,9 +209,10 @@ def plan(
         pin_problems = pin_problems or peft_reasons
     offers, rejections = resolve_offers(pools, catalog=catalog, allowed=spec.placement.node_pools,
                                         free_gpus=free_gpus)
-    offers = [with_device_terms(o, ctx) for o in offers]
-    baseline = _plain_default(ctx, spec, pools, catalog)
-    declared = _declared_baseline(ctx, spec, pools, catalog)
+    speed_factors = step_time_factors(measured_step_times)
+    offers = [with_measured_speed(with_device_terms(o, ctx), speed_factors) for o in offers]
+    baseline = _plain_default(ctx, spec, pools, catalog, speed_factors)
+    declared = _declared_baseline(ctx, spec, pools, catalog, speed_factors)
     if not choices:
         return PlanResult(None, None, (), tuple(rejections), baseline, None, tuple(pin_problems),
                           declared_baseline=declared)
@@ -220,6 +233,7 @@ def plan(
     chosen_plan = build_plan(chosen, spec, calibration=ctx.calibration, profile=profile,
                              offer=device, full_finetune=comparison).model_copy(update={
         "baseline": _recorded(baseline, savings), "declared_baseline": _recorded(declared, declared_savings),
+        "cost_notes": list(cost_notes(ctx, chosen, ranked, offers)),
     })
     notes = tuple(f"{o.pool}: {n}" for o in offers for n in o.notes) + tuple(peft_reasons)
     if ctx.calibration is not None:
@@ -308,16 +322,17 @@ def _recorded(baseline: BaselineResult | None, savings: float | None) -> Baselin
                         cost=round_cost(baseline.total_cost), savings_percent=round(savings, 3))
 
 
-def _plain_default(ctx: SearchContext, spec: MemoryOptimizedTrainingJobSpec,
-                   pools: Sequence[GPUNodePool], catalog: GpuCatalog) -> BaselineResult | None:
+def _plain_default(ctx: SearchContext, spec: MemoryOptimizedTrainingJobSpec, pools: Sequence[GPUNodePool],
+                   catalog: GpuCatalog, speed_factors: Mapping[str, float]) -> BaselineResult | None:
     """The plain setup on the cheapest allowed pool where it fits (capacity aside: it is what the
-    job would have cost, not what is free now)."""
+    job would have cost, not what is free now), with the same calibration as the plan."""
     offers, _ = resolve_offers(pools, catalog=catalog, allowed=spec.placement.node_pools)
-    return cheapest_plain_baseline(ctx, [with_device_terms(o, ctx) for o in offers])
+    return cheapest_plain_baseline(ctx, [with_measured_speed(with_device_terms(o, ctx), speed_factors)
+                                         for o in offers])
 
 
-def _declared_baseline(ctx: SearchContext, spec: MemoryOptimizedTrainingJobSpec,
-                       pools: Sequence[GPUNodePool], catalog: GpuCatalog) -> BaselineResult | None:
+def _declared_baseline(ctx: SearchContext, spec: MemoryOptimizedTrainingJobSpec, pools: Sequence[GPUNodePool],
+                       catalog: GpuCatalog, speed_factors: Mapping[str, float]) -> BaselineResult | None:
     """The plain setup on the pool and node count of `placement.baseline`, when the user named one."""
     placement = spec.placement.baseline
     if placement is None:
@@ -325,7 +340,7 @@ def _declared_baseline(ctx: SearchContext, spec: MemoryOptimizedTrainingJobSpec,
     offer = _baseline_offer(placement.node_pool, pools, catalog)
     if offer is None:
         return None
-    offer = with_device_terms(offer, ctx)
+    offer = with_measured_speed(with_device_terms(offer, ctx), speed_factors)
     words = f"plain {plain_config(offer).precision.value} DDP"
     label = f"declared: {words} on {placement.nodes}x{offer.gpus_per_node} {offer.product} ({offer.pool})"
     return plain_baseline(ctx, offer, nodes=placement.nodes, label=label)

@@ -40,6 +40,7 @@ class OfferFailures:
     min_nvme: tuple[float, Choice, int] | None = None
     min_deadline: tuple[float, Choice, int] | None = None
     min_price_over: float | None = None
+    interrupted_world_size: int | None = None  # fewest GPUs of a run that interruptions never let finish
     extra: list[str] = field(default_factory=list)
 
     def note_memory(self, peak_bytes: int, choice: Choice, world_size: int, micro_batch: int) -> None:
@@ -60,6 +61,10 @@ class OfferFailures:
     def note_deadline(self, hours: float, choice: Choice, world_size: int) -> None:
         if self.min_deadline is None or hours < self.min_deadline[0]:
             self.min_deadline = (hours, choice, world_size)
+
+    def note_interruptions(self, world_size: int) -> None:
+        if self.interrupted_world_size is None or world_size < self.interrupted_world_size:
+            self.interrupted_world_size = world_size
 
     def note_price(self, price_per_hour: float) -> None:
         if self.min_price_over is None or price_per_hour < self.min_price_over:
@@ -114,6 +119,15 @@ class OfferFailures:
             parts.append(
                 f"the fastest fitting configuration ({words} on {world} GPUs) takes {hours:.1f} h, over the "
                 f"deadline of {deadline_hours:g} h"
+            )
+        if self.interrupted_world_size is not None and not parts:
+            rate = offer.interruption_rate_per_hour
+            parts.append(
+                f"no run on it would finish (fastest tried on {self.interrupted_world_size} GPU"
+                f"{'s' if self.interrupted_world_size > 1 else ''}): at {rate:g} interruptions per node-hour "
+                f"({offer.capacity_type}) the work lost since the last checkpoint plus the restart takes as long "
+                "as the time between interruptions (set training.checkpoint.volumeClaim or a smaller everySteps, "
+                "or use on-demand)"
             )
         if self.min_price_over is not None and max_cost_per_hour is not None and not parts:
             parts.append(

@@ -4,7 +4,9 @@ exception.
 
 Pricing: a job using all GPUs of n nodes pays n x pricePerNodeHour. A single-node job may use k of a
 node's G GPUs (k a power of two below G, as clouds sell 1/2/4/8-GPU sizes) and is charged k/G of the
-node price: the remaining GPUs stay schedulable for other pods.
+node price: the remaining GPUs stay schedulable for other pods. With live capacity (`FreeGpus`), such a
+part-node layout may also go on a node other pods already use, when one has that many GPUs free; the
+plan then says so (`Layout.shared_node`).
 """
 
 from __future__ import annotations
@@ -41,6 +43,23 @@ CATALOG_GPUS_PER_NODE = 8
 
 
 @dataclass(frozen=True, slots=True)
+class FreeGpus:
+    """What a new attempt can get on one pool now: whole free nodes (with those the pool may still add)
+    and the free GPUs of its partly used nodes, most first."""
+
+    whole_nodes: int
+    on_shared_nodes: tuple[int, ...] = ()
+
+    @property
+    def most_on_a_shared_node(self) -> int:
+        return self.on_shared_nodes[0] if self.on_shared_nodes else 0
+
+    @property
+    def any(self) -> bool:
+        return self.whole_nodes > 0 or self.most_on_a_shared_node > 0
+
+
+@dataclass(frozen=True, slots=True)
 class Layout:
     """How many nodes and GPUs a candidate uses, and what that costs per hour."""
 
@@ -48,6 +67,8 @@ class Layout:
     gpus_per_node: int
     price_per_hour: float
     world_size: int = 0  # nodes x GPUs per node (filled in by __post_init__)
+    # Part of one node that other pods already use (its free GPUs were counted live).
+    shared_node: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "world_size", self.nodes * self.gpus_per_node)
@@ -68,6 +89,9 @@ class Offer:
     speed: GpuSpeed
     supports_bf16: bool
     max_gpus: int | None = None  # free GPUs right now, when the caller caps by capacity
+    free: FreeGpus | None = None  # free nodes and shared-node GPUs right now (live capacity)
+    interruption_rate_per_hour: float = 0.0  # per node (spot reclaims), priced as risk (planner.interruptions)
+    capacity_type: str = "on-demand"
     notes: tuple[str, ...] = ()
     # Measured device terms of this GPU product (planner.measured): `usable_bytes` is then the budget
     # they leave for an uncorrected prediction, and this is the GPU's own usable memory.
@@ -85,14 +109,20 @@ class Offer:
 
     def layouts(self, max_nodes: int | None = None) -> list[Layout]:
         """Partial single nodes (1, 2, 4, ... GPUs) then whole nodes 1..max_nodes, fewest GPUs first,
-        within the free GPUs when known."""
+        within the free GPUs when known: a part of a node needs a free node or a shared node with that
+        many GPUs free (it goes on the shared one: the free node stays whole); n whole nodes need n free."""
         per_node = self.gpus_per_node
+        free = self.free
+        top = self.max_nodes if max_nodes is None else min(self.max_nodes, max_nodes)
+        if free is not None:
+            top = min(top, free.whole_nodes)
         out: list[Layout] = []
         k = 1
         while k < per_node:
-            out.append(Layout(1, k, self.price_per_node_hour * k / per_node))
+            shared = free is not None and free.most_on_a_shared_node >= k
+            if free is None or shared or free.whole_nodes > 0:
+                out.append(Layout(1, k, self.price_per_node_hour * k / per_node, shared_node=shared))
             k *= 2
-        top = self.max_nodes if max_nodes is None else min(self.max_nodes, max_nodes)
         for nodes in range(1, top + 1):
             out.append(Layout(nodes, per_node, self.price_per_node_hour * nodes))
         if self.max_gpus is not None:
@@ -143,8 +173,17 @@ def _speed(spec: GPUNodePoolSpec, gpu: GPUModel | None) -> tuple[GpuSpeed, bool,
     return speed, bf16 > 0, notes
 
 
-def resolve_offer(pool: GPUNodePool, *, catalog: GpuCatalog, free_gpus: int | None = None) -> Offer | PoolRejection:
-    """One pool -> an Offer (unset GPU fields from `catalog`), or a rejection that says what to fix."""
+def interruption_rate(spec: GPUNodePoolSpec, catalog: GpuCatalog) -> float:
+    """Interruptions per node-hour: the pool's own figure, else the catalog's for its capacity type."""
+    if spec.interruption_rate_per_hour is not None:
+        return spec.interruption_rate_per_hour
+    return catalog.interruption_rate(spec.capacity_type.value)
+
+
+def resolve_offer(pool: GPUNodePool, *, catalog: GpuCatalog,
+                  free_gpus: int | FreeGpus | None = None) -> Offer | PoolRejection:
+    """One pool -> an Offer (unset GPU fields from `catalog`), or a rejection that says what to fix.
+    `free_gpus`: a cap on the GPUs a plan may use, or the pool's free nodes and shared-node GPUs."""
     name, spec = pool.metadata.name, pool.spec
     gpu = catalog.find(spec.gpu.product)
     product = gpu.product if gpu else spec.gpu.product
@@ -171,7 +210,9 @@ def resolve_offer(pool: GPUNodePool, *, catalog: GpuCatalog, free_gpus: int | No
     max_nodes = spec.max_nodes
     if max_nodes <= 0:
         return PoolRejection(name, "maxNodes is 0")
-    if free_gpus is not None and free_gpus <= 0:
+    free = free_gpus if isinstance(free_gpus, FreeGpus) else None
+    max_gpus = free_gpus if isinstance(free_gpus, int) else None
+    if (max_gpus is not None and max_gpus <= 0) or (free is not None and not free.any):
         return PoolRejection(name, "no free GPUs right now")
     host_gib = spec.host.memory_gi_b
     if host_gib is None and gpu is not None:
@@ -186,7 +227,10 @@ def resolve_offer(pool: GPUNodePool, *, catalog: GpuCatalog, free_gpus: int | No
         usable_bytes=usable_mib * MIB,
         gpus_per_node=per_node,
         max_nodes=max_nodes,
-        max_gpus=free_gpus,
+        max_gpus=max_gpus,
+        free=free,
+        interruption_rate_per_hour=interruption_rate(spec, catalog),
+        capacity_type=spec.capacity_type.value,
         price_per_node_hour=price,
         host_bytes_per_node=host_gib * GIB if host_gib is not None else None,
         nvme_bytes_per_node=nvme_gib * GIB,
@@ -198,12 +242,12 @@ def resolve_offer(pool: GPUNodePool, *, catalog: GpuCatalog, free_gpus: int | No
 
 def resolve_offers(
     pools: Sequence[GPUNodePool], *, catalog: GpuCatalog, allowed: Sequence[str] = (),
-    free_gpus: Mapping[str, int] | None = None,
+    free_gpus: Mapping[str, int | FreeGpus] | None = None,
 ) -> tuple[list[Offer], list[PoolRejection]]:
     """Offers for the pools named in `allowed` (all when empty), sorted by name, and rejections.
 
-    `free_gpus` (pool -> free GPUs, e.g. from GPUNodePool status) caps the node count; a pool absent
-    from it is not capped.
+    `free_gpus` (pool -> a GPU cap, or free nodes and shared-node GPUs from live capacity) limits the
+    layouts; a pool absent from it is not limited.
     """
     offers: list[Offer] = []
     rejections: list[PoolRejection] = []

@@ -58,7 +58,7 @@ def best_objective(spec: MemoryOptimizedTrainingJobSpec, pools: Sequence[GPUNode
     offers, _ = resolve_offers(pools, catalog=catalog, allowed=spec.placement.node_pools)
     pins, objective = spec.strategy, spec.objective
     headroom = objective.memory_headroom_percent
-    g_batch, steps = spec.training.global_batch_size, spec.training.max_steps
+    g_batch = spec.training.global_batch_size
     stages = range(4) if pins.zero_stage == "auto" else (int(pins.zero_stage),)
     best: float | None = None
     for offer in offers:
@@ -100,7 +100,9 @@ def best_objective(spec: MemoryOptimizedTrainingJobSpec, pools: Sequence[GPUNode
                                         if m.nvme_bytes * g > offer.nvme_bytes_per_node:
                                             continue
                                         seconds = estimate_step_seconds(ctx.shape, s, offer.speed).step_seconds
-                                        hours = steps * seconds / 3600
+                                        hours = ctx.expected_hours(offer, layout, seconds)
+                                        if hours == float("inf"):
+                                            continue
                                         if objective.deadline_hours is not None and hours > objective.deadline_hours:
                                             continue
                                         value = hours if objective.minimize == Minimize.TIME else (

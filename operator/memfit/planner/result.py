@@ -29,6 +29,7 @@ class Candidate:
     hours: float
     total_cost: float
     rank: int  # preference of the configuration; breaks exact ties
+    shared_node: bool = False  # part of a node other pods already use
 
     @property
     def gpus(self) -> int:
@@ -102,4 +103,6 @@ class PlanResult:
                 f" ({self.declared_baseline.label} ${self.declared_baseline.total_cost:.2f}: "
                 f"{savings_text(self.declared_savings_percent)})"
             )
+        if self.plan is not None and self.plan.cost_notes:
+            text += "; " + "; ".join(self.plan.cost_notes)
         return text

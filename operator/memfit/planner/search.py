@@ -149,7 +149,10 @@ def prepare_offer(ctx: SearchContext, offer: Offer, choices: Sequence[Choice]) -
         per_gpu = ctx.global_batch // layout.world_size
         for gi, (group_ranks, members) in enumerate(groups):
             seconds = _bound_seconds(ctx, offer, layout, members[0], per_gpu)
-            hours = ctx.steps * seconds / 3600
+            hours = ctx.expected_hours(offer, layout, seconds)  # non-decreasing in seconds: still a bound
+            if hours == float("inf"):
+                failures.note_interruptions(layout.world_size)  # no member would finish between interruptions
+                continue
             bound = hours if ctx.minimize == Minimize.TIME else hours * layout.price_per_hour
             bounds.append((bound, li, gi, layout, group_ranks, members))
     bounds.sort(key=lambda item: item[:3])
@@ -191,7 +194,7 @@ def search_offer(ctx: SearchContext, prepared: PreparedOffer, *, cutoff: float =
                         memory_failed_twins.add(key)
             if candidate is not None and _better(candidate, best, ctx.minimize):
                 best = candidate
-                best_objective = _objective(ctx, candidate.step.step_seconds, layout.price_per_hour)
+                best_objective = _objective(ctx, offer, layout, candidate.step.step_seconds)
         if all_out_of_memory and known is None and cutoff == float("inf"):
             computed = [c for c in members if ctx.has_min_peak(c, layout)]
             leanest = min(computed, key=lambda c: (ctx.min_peak(c, layout), c.rank))
@@ -234,9 +237,9 @@ def _as_32bit(ctx: SearchContext, choice: Choice, eight_bit: Candidate | None, l
     return replace(eight_bit, strategy=strategy, memory=terms.at(b, per_gpu // b), rank=choice.rank)
 
 
-def _objective(ctx: SearchContext, seconds: float, price_per_hour: float) -> float:
-    hours = ctx.steps * seconds / 3600
-    return hours if ctx.minimize == Minimize.TIME else hours * price_per_hour
+def _objective(ctx: SearchContext, offer: Offer, layout: Layout, seconds: float) -> float:
+    hours = ctx.expected_hours(offer, layout, seconds)
+    return hours if ctx.minimize == Minimize.TIME else hours * layout.price_per_hour
 
 
 def _fits_at_smallest(ctx: SearchContext, offer: Offer, layout: Layout, choice: Choice,
@@ -261,7 +264,7 @@ def _evaluate(ctx: SearchContext, offer: Offer, layout: Layout, choice: Choice,
     tt = ctx.time(choice, layout)
     optimistic_b = ctx.pinned_micro_batch or per_gpu
     optimistic = tt.step_seconds(offer.speed, optimistic_b)
-    if _objective(ctx, optimistic.step_seconds, layout.price_per_hour) > best_objective:
+    if _objective(ctx, offer, layout, optimistic.step_seconds) > best_objective:
         return None, False
     if not memory_first and not _fits_at_smallest(ctx, offer, layout, choice, failures):
         return None, True
@@ -276,11 +279,14 @@ def _evaluate(ctx: SearchContext, offer: Offer, layout: Layout, choice: Choice,
         failures.note_nvme(nvme_needed, choice, n)
         return None, False
     step = optimistic if b == optimistic_b else tt.step_seconds(offer.speed, b)
-    hours = ctx.steps * step.step_seconds / 3600
+    hours = ctx.expected_hours(offer, layout, step.step_seconds)
+    if hours == float("inf"):
+        failures.note_interruptions(n)
+        return None, False
     if ctx.deadline_hours is not None and hours > ctx.deadline_hours:
         failures.note_deadline(hours, choice, n)
         return None, False
-    if _objective(ctx, step.step_seconds, layout.price_per_hour) > best_objective:
+    if (hours if ctx.minimize == Minimize.TIME else hours * layout.price_per_hour) > best_objective:
         return None, False
     accumulation = per_gpu // b
     strategy = choice.strategy(optimizer=ctx.optimizer, world_size=n, gpus_per_node=g,
@@ -298,5 +304,6 @@ def _evaluate(ctx: SearchContext, offer: Offer, layout: Layout, choice: Choice,
         hours=hours,
         total_cost=hours * layout.price_per_hour,
         rank=choice.rank,
+        shared_node=layout.shared_node,
     )
     return candidate, False

@@ -30,6 +30,14 @@ def test_plan_quickstart_offline_prints_plan_alternatives_and_baseline(capsys: p
         assert text in out
 
 
+def test_plan_says_why_it_costs_what_it_does(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", str(REPO / "examples" / "llama-finetune.yaml"), "--pools",
+                 str(REPO / "examples" / "gpunodepools.yaml")]) == 0
+    out = capsys.readouterr().out
+    assert "Why this cost:\n  - interruptions priced as risk: $" in out
+    assert "0.05 interruptions per node-hour (spot), checkpoints every 200 steps" in out
+
+
 def test_plan_json_is_the_plan_contract(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["plan", QUICKSTART, "--json"]) == 0
     plan = Plan.model_validate(json.loads(capsys.readouterr().out))

@@ -333,6 +333,13 @@ def test_oom_replans_with_escalation() -> None:
         "nodePool",
     )
     assert [first[k] for k in config] != [second[k] for k in config]  # not the configuration that ran out
+    # The re-plan keeps the effective global batch and says so, in the event and the Planned condition.
+    effective = second["nodes"] * second["gpusPerNode"] * second["microBatchSize"] * second[
+        "gradientAccumulationSteps"]
+    assert effective == h.spec["training"]["globalBatchSize"]
+    words = (f"keeps the effective global batch {effective} = {second['nodes'] * second['gpusPerNode']} GPUs x "
+             f"micro-batch {second['microBatchSize']} x accumulation {second['gradientAccumulationSteps']}")
+    assert words in decision.events[-1].message and words in h.condition("Planned")[2]
     assert h.stored.attempts[1].outcome == AttemptOutcome.LAUNCHING and h.stored.phase == Phase.REPLANNING
     assert_idempotent(h)
 

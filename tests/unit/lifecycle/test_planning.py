@@ -4,13 +4,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import yaml
+from cluster_manifests import gfd_node, inference_pod
 from memfit.api.job import MemoryOptimizedTrainingJobSpec
 from memfit.api.pool import GPUNodePool
 from memfit.catalog import CATALOG
 from memfit.kube.profile_cache import Observation
+from memfit.lifecycle.capacity import gpus_requested_by_node, observe_pool_capacity
 from memfit.lifecycle.planning import config_key, free_gpus, plan_job, strategy_of
 from memfit.lifecycle.world import PoolCapacity
+from memfit.planner.offers import FreeGpus, Offer, resolve_offer
 
 REPO = Path(__file__).resolve().parents[3]
 POOLS = [
@@ -102,15 +106,84 @@ def test_config_key_round_trip() -> None:
     assert strategy_of("garbage", spec(24)) is None
 
 
-def test_free_gpus_counts_whole_free_nodes_and_room_to_grow() -> None:
+def test_free_gpus_counts_whole_free_nodes_room_to_grow_and_shared_nodes() -> None:
     capacity = {
         "l4-ondemand": PoolCapacity(
-            nodes=2, ready_nodes=2, allocatable_gpus=8, free_gpus=5, free_whole_nodes=1
+            nodes=2, ready_nodes=2, allocatable_gpus=8, free_gpus=5, free_whole_nodes=1,
+            free_gpus_on_shared_nodes=(1,),
         )
     }
     free = free_gpus(POOLS, capacity)
-    assert free["l4-ondemand"] == 4  # one whole node of 4; maxNodes 2 = nodes, no room to grow
-    assert free["t4-spot"] == 2  # unobserved pool: up to maxNodes x GPUs per node
+    # One whole node of 4 (maxNodes 2 = nodes: no room to grow) and a shared node with 1 GPU free.
+    assert free["l4-ondemand"] == FreeGpus(whole_nodes=1, on_shared_nodes=(1,))
+    assert free["t4-spot"] == FreeGpus(whole_nodes=2)  # unobserved pool: up to maxNodes
+
+
+def a100_job(layers: int = 24) -> MemoryOptimizedTrainingJobSpec:
+    job = spec(layers).model_dump(by_alias=True, exclude_none=True)
+    job["placement"]["nodePools"] = ["a100-80-ondemand"]
+    return MemoryOptimizedTrainingJobSpec.model_validate(job)
+
+
+def a100_capacity(*shared: int, whole: int = 0) -> dict[str, PoolCapacity]:
+    """The one-node a100 pool (maxNodes 1) as observed: `shared` free GPUs on a node others use."""
+    return {"a100-80-ondemand": PoolCapacity(
+        nodes=1, ready_nodes=1, allocatable_gpus=8, free_gpus=sum(shared) + 8 * whole, free_whole_nodes=whole,
+        free_gpus_on_shared_nodes=tuple(shared))}
+
+
+# 160 layers x 2048 (8.1B parameters): ZeRO-3 on 2 A100s at least; 4 when a whole node is free.
+SHARED_NODE_CASES = {
+    "2 free on a shared node: 2 GPUs there": ((2,), 0, 2, "a node other pods already use"),
+    "4 and 2 free on shared nodes: 4 GPUs on the fuller": ((4, 2), 0, 4, "a node other pods already use"),
+    "a whole free node: 4 of its GPUs": ((), 1, 4, "a node"),
+}
+
+
+@pytest.mark.parametrize("case", SHARED_NODE_CASES, ids=list(SHARED_NODE_CASES))
+def test_a_plan_that_fits_in_part_of_a_node_uses_a_shared_node_and_pays_for_its_gpus(case: str) -> None:
+    shared, whole, gpus, where = SHARED_NODE_CASES[case]
+    outcome = run(a100_job(160), capacity=a100_capacity(*shared, whole=whole))
+    p = outcome.plan
+    assert p is not None and p.node_pool == "a100-80-ondemand"
+    assert (p.nodes, p.gpus_per_node) == (1, gpus)
+    assert p.price_per_hour == pytest.approx(27.45 * gpus / 8)
+    assert p.estimated_cost == pytest.approx(p.price_per_hour * p.estimated_hours, rel=1e-5)
+    note = f"uses {gpus} of the 8 GPUs of {where} (a100-80-ondemand): priced {gpus}/8 of $27.45/h"
+    assert p.cost_notes[0].startswith(note)
+    assert ("stay free for other pods" in p.cost_notes[0]) == (not shared)
+    assert outcome.summary is not None and outcome.summary.cost_note is not None
+    assert note in outcome.summary.cost_note and note in outcome.message()
+
+
+def test_a_shared_node_with_too_few_free_gpus_is_not_planned_on() -> None:
+    one_free = run(a100_job(160), capacity=a100_capacity(1))  # needs 2 GPUs at least
+    assert one_free.plan is None and "on 1 GPU; has 80.0 GiB" in one_free.message()
+    none_free = run(a100_job(160), capacity=a100_capacity())
+    assert none_free.plan is None and "no free GPUs right now" in none_free.message()
+
+
+def test_from_node_and_pod_manifests_to_a_plan_on_the_free_gpus_of_a_busy_node() -> None:
+    """The operator's path: Nodes and Pods -> pool capacity -> free GPUs -> plan (maxNodes 1: no new node)."""
+    pool = next(p for p in POOLS if p.metadata.name == "a100-80-ondemand")
+    used = gpus_requested_by_node([inference_pod("llama-8b", "a100-a", 2), inference_pod("mistral", "a100-a", 2)])
+    capacity = {"a100-80-ondemand": observe_pool_capacity(
+        selector=pool.spec.node_selector, gpus_per_node=8, nodes=[gfd_node("a100-a")], used_by_node=used)}
+    assert free_gpus([pool], capacity)["a100-80-ondemand"] == FreeGpus(whole_nodes=0, on_shared_nodes=(4,))
+    p = run(a100_job(160), capacity=capacity).plan
+    assert p is not None and (p.nodes, p.gpus_per_node) == (1, 4)
+    assert p.cost_notes[0].startswith("uses 4 of the 8 GPUs of a node other pods already use")
+
+
+def test_a_partly_used_node_is_only_offered_for_layouts_it_can_hold() -> None:
+    pool = next(p for p in POOLS if p.metadata.name == "a100-80-ondemand")
+    offer = resolve_offer(pool, catalog=CATALOG, free_gpus=FreeGpus(whole_nodes=0, on_shared_nodes=(3, 1)))
+    assert isinstance(offer, Offer)
+    assert [(lay.nodes, lay.gpus_per_node, lay.shared_node) for lay in offer.layouts()] == [(1, 1, True), (1, 2, True)]
+    offer = resolve_offer(pool, catalog=CATALOG, free_gpus=FreeGpus(whole_nodes=1, on_shared_nodes=(2,)))
+    assert isinstance(offer, Offer)
+    assert [(lay.nodes, lay.gpus_per_node, lay.shared_node) for lay in offer.layouts()] == [
+        (1, 1, True), (1, 2, True), (1, 4, False), (1, 8, False)]
 
 
 def test_a_cpu_measured_allocator_peak_teaches_the_tensor_terms() -> None:
