@@ -191,3 +191,24 @@ def test_table_formats_pack_the_same_tokens_as_jsonl(fmt: str, volumes: Path, tm
     table = first_batches({"files": {"volumeClaim": "tables", "path": target.name, "format": fmt}}, root)
     jsonl = first_batches({"files": {"volumeClaim": DATA_CLAIM, "path": "train.jsonl"}}, volumes)
     assert all(bool((a == b).all()) for a, b in zip(table, jsonl, strict=True))
+
+
+def test_profiler_builds_a_volume_model_from_its_inline_config_without_the_volume(tmp_path: Path,
+                                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """The profile pod mounts no model volume: with an inline config it builds the architecture from that
+    (random weights, synthetic data) and never looks for the weights."""
+    pytest.importorskip("transformers")
+    from memfit.api.problem import HuggingFaceProblem
+    from memfit_trainer.problems.huggingface import build_huggingface
+
+    monkeypatch.setenv("MEMFIT_VOLUMES_DIR", str(tmp_path / "empty"))
+    config = {"model_type": "llama", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+              "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 128, "max_position_embeddings": 64}
+    spec = HuggingFaceProblem.model_validate({"volumeClaim": MODEL_CLAIM, "path": MODEL_PATH, "config": config,
+                                              "sequenceLength": 16})
+    built = build_huggingface(spec)
+    assert len(built.blocks) == 2 and built.tokenizer is None and built.eval_batches is None
+    with pytest.raises(ValueError, match=r"spec\.problem\.huggingface\.path: 'tiny-llama' does not exist"):
+        from memfit_trainer.problems.huggingface import Finetune
+
+        build_huggingface(spec, finetune=Finetune(environ={"MEMFIT_VOLUMES_DIR": str(tmp_path / "empty")}))

@@ -60,8 +60,11 @@ def _transformers() -> Any:
         ) from exc
 
 
-def _config(spec: HuggingFaceProblem, transformers: Any, environ: Mapping[str, str]) -> Any:
-    if spec.volume_claim is not None or (spec.config is None and spec.initialization == Initialize.PRETRAINED):
+def _config(spec: HuggingFaceProblem, transformers: Any, environ: Mapping[str, str], *, training: bool) -> Any:
+    # The weights' own config.json when training from them; the profiler (no volume mounted, no weights
+    # loaded) plans with the inline config when there is one.
+    from_source = spec.volume_claim is not None or (spec.config is None and spec.initialization == Initialize.PRETRAINED)
+    if from_source and (training or spec.config is None):
         source, kwargs = model_source(spec, environ)
         try:
             return transformers.AutoConfig.from_pretrained(source, trust_remote_code=spec.trust_remote_code,
@@ -185,10 +188,10 @@ def build_huggingface(spec: HuggingFaceProblem, *, depth: int | None = None,
     its layer count) and cuts per-layer lists (`layer_types`) to match."""
     transformers = _transformers()
     environ: Mapping[str, str] = finetune.environ if finetune is not None else os.environ
-    config = _config(spec, transformers, environ)
+    config = _config(spec, transformers, environ, training=finetune is not None)
     config.use_cache = False
     _check_positions(spec, config)
-    if spec.volume_claim is not None or spec.initialization == Initialize.PRETRAINED:
+    if finetune is not None and (spec.volume_claim is not None or spec.initialization == Initialize.PRETRAINED):
         _check_against_inline(spec, config)
     if depth is not None:
         _reduce_depth(config, depth, spec.name)
