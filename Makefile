@@ -16,7 +16,7 @@ help: ## list targets
 venv: ## create or reuse the venv (outside the repo) with every extra installed
 	@MEMFIT_VENV=$(VENV) hack/venv.sh >/dev/null
 
-testbin: ## build etcd, kube-apiserver, controller-manager, scheduler, kwok, helm, kubelet, kube-proxy, CoreDNS (cached by version)
+testbin: ## build etcd, kube-apiserver, controller-manager, scheduler, kwok, helm, kubelet, kube-proxy, CoreDNS, Kueue (cached by version)
 	@hack/install-testbin.sh >/dev/null
 
 prometheus: ## prometheus + promtool from Debian into ~/.cache/memfit/prometheus (no service)

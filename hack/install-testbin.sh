@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Build the test cluster's binaries (etcd, kube-apiserver, kube-controller-manager, kube-scheduler,
 # kwok, helm) from the Go module proxy at pinned versions, into a cache outside the repo keyed by
-# version; and the real node's (kubelet, kube-proxy, CoreDNS) into a sibling folder. Idempotent: does
-# nothing when the binaries are already there.
-# Usage: hack/install-testbin.sh [--print-dir | --print-node-dir | --no-node]
-#   --print-dir / --print-node-dir print a bin dir and build nothing; --no-node skips the node binaries.
+# version; the real node's (kubelet, kube-proxy, CoreDNS) into a sibling folder; and the Kueue manager
+# (with its CRDs and webhook manifests, docs/kueue.md) into another. Idempotent: does nothing when the
+# binaries are already there. Go builds run at `nice` (the machine is shared).
+# Usage: hack/install-testbin.sh [--print-dir | --print-node-dir | --print-kueue-dir | --no-node]
+#   --print-*-dir print a folder and build nothing; --no-node skips the node binaries.
 # Recipe and pins: docs/testcluster.md, docs/realnode.md (from shared/reference/{testcluster,realnode}.md).
 set -euo pipefail
 
@@ -14,9 +15,12 @@ KWOK_VERSION=${KWOK_VERSION:-0.8.0}
 HELM_VERSION=${HELM_VERSION:-3.22.0}
 CACHE=${MEMFIT_TESTBIN_CACHE:-$HOME/.cache/memfit-testbin}
 COREDNS_VERSION=${COREDNS_VERSION:-1.12.4}
+KUEUE_VERSION=${KUEUE_VERSION:-0.17.0}
 BIN="$CACHE/k8s-v$K8S_VERSION-etcd-kwok-v$KWOK_VERSION-helm-v$HELM_VERSION/bin"
 # A separate folder, so adding the node binaries did not invalidate the control plane's cache.
 NODE_BIN="$CACHE/node-k8s-v$K8S_VERSION-coredns-v$COREDNS_VERSION/bin"
+# Kueue: bin/kueue plus config/{crd,webhook}/ copied from the module (the module cache may be cleaned).
+KUEUE_DIR="$CACHE/kueue-v$KUEUE_VERSION"
 
 export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS=-trimpath
 JOBS=${GO_BUILD_JOBS:-2}
@@ -87,9 +91,28 @@ build_node() {
     k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kube-proxy
 }
 
+# The Kueue manager (cmd/kueue) in its own tools module: its client-go (v0.35) differs from the
+# control plane's; Kueue's go.mod has no replace or godebug lines, so `go get -tool` resolves it as is.
+build_kueue() {
+  local src="$CACHE/src/kueue-v$KUEUE_VERSION" v=sigs.k8s.io/kueue/pkg/version
+  mkdir -p "$src" "$KUEUE_DIR/bin"; cd "$src"
+  [ -f go.mod ] || go mod init example.invalid/memfit-kueue >/dev/null 2>&1
+  nice -n 10 go get -tool "sigs.k8s.io/kueue/cmd/kueue@v$KUEUE_VERSION"
+  nice -n 10 go build -p "$JOBS" -ldflags "-s -w -X $v.GitVersion=v$KUEUE_VERSION -X $v.BuildDate=1970-01-01T00:00:00Z" \
+    -o "$KUEUE_DIR/bin/kueue.tmp" sigs.k8s.io/kueue/cmd/kueue
+  local mod
+  mod=$(go list -m -f '{{.Dir}}' "sigs.k8s.io/kueue")
+  rm -rf "$KUEUE_DIR/config"; mkdir -p "$KUEUE_DIR/config/crd" "$KUEUE_DIR/config/webhook"
+  cp "$mod"/config/components/crd/bases/*.yaml "$KUEUE_DIR/config/crd/"
+  cp "$mod/config/components/webhook/manifests.yaml" "$KUEUE_DIR/config/webhook/"
+  chmod -R u+w "$KUEUE_DIR/config"   # module cache files are read-only
+  mv "$KUEUE_DIR/bin/kueue.tmp" "$KUEUE_DIR/bin/kueue"   # last: its presence means the folder is complete
+}
+
 case "${1:-}" in
   --print-dir) echo "$BIN"; exit 0 ;;
   --print-node-dir) echo "$NODE_BIN"; exit 0 ;;
+  --print-kueue-dir) echo "$KUEUE_DIR"; exit 0 ;;
 esac
 mkdir -p "$BIN"
 if [ ! -x "$BIN/etcd" ]; then log "building etcd"; build_etcd; fi
@@ -97,6 +120,9 @@ if [ ! -x "$BIN/kwok" ]; then log "building kwok v$KWOK_VERSION"; GOBIN="$BIN" g
 if [ ! -x "$BIN/helm" ]; then log "building helm v$HELM_VERSION"; GOBIN="$BIN" go install "helm.sh/helm/v3/cmd/helm@v$HELM_VERSION"; fi
 if [ ! -x "$BIN/kube-apiserver" ] || [ ! -x "$BIN/kube-controller-manager" ] || [ ! -x "$BIN/kube-scheduler" ]; then
   log "building kubernetes v$K8S_VERSION (cold: tens of minutes on 2 cores)"; build_kubernetes
+fi
+if [ ! -x "$KUEUE_DIR/bin/kueue" ]; then
+  log "building kueue v$KUEUE_VERSION (cold: module downloads and a full compile, minutes)"; (build_kueue)
 fi
 if [ "${1:-}" != "--no-node" ]; then
   mkdir -p "$NODE_BIN"

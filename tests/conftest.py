@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from kubernetes import config
+from memfit_testbed import kueue as testbed_kueue
 from memfit_testbed import kwok_pools, testcluster
 from memfit_testbed.cluster_helpers import Kube
 
@@ -102,6 +103,27 @@ def install_crds(cluster: testcluster.TestCluster) -> list[str]:
     subprocess.run(["kubectl", "wait", "--for=condition=Established", "--timeout=60s", *names],
                    check=True, env=env, capture_output=True)
     return [n.split("/", 1)[1] for n in names]
+
+
+@pytest.fixture(scope="module")
+def kueue(
+    cluster: testcluster.TestCluster, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[testbed_kueue.KueueManager]:
+    """The real Kueue manager (hack/install-testbin.sh builds it) on the session's cluster, for one test
+    module; stopping it removes its webhook configurations, so later modules create Jobs as before.
+    Missing Kueue skips (fails with MEMFIT_REQUIRE_CLUSTER=1)."""
+    try:
+        kueue_dir = testbed_kueue.find_kueue_dir()
+        why = testbed_kueue.missing_kueue(kueue_dir)
+    except (OSError, subprocess.CalledProcessError) as e:
+        kueue_dir, why = Path("?"), f"Kueue folder ({e})"
+    if why:
+        if _require():
+            pytest.fail(f"{why} (MEMFIT_REQUIRE_CLUSTER is set)", pytrace=False)
+        pytest.skip(why)
+    workdir = tmp_path_factory.mktemp("kueue")
+    with testbed_kueue.running_kueue(cluster.kubeconfig, workdir, kueue_dir=kueue_dir) as manager:
+        yield manager
 
 
 @pytest.hookimpl(wrapper=True)

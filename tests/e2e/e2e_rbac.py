@@ -20,7 +20,8 @@ NAMESPACED: Rules = {
     ("", "configmaps"): CRUD_CHILD,
     ("", "events"): frozenset({"create", "patch"}),
 }
-KUEUE: Rules = {("kueue.x-k8s.io", "workloads"): READ}
+KUEUE: Rules = {("kueue.x-k8s.io", "workloads"): READ, ("kueue.x-k8s.io", "localqueues"): READ}
+KUEUE_CLUSTER: Rules = {("kueue.x-k8s.io", "clusterqueues"): READ}
 PODGROUP: Rules = {("scheduling.x-k8s.io", "podgroups"): frozenset({"create", "get", "delete"})}
 CLUSTER: Rules = {
     ("", "nodes"): READ,
@@ -60,6 +61,13 @@ def expected_namespaced(values: Mapping[str, Any]) -> dict[tuple[str, str], froz
         rules |= KUEUE
     if values["gang"]["podGroup"]["enabled"]:
         rules |= PODGROUP
+    return rules
+
+
+def expected_cluster(values: Mapping[str, Any]) -> dict[tuple[str, str], frozenset[str]]:
+    rules = dict(CLUSTER)
+    if values["kueue"]["enabled"]:
+        rules |= KUEUE_CLUSTER
     return rules
 
 

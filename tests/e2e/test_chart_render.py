@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from e2e_chart import VARIANTS, Rendered, load_values, render_variant
 from e2e_podsecurity import restricted_violations
-from e2e_rbac import CLUSTER, expected_namespaced, grants, grants_of
+from e2e_rbac import expected_cluster, expected_namespaced, grants, grants_of
 from e2e_tools import CHART, KUBE_VERSION, run
 
 STANDARD_LABELS = ("helm.sh/chart", "app.kubernetes.io/name", "app.kubernetes.io/instance",
@@ -103,7 +103,7 @@ def test_rbac_grants_exactly_what_the_operator_needs(rendered: Rendered, variant
     cluster_role = rendered.one("ClusterRole", "memfit")
     namespaced = grants(expected_namespaced(values))
     if namespaces:
-        assert grants_of(cluster_role["rules"]) == grants(CLUSTER)
+        assert grants_of(cluster_role["rules"]) == grants(expected_cluster(values))
         roles = {r["metadata"]["namespace"]: r for r in rendered.kind("Role")}
         assert sorted(roles) == sorted(namespaces)
         for role in roles.values():
@@ -113,7 +113,7 @@ def test_rbac_grants_exactly_what_the_operator_needs(rendered: Rendered, variant
         for binding in bindings.values():
             assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "memfit"}
     else:
-        assert grants_of(cluster_role["rules"]) == grants(CLUSTER) | namespaced
+        assert grants_of(cluster_role["rules"]) == grants(expected_cluster(values)) | namespaced
         assert not rendered.kind("Role") and not rendered.kind("RoleBinding")
     crb = rendered.one("ClusterRoleBinding", "memfit")
     assert crb["subjects"] == [{"kind": "ServiceAccount", "name": "memfit", "namespace": "memfit-system"}]

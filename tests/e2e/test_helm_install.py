@@ -12,7 +12,7 @@ import pytest
 import yaml
 from e2e_chart import values_file
 from e2e_cluster import Cluster, wait_for
-from e2e_rbac import CLUSTER, DENIED, KUEUE, NAMESPACED, PODGROUP, can_i_args, matrix
+from e2e_rbac import CLUSTER, DENIED, KUEUE, KUEUE_CLUSTER, NAMESPACED, PODGROUP, can_i_args, matrix
 from e2e_tools import CHART
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
@@ -89,6 +89,7 @@ def test_rbac_matrix_cluster_wide(release: Cluster) -> None:
               if verb in ("list", "watch")]
     cases += [(verb, [res], ns, False) for verb, res in DENIED for ns in ("ml-anywhere", NS)]
     cases += [(verb, can_i_args(g, r), "ml-anywhere", False) for g, r, verb, _ in matrix(dict(KUEUE) | PODGROUP)]
+    cases += [(verb, can_i_args(g, r), None, False) for g, r, verb, _ in matrix(KUEUE_CLUSTER)]
     check_matrix(release, SA, cases)
 
 
@@ -109,7 +110,8 @@ def test_rbac_matrix_namespace_scoped(release: Cluster) -> None:
         # Other namespaces, including its own and the cluster-wide view: nothing namespaced.
         cases += [(verb, can_i_args(g, r), ns, False) for g, r, verb, _ in matrix(namespaced)
                   for ns in ("ml-team-c", "memfit-scoped", None) if verb in ("get", "list", "create", "delete")]
-        cases += [(verb, can_i_args(g, r), None, allowed) for g, r, verb, allowed in matrix(CLUSTER)]
+        cases += [(verb, can_i_args(g, r), None, allowed)
+                  for g, r, verb, allowed in matrix(dict(CLUSTER) | dict(KUEUE_CLUSTER))]
         cases += [(verb, [res], "ml-team-a", False) for verb, res in DENIED]
         check_matrix(release, user, cases)
     finally:

@@ -66,5 +66,5 @@ def test_catalog_lists_required_gpus() -> None:
 def test_help_lists_every_command_and_nothing_that_does_not_exist() -> None:
     result = run("--help")
     assert result.returncode == 0, result.stderr
-    assert "{crds,validate,catalog,plan,estimate,operator,pools}" in result.stdout
+    assert "{crds,validate,catalog,plan,estimate,operator,pools,kueue}" in result.stdout
     assert "demo" not in result.stdout  # the quickstart is `make demo`, not a memfit command

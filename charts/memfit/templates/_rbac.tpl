@@ -25,8 +25,9 @@
   resources: [events]
   verbs: [create, patch]
 {{- if .Values.kueue.enabled }}
+{{- /* Workloads: the Queued condition; LocalQueues: the ClusterQueue whose quota planning respects. */}}
 - apiGroups: [kueue.x-k8s.io]
-  resources: [workloads]
+  resources: [workloads, localqueues]
   verbs: [get, list, watch]
 {{- end }}
 {{- if .Values.gang.podGroup.enabled }}
@@ -55,4 +56,10 @@
 - apiGroups: [""]
   resources: [namespaces]
   verbs: [list, watch]
+{{- if .Values.kueue.enabled }}
+{{- /* ClusterQueues (cluster-scoped): GPU quota per flavor for quota-aware planning (docs/kueue.md). */}}
+- apiGroups: [kueue.x-k8s.io]
+  resources: [clusterqueues]
+  verbs: [get, list, watch]
+{{- end }}
 {{- end }}

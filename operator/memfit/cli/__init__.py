@@ -1,4 +1,4 @@
-"""The `memfit` command: crds, validate, catalog, plan, estimate, operator, pools discover.
+"""The `memfit` command: crds, validate, catalog, plan, estimate, operator, pools discover, kueue flavors.
 
 Each subcommand lives in its own module (`plan`, `estimate`, `cluster`) and registers itself here.
 There is no `memfit demo`: the local quickstart (a cluster, simulated GPU pools, the operator) is dev
@@ -17,7 +17,7 @@ import yaml
 from memfit.api.crdgen import build_crds
 from memfit.api.validation import load_file
 from memfit.catalog import CATALOG
-from memfit.cli import cluster, estimate, plan
+from memfit.cli import cluster, estimate, kueue, plan
 
 DEFAULT_CRD_DIR = Path("crds")
 
@@ -90,7 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
     catalog = sub.add_parser("catalog", help="print the built-in GPU catalog")
     catalog.set_defaults(func=cmd_catalog)
 
-    for register in (plan.register, estimate.register, cluster.register):
+    for register in (plan.register, estimate.register, cluster.register, kueue.register):
         register(sub)
     return parser
 

@@ -91,6 +91,38 @@ class KubeApi:
         )
         return list(pods.get("items") or [])
 
+    def list_workloads(self, namespace: str, selector: str) -> list[Manifest]:
+        """Kueue Workloads; none when Kueue is not installed (404) or the chart did not grant the read
+        (403, `kueue.enabled` off): the Queued condition then says no more than that the Job waits."""
+        try:
+            listing = self.custom.list_namespaced_custom_object(
+                "kueue.x-k8s.io", "v1beta2", namespace, "workloads", label_selector=selector,
+                _preload_content=False,
+            )
+        except ApiException as error:
+            if error.status in (403, 404):
+                return []
+            raise
+        return list(_json(listing).get("items") or [])
+
+    def get_local_queue(self, namespace: str, name: str) -> Manifest | None:
+        return self._kueue_get(lambda: self.custom.get_namespaced_custom_object(
+            "kueue.x-k8s.io", "v1beta2", namespace, "localqueues", name, _preload_content=False))
+
+    def get_cluster_queue(self, name: str) -> Manifest | None:
+        return self._kueue_get(lambda: self.custom.get_cluster_custom_object(
+            "kueue.x-k8s.io", "v1beta2", "clusterqueues", name, _preload_content=False))
+
+    @staticmethod
+    def _kueue_get(call: Any) -> Manifest | None:
+        """A Kueue object, or None when it, or Kueue, is absent (404) or not readable (403)."""
+        try:
+            return _json(call())
+        except ApiException as error:
+            if error.status in (403, 404):
+                return None
+            raise
+
     def list_pools(self) -> list[Manifest]:
         listing = self.custom.list_cluster_custom_object(
             API_GROUP, API_VERSION, POOL_PLURAL, _preload_content=False

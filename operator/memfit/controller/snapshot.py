@@ -18,6 +18,7 @@ from memfit.api.plan import Plan
 from memfit.controller.kubeapi import KubeApi
 from memfit.controller.settings import OperatorSettings
 from memfit.controller.world import observe_world
+from memfit.kube.kueue import LABEL_QUEUE
 from memfit.kube.names import (
     COMPONENT_PROFILER,
     COMPONENT_TRAINER,
@@ -30,8 +31,9 @@ from memfit.kube.profile_cache import CachedProfile, parse_profile_cache
 from memfit.kube.train_job import parse_plan_record
 from memfit.lifecycle import AttemptChildren, JobRef, LaunchSettings, RecordedPlan, Snapshot, World
 from memfit.lifecycle.launch import ANNOTATION_PLAN_JSON
-from memfit.lifecycle.observed import JobSummary, pod_selector, summarize_job
+from memfit.lifecycle.observed import LABEL_JOB_UID, JobSummary, pod_selector, summarize_job
 from memfit.lifecycle.profiling import profile_key, profile_keys
+from memfit.lifecycle.quota import QueueQuota, parse_cluster_queue
 from memfit.lifecycle.snapshot import (
     is_terminal,
     monitoring,
@@ -52,6 +54,9 @@ class ChildReader(Protocol):
     def get_job(self, namespace: str, name: str) -> Manifest | None: ...
     def get_config_map(self, namespace: str, name: str) -> Manifest | None: ...
     def list_pods(self, namespace: str, selector: str) -> list[Manifest]: ...
+    def list_workloads(self, namespace: str, selector: str) -> list[Manifest]: ...
+    def get_local_queue(self, namespace: str, name: str) -> Manifest | None: ...
+    def get_cluster_queue(self, name: str) -> Manifest | None: ...
 
 
 def launch_settings(settings: OperatorSettings) -> LaunchSettings:
@@ -113,6 +118,8 @@ def observe_snapshot(
     world_now = pools.get()
     if spec.profiling.node_pool != "auto" and world_now.pool(spec.profiling.node_pool) is None:
         world_now = pools.fresh()  # the shared snapshot may predate a pool created a moment ago
+    if spec.scheduling.kueue_queue:
+        world_now = replace(world_now, queue_quota=_queue_quota(api, ref.namespace, spec.scheduling.kueue_queue))
     cache, digest = None, ""
     for digest in profile_keys(spec, status, snap.settings, world_now):
         # A depth-reduced job reuses a full-depth profile of the same problem when one is cached.
@@ -161,7 +168,26 @@ def _profiling(api: ChildReader, ref: JobRef) -> JobSummary | None:
     if job is None:
         return None
     pods = api.list_pods(ref.namespace, pod_selector(ref.name, COMPONENT_PROFILER))
-    return summarize_job(job, pods, name)
+    return summarize_job(job, pods, name, _workload(api, ref.namespace, job))
+
+
+def _queue_quota(api: ChildReader, namespace: str, queue: str) -> QueueQuota | None:
+    """The GPU quota of the ClusterQueue behind LocalQueue `namespace/queue`; None when either is
+    missing or unreadable (planning then ignores quota, and the queued Job shows Kueue's reason)."""
+    local = api.get_local_queue(namespace, queue)
+    name = ((local or {}).get("spec") or {}).get("clusterQueue")
+    cluster = api.get_cluster_queue(str(name)) if name else None
+    return parse_cluster_queue(cluster) if cluster else None
+
+
+def _workload(api: ChildReader, namespace: str, job: Manifest) -> Manifest | None:
+    """The Kueue Workload of a queued Job that is still suspended (read only then: it is what the job's
+    Queued condition shows; an admitted Job needs no read)."""
+    meta, spec = job.get("metadata") or {}, job.get("spec") or {}
+    if not spec.get("suspend") or not (meta.get("labels") or {}).get(LABEL_QUEUE) or not meta.get("uid"):
+        return None
+    found = api.list_workloads(namespace, f"{LABEL_JOB_UID}={meta['uid']}")
+    return found[0] if found else None
 
 
 def _attempt_children(api: ChildReader, ref: JobRef, index: int) -> AttemptChildren:
@@ -174,7 +200,7 @@ def _attempt_children(api: ChildReader, ref: JobRef, index: int) -> AttemptChild
     pods = api.list_pods(ref.namespace, pod_selector(ref.name, COMPONENT_TRAINER, index)) if job else []
     return AttemptChildren(
         index=index,
-        job=summarize_job(job, pods, name) if job is not None else None,
+        job=summarize_job(job, pods, name, _workload(api, ref.namespace, job)) if job is not None else None,
         plan=plan,
         plan_recorded=cm is not None,
     )

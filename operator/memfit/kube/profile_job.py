@@ -17,6 +17,7 @@ from memfit.kube.common import (
     pod_security_context,
     tolerations,
 )
+from memfit.kube.kueue import LABEL_QUEUE
 from memfit.kube.names import (
     COMPONENT_PROFILER,
     LABEL_POOL,
@@ -57,6 +58,7 @@ def build_profile_job(
     peft_methods: Sequence[str] = (),
     qlora_quant: str = "nf4",
     qlora_double_quant: bool = True,
+    queue: str = "",
 ) -> Manifest:
     """Job `<job>-profile`: runs `memfit-trainer profile` on one GPU of the profiling pool.
 
@@ -66,7 +68,9 @@ def build_profile_job(
     `reduced` measures 1 and 2 of the model's repeated blocks (memfit.lifecycle.profile_fit).
     `lora_targets` / `lora_rank`: when the job allows LoRA/QLoRA, the profiler checks them against the
     model's modules (a mismatch fails the profile with `strategy.peft.lora.targetModules`) and, with
-    `peft_methods`, also measures those adapters on a frozen base (the PEFT variant).
+    `peft_methods`, also measures those adapters on a frozen base (the PEFT variant). `queue`: the Kueue
+    LocalQueue (`scheduling.kueueQueue`): the Job carries its label and is created suspended, as the
+    training Job is; Kueue admits it against the profiling pool's flavor.
     """
     peft_args: list[str] = []
     if lora_targets:
@@ -110,11 +114,13 @@ def build_profile_job(
     }
     if pod.service_account:
         pod_spec["serviceAccountName"] = pod.service_account
+    job_labels_ = labels | ({LABEL_QUEUE: queue} if queue else {})
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
-        "metadata": metadata(name=profile_job_name(owner.name), owner=owner, labels=labels),
+        "metadata": metadata(name=profile_job_name(owner.name), owner=owner, labels=job_labels_),
         "spec": {
+            "suspend": bool(queue),
             "backoffLimit": PROFILE_BACKOFF_LIMIT,
             "activeDeadlineSeconds": timeout_seconds,
             "template": {"metadata": {"labels": labels | pod.extra_labels}, "spec": pod_spec},

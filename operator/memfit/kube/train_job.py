@@ -19,6 +19,7 @@ from memfit.kube.common import (
     pod_security_context,
     tolerations,
 )
+from memfit.kube.kueue import LABEL_QUEUE
 from memfit.kube.names import (
     ANNOTATION_PLAN,
     CHECKPOINT_MOUNT,
@@ -183,7 +184,7 @@ def build_training_job(
     }
     job_meta_labels = dict(labels)
     if spec.scheduling.kueue_queue:
-        job_meta_labels["kueue.x-k8s.io/queue-name"] = spec.scheduling.kueue_queue
+        job_meta_labels[LABEL_QUEUE] = spec.scheduling.kueue_queue
     shm_bytes = max(SHM_MIN_BYTES, plan.memory.host_bytes * plan.gpus_per_node // 4)
     mounts: list[Manifest] = [
         {"name": "plan", "mountPath": PLAN_MOUNT, "readOnly": True},

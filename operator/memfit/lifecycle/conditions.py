@@ -14,6 +14,9 @@ RUNNING = "Running"
 SUCCEEDED = "Succeeded"
 FAILED = "Failed"
 ALL_TYPES = (PROFILED, PLANNED, RUNNING, SUCCEEDED, FAILED)
+# Only on jobs with scheduling.kueueQueue (memfit.lifecycle.queueing): True while a child Job waits in
+# the queue, its reason the Workload's (Kueue's CamelCase: Pending, Inadmissible, QuotaReserved...).
+QUEUED = "Queued"
 
 # Reasons (CamelCase, specific).
 INVALID_SPEC = "InvalidSpec"
@@ -27,6 +30,7 @@ PLAN_FOUND = "PlanFound"
 NO_FIT = "NoFit"
 WAITING_FOR_CAPACITY = "WaitingForCapacity"
 WAITING_FOR_ADMISSION = "WaitingForAdmission"
+ADMITTED = "Admitted"  # Queued=False: Kueue admitted the child Job
 LAUNCHING = "Launching"
 PODS_RUNNING = "PodsRunning"
 PODS_PENDING = "PodsPending"

@@ -66,6 +66,7 @@ def launch_step(
                     job_name=snap.job.name,
                     catalog=world.catalog,
                     ignore_capacity=ignore_capacity,
+                    quota=world.queue_quota,
                 )
 
         outcome = plan_attempt()

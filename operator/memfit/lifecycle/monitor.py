@@ -20,6 +20,7 @@ from memfit.lifecycle.images import image_blocked, image_gives_up, image_message
 from memfit.lifecycle.launch import launch_effects
 from memfit.lifecycle.learning import ALLOCATOR_METERS, learn
 from memfit.lifecycle.observed import JobSummary, PodSummary
+from memfit.lifecycle.queueing import queue_step
 from memfit.lifecycle.result import Ensure
 from memfit.lifecycle.snapshot import Snapshot
 
@@ -54,6 +55,7 @@ def monitor_step(draft: Draft, snap: Snapshot, spec: MemoryOptimizedTrainingJobS
         draft.effects.append(
             Ensure(build_plan_config_map(owner=snap.job.owner(), plan=plan, summary=draft.plan))
         )
+    queue_step(draft, job, "training Job")
     peaks = [p.peak_bytes for p in job.pods if p.peak_bytes is not None]
     measured = max(peaks) if peaks else None
     if job.complete:

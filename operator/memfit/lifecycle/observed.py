@@ -15,6 +15,7 @@ from memfit.api.termination import (
     out_of_memory_reason,
     parse_message,
 )
+from memfit.kube.kueue import LABEL_QUEUE
 from memfit.kube.names import LABEL_ATTEMPT, LABEL_COMPONENT, LABEL_JOB
 
 Manifest = dict[str, Any]
@@ -90,6 +91,9 @@ class JobSummary:
     deleting: bool = False  # has a deletionTimestamp: going away
     started_at: datetime | None = None  # status.startTime: the Job controller's first sync
     pods_counted: bool = False  # the Job's status counts a pod (active, failed, succeeded, ...)
+    queue: str = ""  # the Job's kueue.x-k8s.io/queue-name label: Kueue admits (unsuspends) it
+    queue_reason: str = ""  # its Workload's state (memfit.lifecycle.queueing.workload_state), when read
+    queue_message: str = ""
 
     @property
     def finished(self) -> bool:
@@ -163,7 +167,10 @@ def summarize_pod(pod: Manifest) -> PodSummary:
     )
 
 
-def summarize_job(job: Manifest | None, pods: list[Manifest], name: str) -> JobSummary:
+def summarize_job(
+    job: Manifest | None, pods: list[Manifest], name: str, workload: Manifest | None = None
+) -> JobSummary:
+    """The Job, its pods and (for a queued Job) its Kueue Workload as one value."""
     if job is None:
         return JobSummary(name=name, exists=False)
     status = job.get("status") or {}
@@ -182,6 +189,7 @@ def summarize_job(job: Manifest | None, pods: list[Manifest], name: str) -> JobS
     meta = job.get("metadata") or {}
     keys = ("active", "failed", "succeeded", "ready", "terminating")
     uncounted = any((status.get("uncountedTerminatedPods") or {}).values())
+    reason, message = workload_state(workload)
     return JobSummary(
         name=name,
         exists=True,
@@ -196,7 +204,33 @@ def summarize_job(job: Manifest | None, pods: list[Manifest], name: str) -> JobS
         deleting=bool(meta.get("deletionTimestamp")),
         started_at=parse_time(status.get("startTime")),
         pods_counted=uncounted or any(status.get(k) for k in keys),
+        queue=str((meta.get("labels") or {}).get(LABEL_QUEUE, "")),
+        queue_reason=reason,
+        queue_message=message,
     )
+
+
+WORKLOAD_NOT_FOUND = "WorkloadNotFound"
+# Kueue's label on a Workload naming the uid of the Job it stands for (pkg/controller/constants).
+LABEL_JOB_UID = "kueue.x-k8s.io/job-uid"
+
+
+def workload_state(workload: Manifest | None) -> tuple[str, str]:
+    """(reason, message) of a Kueue Workload: `Admitted`; else its QuotaReserved=False reason (Kueue's
+    CamelCase: `Pending` with "couldn't assign flavors ... insufficient unused quota", `Inadmissible` for a
+    LocalQueue that does not exist...); `QuotaReserved` while admission checks run; `WorkloadNotFound`
+    before Kueue made one."""
+    if workload is None:
+        return WORKLOAD_NOT_FOUND, "Kueue has not created a Workload for the Job yet"
+    conds = {c.get("type"): c for c in (workload.get("status") or {}).get("conditions") or []}
+    admitted, reserved = conds.get("Admitted"), conds.get("QuotaReserved")
+    if admitted is not None and admitted.get("status") == "True":
+        return "Admitted", str(admitted.get("message") or "")
+    if reserved is not None and reserved.get("status") == "True":
+        return "QuotaReserved", str(reserved.get("message") or "")
+    if reserved is not None:
+        return str(reserved.get("reason") or "Pending"), str(reserved.get("message") or "")
+    return "Pending", "the Workload waits for Kueue's scheduler"
 
 
 def pod_selector(job: str, component: str, attempt: int | None = None) -> str:

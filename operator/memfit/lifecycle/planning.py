@@ -15,6 +15,7 @@ from memfit.api.training_config import TrainingConfig
 from memfit.catalog import GpuCatalog
 from memfit.kube.names import NVME_MOUNT
 from memfit.kube.profile_cache import KIND_ALLOCATED, Observation
+from memfit.lifecycle.quota import QueueQuota
 from memfit.lifecycle.world import PoolCapacity
 from memfit.memory.strategy import Strategy
 from memfit.planner import MeasuredPeak, PlanResult, plan, plan_summary
@@ -152,6 +153,14 @@ def free_gpus(pools: Sequence[GPUNodePool], capacity: Mapping[str, PoolCapacity]
     return out
 
 
+def _capped(room: int | FreeGpus, gpus: int) -> int | FreeGpus:
+    """Live room on a pool, capped at `gpus` (the queue's free quota there)."""
+    if isinstance(room, FreeGpus):
+        cap = gpus if room.max_gpus is None else min(room.max_gpus, gpus)
+        return replace(room, max_gpus=cap)
+    return min(room, gpus)
+
+
 def plan_job(
     *,
     spec: MemoryOptimizedTrainingJobSpec,
@@ -164,12 +173,20 @@ def plan_job(
     job_name: str,
     catalog: GpuCatalog,
     ignore_capacity: bool = False,
+    quota: QueueQuota | None = None,
 ) -> PlanOutcome:
     """Plan attempt `attempt` of a job on the pools not excluded by earlier capacity failures.
 
     With `ignore_capacity` every pool counts as empty (up to maxNodes): whether the job could fit at
-    all, which tells waiting for capacity apart from NoFit."""
+    all, which tells waiting for capacity apart from NoFit. With a Kueue `quota`, a pool also offers
+    no more GPUs than the ClusterQueue can admit there now (its nominal quota with `ignore_capacity`):
+    memfit does not plan onto a pool whose quota cannot hold the plan."""
     usable = [p for p in pools if p.metadata.name not in excluded_pools]
+    free: Mapping[str, int | FreeGpus] | None = None if ignore_capacity else free_gpus(usable, capacity)
+    if quota is not None and free is None:
+        free = {p.metadata.name: quota.nominal(p.metadata.name) for p in usable}  # a cap in GPUs
+    elif quota is not None and free is not None:
+        free = {name: _capped(room, quota.free(name)) for name, room in free.items()}
     peaks, devices = measured_peaks(observations, spec)
     result = plan(
         spec,
@@ -178,13 +195,15 @@ def plan_job(
         profile=profile,
         measured_peaks=peaks,
         measured_devices=devices,
-        free_gpus=None if ignore_capacity else free_gpus(usable, capacity),
+        free_gpus=free,
         measured_step_times=measured_step_times(observations),
     )
     if result.plan is None:
         if excluded_pools:
             note = f"excluded after no capacity: {', '.join(sorted(excluded_pools))}"
             result = replace(result, reasons=(*result.reasons, note))
+        if quota is not None:
+            result = replace(result, reasons=(*result.reasons, quota.describe()))
         return PlanOutcome(None, None, result)
     chosen = result.plan.model_copy(
         update={

@@ -35,6 +35,7 @@ from memfit.lifecycle.profile_fit import (
     choose_profiling,
     fits,
 )
+from memfit.lifecycle.queueing import queue_step
 from memfit.lifecycle.result import Delete, Ensure, WriteData
 from memfit.lifecycle.snapshot import LaunchSettings, Snapshot
 from memfit.lifecycle.spend import run_spend
@@ -161,6 +162,7 @@ def profile_step(
                     optimizer=str(spec.training.optimizer.value),
                     optimizer8bit=str(spec.strategy.optimizer8bit.value),
                     depth=choice.depth,
+                    queue=spec.scheduling.kueue_queue,
                     **_lora_check(spec),
                 )
             )
@@ -170,6 +172,9 @@ def profile_step(
     if job.deleting:
         return None  # a rescheduled profiling Job is still going away; the next reconcile recreates it
     pool = job.labels.get(LABEL_POOL, placement.pool)
+    if queue_step(draft, job, "profiling Job"):
+        _profiling(draft, pool, name, choice)
+        return None
     if not job.finished and _reschedule(draft, snap, spec, job, pool):
         return None
     blocked = None if job.finished else image_blocked(job)

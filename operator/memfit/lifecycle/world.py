@@ -8,6 +8,7 @@ from typing import Any
 
 from memfit.api.pool import GPUNodePool
 from memfit.catalog import CATALOG, GpuCatalog
+from memfit.lifecycle.quota import QueueQuota
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +41,9 @@ class World:
     pools: tuple[GPUNodePool, ...] = ()
     capacity: Mapping[str, PoolCapacity] = field(default_factory=dict)
     catalog: GpuCatalog = CATALOG
+    # The job's Kueue ClusterQueue quota (scheduling.kueueQueue); per job, so set with `replace` on the
+    # shared world by the reader. None: no queue, or its ClusterQueue could not be read.
+    queue_quota: QueueQuota | None = None
 
     def pool(self, name: str) -> GPUNodePool | None:
         return next((p for p in self.pools if p.metadata.name == name), None)

@@ -49,6 +49,8 @@ class FreeGpus:
 
     whole_nodes: int
     on_shared_nodes: tuple[int, ...] = ()
+    # A cap on the GPUs of one plan on top of the free nodes (a Kueue ClusterQueue's free quota there).
+    max_gpus: int | None = None
 
     @property
     def most_on_a_shared_node(self) -> int:
@@ -211,7 +213,7 @@ def resolve_offer(pool: GPUNodePool, *, catalog: GpuCatalog,
     if max_nodes <= 0:
         return PoolRejection(name, "maxNodes is 0")
     free = free_gpus if isinstance(free_gpus, FreeGpus) else None
-    max_gpus = free_gpus if isinstance(free_gpus, int) else None
+    max_gpus = free_gpus if isinstance(free_gpus, int) else (free.max_gpus if free is not None else None)
     if (max_gpus is not None and max_gpus <= 0) or (free is not None and not free.any):
         return PoolRejection(name, "no free GPUs right now")
     host_gib = spec.host.memory_gi_b

@@ -96,6 +96,20 @@ class Harness:
             if all(p["metadata"]["labels"].get(k) == v for k, v in wanted.items())
         ]
 
+    def list_workloads(self, namespace: str, selector: str) -> list[Manifest]:
+        key, _, value = selector.partition("=")
+        return [
+            copy.deepcopy(w)
+            for (kind, _name), w in self.objects.items()
+            if kind == "Workload" and w["metadata"].get("labels", {}).get(key) == value
+        ]
+
+    def get_local_queue(self, namespace: str, name: str) -> Manifest | None:
+        return copy.deepcopy(self.objects.get(("LocalQueue", name)))
+
+    def get_cluster_queue(self, name: str) -> Manifest | None:
+        return copy.deepcopy(self.objects.get(("ClusterQueue", name)))
+
     # --- one reconcile -------------------------------------------------------------------------------
     def body(self) -> Manifest:
         meta = {

@@ -116,3 +116,30 @@ def test_the_planner_reads_the_catalog_it_is_given() -> None:
         for node in ast.walk(ast.parse(source.read_text(encoding="utf-8"))):
             if isinstance(node, ast.ImportFrom) and node.module == "memfit.catalog":
                 assert {a.name for a in node.names} <= {"GpuCatalog", "GPUModel"}, source.name
+
+
+@pytest.mark.parametrize(
+    ("free", "expected"),
+    [
+        ({"whole_nodes": 3}, [(1, 1), (1, 2), (1, 4), (2, 4), (3, 4)]),
+        ({"whole_nodes": 3, "max_gpus": 4}, [(1, 1), (1, 2), (1, 4)]),
+        ({"whole_nodes": 0, "on_shared_nodes": (2,), "max_gpus": 1}, [(1, 1)]),
+    ],
+    ids=["free nodes only", "queue quota 4 GPUs caps whole nodes", "quota 1 on a shared node"],
+)
+def test_free_gpus_max_gpus_caps_layouts(free: dict[str, object], expected: list[tuple[int, int]]) -> None:
+    """FreeGpus.max_gpus (a Kueue queue's free quota) caps a plan's GPUs on top of the free nodes."""
+    from memfit.planner.offers import FreeGpus
+
+    offer = resolve_offer(make_pool("l4", "NVIDIA-L4", per_node=4), catalog=CATALOG,
+                          free_gpus=FreeGpus(**free))  # type: ignore[arg-type]
+    assert isinstance(offer, Offer)
+    assert [(layout.nodes, layout.gpus_per_node) for layout in offer.layouts()] == expected
+
+
+def test_free_gpus_with_zero_quota_rejects_the_pool() -> None:
+    from memfit.planner.offers import FreeGpus
+
+    rejected = resolve_offer(make_pool("l4", "NVIDIA-L4", per_node=4), catalog=CATALOG,
+                             free_gpus=FreeGpus(whole_nodes=2, max_gpus=0))
+    assert isinstance(rejected, PoolRejection) and rejected.reason == "no free GPUs right now"

@@ -1,0 +1,130 @@
+"""memfit through the real Kueue: the operator process, Kueue v0.17.0, KWOK GPU pools and the pod runner.
+
+A ClusterQueue made by `memfit kueue flavors` holds one T4 GPU, taken by another team's Job. The MOTJ's
+profiling Job waits in the queue (Queued, with the Workload's reason), runs once the GPU frees, and the
+training Job is admitted onto the flavor of the pool memfit planned, with memfit's nodeSelector intact."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kueue_helpers import admitted, delete, gpu_flavor, queued_job, setup, workload_of
+from memfit_testbed.cluster_helpers import Kube, condition
+from memfit_testbed.kueue import KueueManager
+from memfit_testbed.operator_helpers import (
+    apply_pools,
+    create_job,
+    get_job,
+    operator_process,
+    quickstart,
+    wait_phase,
+)
+from operator_ready import wait_healthy
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+TIMEOUT = 420.0
+T4 = {"memfit.dev/pool": "t4-spot"}
+
+
+@pytest.fixture(scope="module")
+def operator(
+    cluster: Any, kube: Kube, kueue: KueueManager, tmp_path_factory: pytest.TempPathFactory,
+    request: pytest.FixtureRequest,
+) -> Iterator[Path]:
+    request.getfixturevalue("install_crds")
+    apply_pools(kube)
+    log = tmp_path_factory.mktemp("operator") / "operator.log"
+    with operator_process(cluster.kubeconfig, log) as (proc, port):
+        wait_healthy(port, log)
+        yield log
+        assert proc.poll() is None, f"operator exited:\n{log.read_text()[-3000:]}"
+
+
+def _queued(kube: Kube, ns: str, name: str) -> dict[str, Any] | None:
+    job = get_job(kube, ns, name)
+    cond = condition(job, "Queued") if job else None
+    return cond if cond and cond["status"] == "True" and cond["reason"] == "Pending" else None
+
+
+def test_quota_exhausted_waits_queued_then_trains_on_the_flavor_of_its_pool(
+    kube: Kube, namespace: str, operator: Path
+) -> None:
+    docs = setup(namespace, {"t4-spot": 1})
+    try:
+        kube.batch.create_namespaced_job(namespace, queued_job("other-team", "gpu", T4))
+        kube.wait("the other team's Job admitted", lambda: admitted(kube, namespace, "other-team"), timeout=60)
+
+        spec = quickstart("qs", scheduling={"kueueQueue": "gpu"},
+                          placement={"nodePools": ["t4-spot"], "maxNodes": 1,
+                                     "baseline": {"nodePool": "a100-80-ondemand", "nodes": 1}})
+        create_job(kube, namespace, spec)
+        cond = kube.wait("MOTJ Queued (Pending)", lambda: _queued(kube, namespace, "qs"), timeout=90)
+        assert cond["message"].startswith("profiling Job qs-profile waits in LocalQueue gpu (Pending: ")
+        assert "insufficient unused quota for nvidia.com/gpu in flavor t4-spot" in cond["message"]
+        assert get_job(kube, namespace, "qs")["status"]["phase"] == "Profiling"
+        profile_job = kube.batch.read_namespaced_job("qs-profile", namespace)
+        assert profile_job.spec.suspend is True
+        assert profile_job.metadata.labels["kueue.x-k8s.io/queue-name"] == "gpu"
+        assert not kube.pods(namespace, "job-name=qs-profile")
+
+        kube.batch.delete_namespaced_job("other-team", namespace, propagation_policy="Background")
+        job = wait_phase(kube, namespace, "qs", ("Succeeded", "Failed"), TIMEOUT, operator)
+        assert job["status"]["phase"] == "Succeeded", job["status"]
+        queued = condition(job, "Queued")
+        assert queued and (queued["status"], queued["reason"]) == ("False", "Admitted")
+        assert job["status"]["plan"]["nodePool"] == "t4-spot"
+
+        # Both children went through Kueue, each admitted on the flavor of the pool memfit chose, and the
+        # pods kept memfit's selector (Kueue injected the same labels).
+        for child in ("qs-profile", "qs-train-0"):
+            wl = workload_of(kube, namespace, child)
+            assert wl is not None, f"no Workload for {child}"
+            assert gpu_flavor(wl) == "t4-spot"
+            pods = kube.pods(namespace, f"job-name={child}")
+            assert pods and all(p["spec"]["nodeSelector"] == T4 for p in pods)
+            assert all(p["spec"]["nodeName"].startswith("t4-spot-") for p in pods)
+    finally:
+        delete(docs[-2:])
+
+
+def test_a_queue_that_does_not_exist_is_named_and_nothing_runs(kube: Kube, namespace: str, operator: Path) -> None:
+    create_job(kube, namespace, quickstart("lost", scheduling={"kueueQueue": "no-such-queue"}))
+
+    def inadmissible() -> dict[str, Any] | None:
+        job = get_job(kube, namespace, "lost")
+        cond = condition(job, "Queued") if job else None
+        return cond if cond and cond["reason"] == "Inadmissible" else None
+
+    cond = kube.wait("MOTJ Queued (Inadmissible)", inadmissible, timeout=90)
+    assert cond["status"] == "True"
+    assert cond["message"] == ("profiling Job lost-profile waits in LocalQueue no-such-queue "
+                               "(Inadmissible: LocalQueue no-such-queue doesn't exist)"), cond
+    assert kube.batch.read_namespaced_job("lost-profile", namespace).spec.suspend is True
+    assert not kube.pods(namespace, "memfit.dev/job=lost")
+
+
+def test_plans_onto_the_pool_whose_quota_is_free(kube: Kube, namespace: str, operator: Path) -> None:
+    """The cheapest pool (t4-spot) has a free node but its queue quota is taken; memfit reads the
+    ClusterQueue and plans onto l4-ondemand, where Kueue admits it on flavor l4-ondemand. (With the quota
+    free the same job plans onto t4-spot: tests/unit/lifecycle/test_queueing.py.)"""
+    docs = setup(namespace, {"t4-spot": 1, "l4-ondemand": 4})
+    try:
+        kube.batch.create_namespaced_job(namespace, queued_job("other-team", "gpu", T4))
+        kube.wait("the other team's Job admitted", lambda: admitted(kube, namespace, "other-team"), timeout=60)
+        spec = quickstart("qa", scheduling={"kueueQueue": "gpu"},
+                          profiling={"nodePool": "l4-ondemand", "timeoutSeconds": 300},
+                          placement={"nodePools": ["t4-spot", "l4-ondemand"], "maxNodes": 1,
+                                     "baseline": {"nodePool": "a100-80-ondemand", "nodes": 1}})
+        create_job(kube, namespace, spec)
+        job = wait_phase(kube, namespace, "qa", ("Succeeded", "Failed"), TIMEOUT, operator)
+        assert job["status"]["phase"] == "Succeeded", job["status"]
+        assert job["status"]["plan"]["nodePool"] == "l4-ondemand"
+        wl = workload_of(kube, namespace, "qa-train-0")
+        assert wl is not None and gpu_flavor(wl) == "l4-ondemand"
+        pods = kube.pods(namespace, "job-name=qa-train-0")
+        assert pods and all(p["spec"]["nodeSelector"] == {"memfit.dev/pool": "l4-ondemand"} for p in pods)
+    finally:
+        delete(docs[-2:])

@@ -1,0 +1,144 @@
+"""The Queued condition of jobs with scheduling.kueueQueue (memfit.lifecycle.queueing), from the Workload."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lifecycle_harness import Harness, quickstart
+from memfit.api.job import Phase
+
+QUEUE = {"kueueQueue": "team-a"}
+NO_QUOTA = ("couldn't assign flavors to pod set main: insufficient unused quota for nvidia.com/gpu in flavor "
+            "t4-spot, 1 more needed")
+
+
+def workload(h: Harness, job: str, **conditions: tuple[str, str, str]) -> None:
+    """Kueue's Workload for Job `job` (labelled with the Job's uid, as Kueue does)."""
+    h.job(job)["metadata"]["uid"] = f"uid-{job}"
+    h.objects[("Workload", f"job-{job}")] = {
+        "metadata": {"name": f"job-{job}", "labels": {"kueue.x-k8s.io/job-uid": f"uid-{job}"}},
+        "status": {"conditions": [{"type": t, "status": s, "reason": r, "message": m}
+                                  for t, (s, r, m) in conditions.items()]},
+    }
+
+
+def admit(h: Harness, job: str) -> None:
+    h.job(job)["spec"]["suspend"] = False
+
+
+def test_profiling_job_goes_through_the_queue() -> None:
+    h = Harness(spec=quickstart(scheduling=QUEUE))
+    h.reconcile()
+    job: dict[str, Any] = h.job("j-profile")
+    assert job["spec"]["suspend"] is True
+    assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a"
+    assert "kueue.x-k8s.io/queue-name" not in job["spec"]["template"]["metadata"]["labels"]
+
+    h.reconcile()  # Kueue has not made the Workload yet
+    assert h.condition("Queued")[:2] == ("True", "WorkloadNotFound")
+
+    workload(h, "j-profile", QuotaReserved=("False", "Pending", NO_QUOTA))
+    decision = h.reconcile()
+    status, reason, message = h.condition("Queued")
+    assert (status, reason) == ("True", "Pending")
+    assert message == f"profiling Job j-profile waits in LocalQueue team-a (Pending: {NO_QUOTA})"
+    assert decision.reasons() == ["Queued"]
+    assert h.stored.phase == Phase.PROFILING
+    assert h.reconcile().events == ()  # no event again while the reason stays
+
+    admit(h, "j-profile")
+    h.reconcile()
+    assert h.condition("Queued") == ("False", "Admitted",
+                                     "profiling Job j-profile admitted by Kueue from LocalQueue team-a")
+
+
+def test_inadmissible_queue_is_named() -> None:
+    h = Harness(spec=quickstart(scheduling=QUEUE))
+    h.reconcile()
+    workload(h, "j-profile", QuotaReserved=("False", "Inadmissible", "LocalQueue team-a doesn't exist"))
+    h.reconcile()
+    assert h.condition("Queued")[1:] == (
+        "Inadmissible", "profiling Job j-profile waits in LocalQueue team-a (Inadmissible: LocalQueue team-a "
+        "doesn't exist)")
+
+
+def test_training_job_waits_queued_then_runs() -> None:
+    h = Harness(spec=quickstart(scheduling=QUEUE))
+    h.seed_profile()
+    h.reconcile()
+    assert h.job("j-train-0")["spec"]["suspend"] is True
+    workload(h, "j-train-0", QuotaReserved=("False", "Pending", NO_QUOTA))
+    h.reconcile()
+    assert h.condition("Queued")[:2] == ("True", "Pending")
+    assert h.condition("Running")[:2] == ("False", "WaitingForAdmission")
+    admit(h, "j-train-0")
+    h.start("j-train-0")
+    h.add_pod("j-train-0")
+    h.reconcile()
+    assert h.condition("Queued")[:2] == ("False", "Admitted")
+    assert h.stored.phase == Phase.RUNNING
+
+
+def test_job_without_queue_has_no_queued_condition() -> None:
+    h = Harness()
+    h.reconcile()
+    assert h.job("j-profile")["spec"]["suspend"] is False
+    assert all(c.type != "Queued" for c in h.stored.conditions)
+
+
+# --- quota-aware planning (memfit.lifecycle.quota) ---------------------------------------------------
+def cluster_queue(nominal: dict[str, int], reserved: dict[str, int]) -> dict[str, Any]:
+    def resources(gpus: int) -> list[dict[str, Any]]:
+        return [{"name": "cpu", "nominalQuota": "1000"}, {"name": "nvidia.com/gpu", "nominalQuota": gpus}]
+
+    return {
+        "metadata": {"name": "cq"},
+        "spec": {"resourceGroups": [{"coveredResources": ["cpu", "nvidia.com/gpu"],
+                                     "flavors": [{"name": f, "resources": resources(n)} for f, n in nominal.items()]}]},
+        "status": {"flavorsReservation": [{"name": f, "resources": [{"name": "nvidia.com/gpu", "total": str(n)}]}
+                                          for f, n in reserved.items()]},
+    }
+
+
+def queued_harness(nominal: dict[str, int], reserved: dict[str, int]) -> Harness:
+    h = Harness(spec=quickstart(scheduling=QUEUE, placement={"maxNodes": 1}))
+    h.objects[("LocalQueue", "team-a")] = {"metadata": {"name": "team-a"}, "spec": {"clusterQueue": "cq"}}
+    h.objects[("ClusterQueue", "cq")] = cluster_queue(nominal, reserved)
+    h.seed_profile()
+    return h
+
+
+def test_parse_cluster_queue() -> None:
+    from memfit.lifecycle.quota import parse_cluster_queue
+
+    quota = parse_cluster_queue(cluster_queue({"t4-spot": 2, "l4-ondemand": 8}, {"t4-spot": 2, "l4-ondemand": 3}))
+    assert (quota.free("t4-spot"), quota.free("l4-ondemand"), quota.free("a100-80-ondemand")) == (0, 5, 0)
+    assert quota.describe() == "ClusterQueue cq GPU quota free/nominal: l4-ondemand 5/8, t4-spot 0/2"
+
+
+def test_plan_skips_the_pool_whose_quota_is_used_up() -> None:
+    free = queued_harness({"t4-spot": 1, "l4-ondemand": 4}, {})
+    free.reconcile()
+    assert free.stored.plan is not None and free.stored.plan.node_pool == "t4-spot"  # cheapest, with quota
+
+    used = queued_harness({"t4-spot": 1, "l4-ondemand": 4}, {"t4-spot": 1})
+    used.reconcile()
+    assert used.stored.plan is not None and used.stored.plan.node_pool == "l4-ondemand"
+    assert used.job("j-train-0")["spec"]["template"]["spec"]["nodeSelector"] == {"memfit.dev/pool": "l4-ondemand"}
+
+
+def test_no_quota_free_anywhere_waits_for_it() -> None:
+    h = queued_harness({"t4-spot": 1}, {"t4-spot": 1})
+    h.reconcile()
+    status, reason, message = h.condition("Planned")
+    assert (status, reason) == ("False", "WaitingForCapacity")
+    assert "ClusterQueue cq GPU quota free/nominal: t4-spot 0/1" in message
+    assert ("Job", "j-train-0") not in h.objects
+
+
+def test_a_queue_without_quota_for_any_fitting_pool_is_no_fit() -> None:
+    h = queued_harness({}, {})
+    h.reconcile()
+    status, reason, message = h.condition("Failed")
+    assert (status, reason) == ("True", "NoFit")
+    assert "ClusterQueue cq GPU quota free/nominal: none" in message
