@@ -84,6 +84,10 @@ class PlanBuilder:
         adapter = {"rank": rank, "alpha": 2 * rank, "dropout": dropout, "targetModules": list(targets)}
         return self._with(peft=method, adapter=adapter)
 
+    def data(self, data: dict[str, Any]) -> PlanBuilder:
+        """spec.data carried by the plan (wire form)."""
+        return self._with(data=data)
+
     def wire(self) -> dict[str, Any]:
         f = {
             "engine": "ddp",
@@ -135,7 +139,7 @@ class PlanBuilder:
             "problem": f.get("problemSpec", {"builtin": TINY_GPT}),
             "training": training,
         }  # fmt: skip
-        for optional in ("checkpointDir", "nvmePath", "peft", "adapter"):
+        for optional in ("checkpointDir", "nvmePath", "peft", "adapter", "data"):
             if optional in f:
                 plan[optional] = f[optional]
         return plan

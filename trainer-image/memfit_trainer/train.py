@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from memfit.api.common import Engine, PeftMethod, Precision
 from memfit.api.plan import Plan
 
 from memfit_trainer import dist as mdist
@@ -25,10 +26,11 @@ from memfit_trainer.checkpoints import (
     native_resume,
     tag_for,
 )
+from memfit_trainer.finetune import evaluate, save_model, write_summary
 from memfit_trainer.first_steps import FirstStepsCheck
 from memfit_trainer.meters import MemorySample, StepMeter, step_meter
 from memfit_trainer.metrics import TrainerMetrics
-from memfit_trainer.problems import BatchKey, build_problem
+from memfit_trainer.problems import BatchKey, Finetune, TrainingProblem, build_problem
 from memfit_trainer.strategies import CHECKPOINT_FORMATS, make_runner
 from memfit_trainer.strategies.checkpointing import apply_activation_checkpointing
 from memfit_trainer.strategies.peft import (
@@ -120,6 +122,8 @@ class RunResult:
     step_seconds: list[float] = field(default_factory=list)
     adapter_parameters: int = 0
     adapter_dir: str | None = None
+    eval_losses: list[tuple[int, float]] = field(default_factory=list)  # spec.data's eval set, by step
+    model_dir: str | None = None  # where the fine-tuned model was saved (Hugging Face format)
 
     @property
     def mean_step_seconds(self) -> float | None:
@@ -159,9 +163,9 @@ def run_training(
     meter.start()  # before the model exists, so the CPU counter sees every tensor
     runner: Any = None
     try:
-        problem = build_problem(plan.problem, seed=options.seed)
+        problem = build_problem(plan.problem, seed=options.seed, finetune=_finetune(plan, options, device))
         adapters = apply_peft(problem, method=plan.peft, adapter=plan.adapter, precision=plan.precision, device=device,
-                   engine=plan.engine)
+                              engine=plan.engine)
         recomputed = apply_activation_checkpointing(problem, plan.activation_checkpointing)
         fmt = CHECKPOINT_FORMATS[plan.engine]
         latest = find_latest(options.checkpoint_dir) if options.checkpoint_dir else None
@@ -198,9 +202,23 @@ def run_training(
             metrics.set_resumed_from(progress.resumed_from_step)
         setup = meter.end_step()
         result.step_memory.append(_memory_row(0, setup))
+
+        def run_eval(step: int) -> None:
+            loss = evaluate(runner, problem, micro_batch=plan.micro_batch_size, precision=plan.precision,
+                            device=device)
+            if loss is not None:
+                result.eval_losses.append((step, loss))
+                if metrics is not None:
+                    metrics.observe_eval(loss=loss)
+                if env.is_main:
+                    log.info("eval loss %.4f at step %d", loss, step)
+
+        run_eval(start_step)
         _train_steps(plan, runner=runner, problem_tokens=problem.tokens_per_sample, make_batch=problem.make_batch,
                      env=env, device=device, options=options, metrics=metrics, progress=progress,
-                     result=result, start_step=start_step)  # fmt: skip
+                     result=result, start_step=start_step, run_eval=run_eval)  # fmt: skip
+        if not result.eval_losses or result.eval_losses[-1][0] != result.steps:
+            run_eval(result.steps)
         result.facts = runner.facts()
         result.peak_bytes = meter.run_peak_bytes
         result.reserved_peak_bytes = getattr(meter, "run_reserved_peak_bytes", None)
@@ -209,7 +227,12 @@ def run_training(
         folder = options.output_dir or (options.checkpoint_dir / "adapter" if options.checkpoint_dir else None)
         if adapters and plan.adapter is not None and folder is not None:
             _save_peft_outputs(problem, plan, folder, options=options, rank=env.rank, device=device, result=result)
+        if options.output_dir is not None and plan.peft == PeftMethod.NONE and plan.problem.huggingface is not None:
+            saved = save_model(runner, problem, options.output_dir, rank=env.rank)
+            result.model_dir = str(saved) if saved is not None else None
         result.seconds = time.perf_counter() - started
+        if options.output_dir is not None and env.is_main:
+            write_summary(options.output_dir, _summary(plan, result, problem))
         return result
     finally:
         if runner is not None and hasattr(runner, "close"):
@@ -236,8 +259,52 @@ def _save_peft_outputs(problem: Any, plan: Plan, folder: Path, *, options: Train
 def _base_model_name(plan: Plan) -> str:
     problem = plan.problem
     if problem is not None and problem.huggingface is not None:
-        return problem.huggingface.model
+        return problem.huggingface.name
     return ""
+
+
+def _finetune(plan: Plan, options: TrainOptions, device: torch.device) -> Finetune | None:
+    """Pretrained weights and spec.data for a Hugging Face problem: loaded in fp32 (DDP and FSDP keep fp32
+    parameters and compute in 16 bits), or in the 16-bit dtype DeepSpeed trains in (it keeps its own fp32
+    master copy); under ZeRO-3, partitioned while loading."""
+    assert plan.problem is not None and plan.training is not None
+    if plan.problem.huggingface is None:
+        return None
+    dtype = torch.float32
+    if plan.engine == Engine.DEEPSPEED and plan.precision in (Precision.BF16, Precision.FP16):
+        dtype = torch.bfloat16 if plan.precision == Precision.BF16 else torch.float16
+    zero3 = None
+    if plan.engine == Engine.DEEPSPEED and plan.zero_stage == 3 and plan.peft == PeftMethod.NONE:
+        from memfit_trainer.strategies.deepspeed_config import build_deepspeed_config
+
+        zero3 = build_deepspeed_config(plan, cuda=device.type == "cuda")
+    return Finetune(data=plan.data, seed=options.seed, global_batch_size=plan.training.global_batch_size,
+                    dtype=dtype, zero3_config=zero3, environ=dict(os.environ))
+
+
+def _summary(plan: Plan, result: RunResult, problem: TrainingProblem) -> dict[str, Any]:
+    """The training summary written beside the model."""
+    assert plan.problem is not None and plan.training is not None
+    data = plan.data
+    return {
+        "model": _base_model_name(plan),
+        "configuration": plan.describe(),
+        "world_size": result.world_size,
+        "steps": result.steps,
+        "max_steps": plan.training.max_steps,
+        "global_batch_size": plan.training.global_batch_size,
+        "sequence_length": problem.tokens_per_sample,
+        "resumed_from_step": result.resumed_from_step,
+        "losses": result.losses,
+        "final_loss": result.final_loss,
+        "eval_losses": result.eval_losses,
+        "initial_eval_loss": result.eval_losses[0][1] if result.eval_losses else None,
+        "final_eval_loss": result.eval_losses[-1][1] if result.eval_losses else None,
+        "data": data.to_wire() if data is not None else {"synthetic": True},
+        "seconds": round(result.seconds, 3),
+        "model_dir": result.model_dir,
+        "adapter_dir": result.adapter_dir,
+    }
 
 
 def _memory_row(step: int, sample: MemorySample) -> dict[str, int]:
@@ -263,8 +330,10 @@ def _train_steps(
     progress: Progress,
     result: RunResult,
     start_step: int,
+    run_eval: Any = None,
 ) -> None:
     assert plan.training is not None and progress.meter is not None
+    eval_every = plan.data.eval_every_steps if plan.data is not None else 0
     training = plan.training
     accumulation = plan.gradient_accumulation_steps
     micro = plan.micro_batch_size
@@ -309,6 +378,8 @@ def _train_steps(
                 "step %d/%d loss %.4f %.3fs peak %.1f MiB",
                 step, training.max_steps, loss, seconds, sample.peak_bytes / 2**20,
             )  # fmt: skip
+        if run_eval is not None and eval_every and step % eval_every == 0:
+            run_eval(step)
         saved = options.checkpoint_dir is not None and (step % every == 0 or step == training.max_steps)
         if saved:
             _save(plan, runner=runner, options=options, step=step, loss=loss, env=env)

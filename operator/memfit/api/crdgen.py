@@ -40,6 +40,34 @@ CEL_RULES: dict[str, list[dict[str, str]]] = {
             "message": "exactly one of builtin, huggingface or entrypoint must be set",
         },
     ],
+    "MemoryOptimizedTrainingJob.spec.problem.huggingface": [
+        {
+            "rule": "has(self.volumeClaim) == has(self.path)",
+            "message": "volumeClaim and path go together: the PersistentVolumeClaim and the save_pretrained "
+            "folder on it",
+            "fieldPath": ".path",
+            "reason": "FieldValueRequired",
+        },
+        {
+            "rule": "has(self.model) || has(self.volumeClaim)",
+            "message": "model (a hub id) is required without volumeClaim",
+            "fieldPath": ".model",
+            "reason": "FieldValueRequired",
+        },
+    ],
+    "MemoryOptimizedTrainingJob.spec.data": [
+        {
+            "rule": "(has(self.huggingface) ? 1 : 0) + (has(self.files) ? 1 : 0) + "
+            "((has(self.synthetic) && self.synthetic) ? 1 : 0) == 1",
+            "message": "exactly one of huggingface, files or synthetic: true must be set",
+        },
+        {
+            "rule": "!has(self.textField) || !has(self.messagesField)",
+            "message": "set textField or messagesField, not both",
+            "fieldPath": ".messagesField",
+            "reason": "FieldValueForbidden",
+        },
+    ],
     "MemoryOptimizedTrainingJob.spec.problem.builtin": [
         {
             "rule": "self.hidden % self.heads == 0",

@@ -22,6 +22,7 @@ from memfit.api.common import (
     Precision,
     Toggle,
 )
+from memfit.api.data import DataSpec
 from memfit.api.peft import PeftSpec
 from memfit.api.problem import Problem
 from memfit.api.rules import check_spec
@@ -123,13 +124,15 @@ class StrategySpec(ApiModel):
 
 
 class OutputSpec(ApiModel):
-    """Where the trained result goes: a LoRA/QLoRA run writes its adapter (peft's layout) there, and the
-    merged model when asked."""
+    """Where the trained result goes: a full fine-tune writes the model in Hugging Face format there
+    (consolidated from ZeRO-3 / FSDP shards: config, safetensors weights, tokenizer), a LoRA/QLoRA run its
+    adapter (peft's layout, and the merged model when asked); both add `memfit_training.json`, the
+    training summary (steps, losses, eval losses)."""
 
     volume_claim: str = Field(max_length=NAME_MAX, description="PersistentVolumeClaim mounted at /output.")
     path: str = Field(
         default="", max_length=1024, pattern=r"^[A-Za-z0-9._/-]*$",
-        description="Folder on the volume (relative), e.g. out/llama-8b-lora; empty = the job's name.",
+        description="Folder on the volume (relative, no `..`), e.g. out/llama-8b-ft; empty = the job's name.",
     )
     merged: bool = Field(
         default=False, description="Also write the base with the adapter merged in (LoRA/QLoRA runs)."
@@ -215,8 +218,13 @@ class MemoryOptimizedTrainingJobSpec(ApiModel):
         default="", max_length=IMAGE_MAX, description="Trainer image; empty = operator default."
     )
     problem: Problem = Field(description="What to train: exactly one of builtin, huggingface, entrypoint.")
+    data: DataSpec | None = Field(
+        default=None,
+        description="Training data: a hub dataset, files on a volume, or synthetic: true; absent = synthetic.",
+    )
     training: TrainingSpec = Field(default_factory=TrainingSpec, description="Batch, steps, optimizer.")
-    output: OutputSpec | None = Field(default=None, description="Where the adapter (and merged model) go.")
+    output: OutputSpec | None = Field(
+        default=None, description="Where the trained model (or adapter) and the training summary go.")
     strategy: StrategySpec = Field(default_factory=StrategySpec, description="Pinned or auto settings.")
     placement: PlacementSpec = Field(default_factory=PlacementSpec, description="Pools and node limits.")
     objective: ObjectiveSpec = Field(default_factory=ObjectiveSpec, description="Cost or time, limits.")

@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import Field
 
 from memfit.api.common import ApiModel
+from memfit.api.data import DataSpec
 from memfit.api.job import PlanSummary, TrainingSpec
 from memfit.api.peft import AdapterSettings
 from memfit.api.problem import Problem
@@ -79,6 +80,8 @@ class Plan(TrainingConfig):
     estimated_cost: float = Field(ge=0)
     problem: Problem | None = None
     training: TrainingSpec | None = None
+    data: DataSpec | None = Field(
+        default=None, description="The job's spec.data: what the trainer tokenizes and packs (absent: synthetic).")
     memory_sources: dict[str, Literal["measured", "analytic"]] | None = Field(
         default=None, max_length=8,
         description="Per memory term (parameters, optimizer, activations, step, fragmentation): from the "

@@ -1,13 +1,13 @@
-"""What to train: a builtin model, a Hugging Face config, or a user entrypoint."""
+"""What to train: a builtin model, a Hugging Face model (pretrained or from a config), or a user entrypoint."""
 
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import Field, JsonValue
 
-from memfit.api.common import ApiModel
+from memfit.api.common import NAME_MAX, ApiModel
 
 
 class ModelKind(StrEnum):
@@ -47,21 +47,103 @@ class BuiltinProblem(ApiModel):
         return self.sequence_length
 
 
-class HuggingFaceProblem(ApiModel):
-    """A Hugging Face transformers model built with from_config (random weights, no download if inline)."""
+DNSSubdomain = Annotated[
+    str, Field(min_length=1, max_length=253, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+]
+# A relative folder on a volume: no leading slash (a `..` segment is refused by the spec rules).
+VOLUME_PATH = r"^[A-Za-z0-9._][A-Za-z0-9._/-]*$"
 
-    model: str = Field(
+
+class Initialize(StrEnum):
+    """Where the starting weights come from."""
+
+    PRETRAINED = "pretrained"
+    RANDOM = "random"
+
+
+class SecretKeyRef(ApiModel):
+    """A key of a Secret in the job's namespace."""
+
+    name: DNSSubdomain = Field(description="Secret name.")
+    key: str = Field(
+        default="token", min_length=1, max_length=253, pattern=r"^[-._a-zA-Z0-9]+$",
+        description="Key holding the value; default `token`.",
+    )
+
+
+class HuggingFaceProblem(ApiModel):
+    """A Hugging Face transformers model: pretrained weights from a volume or the hub, or random init.
+
+    Weights source: `volumeClaim` + `path` (a `save_pretrained` folder on a PersistentVolumeClaim), else
+    the hub `model` at `revision`. `initialize` defaults to `pretrained`, except that an inline `config`
+    without a volume keeps its meaning from before pretrained weights existed: random weights built
+    from that config (nothing is downloaded). With a weights source, an inline `config` is only the shape
+    memfit plans with (the operator never reads volumes or the hub); the trainer refuses weights whose
+    own config disagrees with it.
+    """
+
+    model: str | None = Field(
+        default=None,
         min_length=1,
         max_length=256,
         pattern=r"^[\w.\-]+(/[\w.\-]+)?$",
-        description="Model id, e.g. meta-llama/Llama-3.2-1B; used for the config when none is inline.",
+        description="Hub model id, e.g. meta-llama/Llama-3.2-1B: the weights (and tokenizer) when no "
+        "volumeClaim is given; otherwise only the model's display name. Required without a volumeClaim.",
+    )
+    revision: str | None = Field(
+        default=None, min_length=1, max_length=256, pattern=r"^[\w.\-/]+$",
+        description="Hub revision (branch, tag or commit) of `model`; default main.",
+    )
+    token_secret_ref: SecretKeyRef | None = Field(
+        default=None,
+        description="Secret holding a hub access token (gated or private models). The token reaches the "
+        "trainer as the HF_TOKEN environment variable from the Secret; memfit never logs it or writes it "
+        "to status, events or the Plan.",
+    )
+    volume_claim: str | None = Field(
+        default=None, min_length=1, max_length=NAME_MAX, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
+        description="PersistentVolumeClaim holding the pretrained model (mounted read-only); needs `path`.",
+    )
+    path: str | None = Field(
+        default=None, max_length=1024, pattern=VOLUME_PATH,
+        description="Folder on volumeClaim written by `save_pretrained` (config.json, weights, tokenizer), "
+        "relative to the volume's root, e.g. models/llama-3.2-1b.",
+    )
+    initialize: Initialize | None = Field(
+        default=None,
+        description="pretrained (load the weights) or random (the config's architecture, fresh weights). "
+        "Default: pretrained, or random when an inline config is given without a volumeClaim.",
+    )
+    trust_remote_code: bool = Field(
+        default=False,
+        description="Allow model and tokenizer code shipped with the weights to run in the trainer "
+        "(transformers' trust_remote_code). Off by default: only enable it for a source you trust.",
     )
     config: dict[str, JsonValue] | None = Field(
         default=None,
-        description="Inline config.json contents; when given, nothing is downloaded.",
+        description="Inline config.json contents: the shape memfit plans with (nothing is downloaded to "
+        "plan). Without a volumeClaim and without `initialize: pretrained` it also means random weights.",
         json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
     )
-    sequence_length: int = Field(default=2048, ge=1, le=1048576, description="Tokens per sample.")
+    sequence_length: int = Field(
+        default=2048, ge=1, le=1048576,
+        description="Tokens per sample: real data is tokenized and packed to this length. Must not exceed "
+        "the model's max_position_embeddings.",
+    )
+
+    @property
+    def initialization(self) -> Initialize:
+        """The effective `initialize` (the documented default applied)."""
+        if self.initialize is not None:
+            return self.initialize
+        if self.config is not None and self.volume_claim is None:
+            return Initialize.RANDOM
+        return Initialize.PRETRAINED
+
+    @property
+    def name(self) -> str:
+        """A display name: the hub id, else the folder on the volume."""
+        return self.model or f"{self.volume_claim}:{self.path}"
 
 
 class Problem(ApiModel):

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from memfit.api.finetune_rules import check_finetune
 from memfit.api.peft_rules import check_peft
 
 Finding = tuple[str, str] | None
@@ -110,6 +111,7 @@ SPEC_RULES: tuple[Callable[[Any], Finding], ...] = (
 
 
 def check_spec(spec: Any) -> list[tuple[str, str]]:
-    """Every cross-field violation of a MOTJ spec (wire form), the `strategy.peft` rules included."""
+    """Every cross-field violation of a MOTJ spec (wire form): `strategy.peft` and the fine-tune rules
+    (model source, data, output) included."""
     found = [finding for rule in SPEC_RULES if (finding := rule(spec)) is not None]
-    return found + (check_peft(spec) if isinstance(spec, dict) else [])
+    return found + (check_peft(spec) + check_finetune(spec) if isinstance(spec, dict) else [])

@@ -30,6 +30,8 @@ PLAN_MOUNT = "/etc/memfit"
 CHECKPOINT_MOUNT = "/checkpoints"
 NVME_MOUNT = "/nvme"
 OUTPUT_MOUNT = "/output"
+# Model and dataset volumes, read-only, one folder per PersistentVolumeClaim: /memfit/volumes/<claim>.
+VOLUMES_MOUNT = "/memfit/volumes"
 MASTER_PORT = 29500
 METRICS_PORT = 9400
 COMPLETION_INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"  # an Indexed Job pod's index

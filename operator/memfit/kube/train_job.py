@@ -34,6 +34,7 @@ from memfit.kube.names import (
     NVME_MOUNT,
     OUTPUT_MOUNT,
     PLAN_MOUNT,
+    VOLUMES_MOUNT,
     job_labels,
     plan_config_map_name,
     service_name,
@@ -132,6 +133,40 @@ def _output_env(*, owner: Owner, spec: MemoryOptimizedTrainingJobSpec) -> list[M
     return env
 
 
+def source_claims(spec: MemoryOptimizedTrainingJobSpec) -> list[str]:
+    """The PersistentVolumeClaims the trainer reads from (pretrained model, dataset), each once, sorted."""
+    claims: set[str] = set()
+    hf = spec.problem.huggingface
+    if hf is not None and hf.volume_claim:
+        claims.add(hf.volume_claim)
+    if spec.data is not None and spec.data.files is not None:
+        claims.add(spec.data.files.volume_claim)
+    return sorted(claims)
+
+
+def _source_volumes(spec: MemoryOptimizedTrainingJobSpec) -> tuple[list[Manifest], list[Manifest], list[Manifest]]:
+    """Read-only mounts of the model and data claims at /memfit/volumes/<claim>, and the environment that
+    says where they are and how to reach the hub: HF_TOKEN from the user's Secret (a reference, never the
+    value), HF_HUB_OFFLINE when nothing comes from the hub."""
+    mounts: list[Manifest] = []
+    volumes: list[Manifest] = []
+    for index, claim in enumerate(source_claims(spec)):
+        name = f"source-{index}"
+        mounts.append({"name": name, "mountPath": f"{VOLUMES_MOUNT}/{claim}", "readOnly": True})
+        volumes.append({"name": name, "persistentVolumeClaim": {"claimName": claim, "readOnly": True}})
+    env: list[Manifest] = [{"name": "MEMFIT_VOLUMES_DIR", "value": VOLUMES_MOUNT}] if volumes else []
+    hf = spec.problem.huggingface
+    if hf is not None and hf.token_secret_ref is not None:
+        ref = hf.token_secret_ref
+        env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}})
+    hub_model = hf is not None and hf.volume_claim is None and (hf.config is None or (hf.initialize is not None
+                                                                 and hf.initialization.value == "pretrained"))
+    hub_data = spec.data is not None and spec.data.huggingface is not None
+    if hf is not None and not hub_model and not hub_data:
+        env.append({"name": "HF_HUB_OFFLINE", "value": "1"})
+    return mounts, volumes, env
+
+
 def build_training_job(
     *,
     owner: Owner,
@@ -170,6 +205,9 @@ def build_training_job(
         if claim
         else {"name": "checkpoints", "emptyDir": {}}
     )
+    source_mounts, source_volumes, source_env = _source_volumes(spec)
+    mounts += source_mounts
+    volumes += source_volumes
     output = spec.output
     if output is not None:
         mounts.append({"name": "output", "mountPath": OUTPUT_MOUNT})
@@ -191,7 +229,7 @@ def build_training_job(
         # `memfit-trainer train` starts torchrun for multi-GPU plans and keeps the trainer's exit codes.
         "command": ["memfit-trainer", "train"],
         "args": ["--plan", f"{PLAN_MOUNT}/plan.json"],
-        "env": _env(owner=owner, plan=plan) + _output_env(owner=owner, spec=spec)
+        "env": _env(owner=owner, plan=plan) + _output_env(owner=owner, spec=spec) + source_env
         + [{"name": k, "value": v} for k, v in sorted((extra_env or {}).items())],
         # Each local rank serves its metrics on METRICS_PORT + local rank.
         "ports": [

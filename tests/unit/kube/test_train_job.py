@@ -164,3 +164,35 @@ def test_output_claim_is_mounted_and_named_to_the_trainer() -> None:
     assert env["MEMFIT_OUTPUT_DIR"] == "/output/out/gpt-lora" and env["MEMFIT_SAVE_MERGED"] == "1"
     plain = build_training_job(owner=OWNER, spec=make_spec(), plan=make_plan(), placement=PLACEMENT, pod=POD)
     assert "MEMFIT_OUTPUT_DIR" not in _env(plain)
+
+
+FINETUNE = {
+    "problem": {"huggingface": {"volumeClaim": "models", "path": "llama-1b", "sequenceLength": 512}},
+    "data": {"files": {"volumeClaim": "corpus", "path": "chat/train.jsonl"}, "messagesField": "messages"},
+    "output": {"volumeClaim": "models", "path": "out/llama-1b-ft"},
+}
+
+
+def test_finetune_mounts_model_and_data_claims_read_only_and_stays_offline() -> None:
+    job = build_training_job(owner=OWNER, spec=make_spec(**FINETUNE), plan=make_plan(), placement=PLACEMENT, pod=POD)
+    pod = job["spec"]["template"]["spec"]
+    mounts = {m["mountPath"]: m for m in pod["containers"][0]["volumeMounts"]}
+    claims = {v["name"]: v["persistentVolumeClaim"] for v in pod["volumes"] if "persistentVolumeClaim" in v}
+    for claim in ("models", "corpus"):
+        mount = mounts[f"/memfit/volumes/{claim}"]
+        assert mount["readOnly"] is True
+        assert claims[mount["name"]] == {"claimName": claim, "readOnly": True}
+    assert claims[mounts["/output"]["name"]] == {"claimName": "models"}  # the output is written, not read-only
+    env = _env(job)
+    assert env["MEMFIT_VOLUMES_DIR"] == "/memfit/volumes"
+    assert env["MEMFIT_OUTPUT_DIR"] == "/output/out/llama-1b-ft"
+    assert env["HF_HUB_OFFLINE"] == "1" and "HF_TOKEN" not in env
+
+
+def test_hub_model_token_comes_from_the_secret_by_reference() -> None:
+    spec = make_spec(problem={"huggingface": {"model": "meta-llama/Llama-3.2-1B", "revision": "main",
+                                              "tokenSecretRef": {"name": "hf-token"}}})
+    job = build_training_job(owner=OWNER, spec=spec, plan=make_plan(), placement=PLACEMENT, pod=POD)
+    env = _env(job)
+    assert env["HF_TOKEN"] == {"secretKeyRef": {"name": "hf-token", "key": "token"}}
+    assert "HF_HUB_OFFLINE" not in env and "MEMFIT_VOLUMES_DIR" not in env

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import nn
@@ -29,6 +30,11 @@ class BatchKey:
     def sample_seeds(self) -> list[int]:
         """One 63-bit seed per sample, mixed from (seed, step, index) (splitmix64-style)."""
         return [_mix(self.seed, self.step, self.sample_start + i) for i in range(self.samples)]
+
+
+def mix_seed(*values: int) -> int:
+    """A 63-bit seed mixed from integers (splitmix64-style)."""
+    return _mix(*values)
 
 
 def _mix(*values: int) -> int:
@@ -63,6 +69,8 @@ class TrainingProblem:
     make_batch: Callable[[BatchKey], Batch]
     loss_fn: Callable[[nn.Module, Batch], torch.Tensor]
     tokens_per_sample: int = 1
+    tokenizer: Any = None  # Hugging Face problems: the model's tokenizer (saved beside the fine-tuned model)
+    eval_batches: Callable[[int], list[Batch]] | None = None  # spec.data's eval set, in micro-batches of n
     attention_of: Callable[[nn.Module], nn.Module | None] = field(default=default_attention_of)
 
     @property

@@ -1,18 +1,53 @@
-"""Hugging Face models from a config (random weights): `AutoConfig.for_model` on the inline config."""
+"""Hugging Face models: pretrained weights (`from_pretrained` from a volume or the hub) or random weights
+from a config (`AutoConfig.for_model` on the inline config), trained on synthetic tokens or `spec.data`."""
 
 from __future__ import annotations
 
 import importlib
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.nn.functional as F
-from memfit.api.problem import HuggingFaceProblem
+from memfit.api.data import DataSpec
+from memfit.api.problem import HuggingFaceProblem, Initialize
 from torch import nn
 
 from memfit_trainer.problems.base import Batch, BatchKey, TrainingProblem
 from memfit_trainer.problems.data import token_batch
 from memfit_trainer.problems.errors import DepthNotSupported, ProblemError
+from memfit_trainer.problems.text_data import pack, packed_batch_source, read_rows, volume_path
+
+BASE = "spec.problem.huggingface"
+# Keys of an inline config that must match pretrained weights' own config (the shape memfit planned with).
+SHAPE_KEYS = ("model_type", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+              "intermediate_size", "vocab_size")
+
+
+@dataclass(frozen=True, slots=True)
+class Finetune:
+    """How the trainer (not the profiler) builds a Hugging Face problem: weights, data, load dtype."""
+
+    data: DataSpec | None = None
+    seed: int = 0
+    global_batch_size: int = 1
+    dtype: torch.dtype = torch.float32
+    zero3_config: Mapping[str, Any] | None = None  # DeepSpeed ZeRO-3: from_pretrained under zero.Init
+    environ: Mapping[str, str] = field(default_factory=dict)
+
+
+def model_source(spec: HuggingFaceProblem, environ: Mapping[str, str]) -> tuple[str, dict[str, Any]]:
+    """Where from_pretrained reads: the volume folder (checked) or the hub id, with its keyword arguments."""
+    if spec.volume_claim is not None and spec.path is not None:
+        where = volume_path(spec.volume_claim, spec.path, field=f"{BASE}.path", environ=environ)
+        if not (where / "config.json").is_file():
+            raise ProblemError(f"{BASE}.path: {spec.path!r} on volume {spec.volume_claim!r} is not a "
+                               f"save_pretrained folder (no config.json in {where})")
+        return str(where), {"local_files_only": True}
+    assert spec.model is not None
+    return spec.model, ({"revision": spec.revision} if spec.revision else {})
 
 
 def _transformers() -> Any:
@@ -25,10 +60,21 @@ def _transformers() -> Any:
         ) from exc
 
 
-def _config(spec: HuggingFaceProblem, transformers: Any) -> Any:
+def _config(spec: HuggingFaceProblem, transformers: Any, environ: Mapping[str, str], *, training: bool) -> Any:
+    # The weights' own config.json when training from them; the profiler (no volume mounted, no weights
+    # loaded) plans with the inline config when there is one.
+    from_source = spec.volume_claim is not None or (spec.config is None and spec.initialization == Initialize.PRETRAINED)
+    if from_source and (training or spec.config is None):
+        source, kwargs = model_source(spec, environ)
+        try:
+            return transformers.AutoConfig.from_pretrained(source, trust_remote_code=spec.trust_remote_code,
+                                                           **kwargs)
+        except (OSError, ValueError) as exc:
+            raise ProblemError(f"{BASE}: cannot read the model config from {source!r}: {exc}") from exc
     if spec.config is None:
         # Downloads config.json only (no weights); needs network access from the pod.
-        return transformers.AutoConfig.from_pretrained(spec.model)
+        source, kwargs = model_source(spec, environ)
+        return transformers.AutoConfig.from_pretrained(source, trust_remote_code=spec.trust_remote_code, **kwargs)
     values = dict(spec.config)
     model_type = values.pop("model_type", None)
     if not isinstance(model_type, str):
@@ -73,25 +119,96 @@ def _hidden_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
     return model(input_ids=batch["input_ids"]).last_hidden_state.float().pow(2).mean()
 
 
-def build_huggingface(spec: HuggingFaceProblem, *, depth: int | None = None) -> TrainingProblem:
-    """A transformers model with random weights from its config; causal-LM head when one exists.
+def _check_against_inline(spec: HuggingFaceProblem, config: Any) -> None:
+    for key in SHAPE_KEYS:
+        planned = (spec.config or {}).get(key)
+        actual = getattr(config, key, None)
+        if planned is not None and actual is not None and planned != actual:
+            raise ProblemError(f"{BASE}.config.{key}: the inline config says {planned!r} but the pretrained "
+                               f"weights' config says {actual!r}; fix or remove the inline config")
 
+
+def _check_positions(spec: HuggingFaceProblem, config: Any) -> None:
+    positions = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
+    if isinstance(positions, int) and spec.sequence_length > positions:
+        raise ProblemError(f"{BASE}.sequenceLength: {spec.sequence_length} exceeds the model's "
+                           f"max_position_embeddings {positions}; use at most {positions}")
+
+
+def _tokenizer(spec: HuggingFaceProblem, transformers: Any, environ: Mapping[str, str]) -> Any:
+    source, kwargs = model_source(spec, environ)
+    try:
+        return transformers.AutoTokenizer.from_pretrained(source, trust_remote_code=spec.trust_remote_code,
+                                                          **kwargs)
+    except (OSError, ValueError, TypeError) as exc:
+        field_name = f"{BASE}.path" if spec.volume_claim else f"{BASE}.model"
+        raise ProblemError(f"{field_name}: no usable tokenizer in {source!r} (spec.data is tokenized with the "
+                           f"model's own tokenizer; save it beside the weights): {exc}") from exc
+
+
+def _pretrained(spec: HuggingFaceProblem, transformers: Any, config: Any, finetune: Finetune) -> Any:
+    source, kwargs = model_source(spec, finetune.environ)
+    keep_alive = None
+    if finetune.zero3_config is not None:
+        # transformers builds the model under deepspeed.zero.Init while this object lives: each rank
+        # materialises only its partition of the weights, never the whole model.
+        import deepspeed  # type: ignore[import-untyped]
+        from transformers.integrations import HfDeepSpeedConfig
+
+        # DeepSpeed's config reads the world size from deepspeed.comm: join it to the existing group first.
+        deepspeed.init_distributed(auto_mpi_discovery=False)
+        keep_alive = HfDeepSpeedConfig(dict(finetune.zero3_config))
+    try:
+        return transformers.AutoModelForCausalLM.from_pretrained(
+            source, config=config, dtype=finetune.dtype, low_cpu_mem_usage=True, attn_implementation="sdpa",
+            trust_remote_code=spec.trust_remote_code, **kwargs)
+    except (OSError, ValueError) as exc:
+        field_name = f"{BASE}.path" if spec.volume_claim else f"{BASE}.model"
+        raise ProblemError(f"{field_name}: cannot load pretrained weights from {source!r}: {exc}") from exc
+    finally:
+        del keep_alive
+
+
+def _eval_source(samples: Any, limit: int) -> Any:
+    def batches(micro: int) -> list[Batch]:
+        count = min(limit, len(samples))
+        return [samples.batch(list(range(i, min(i + micro, count)))) for i in range(0, count, micro)]
+
+    return batches
+
+
+def build_huggingface(spec: HuggingFaceProblem, *, depth: int | None = None,
+                      finetune: Finetune | None = None) -> TrainingProblem:
+    """A transformers model; causal-LM head when one exists.
+
+    Without `finetune` (profiling) the weights are random, built from the config (inline, or the pretrained
+    folder's config.json) and the data synthetic. With it (training), `initialize: pretrained` loads the
+    weights in `finetune.dtype` and `spec.data` is tokenized with the model's tokenizer and packed.
     `depth` sets the config's `num_hidden_layers` (the generic name every transformers config maps to
     its layer count) and cuts per-layer lists (`layer_types`) to match."""
     transformers = _transformers()
-    config = _config(spec, transformers)
+    environ: Mapping[str, str] = finetune.environ if finetune is not None else os.environ
+    config = _config(spec, transformers, environ, training=finetune is not None)
     config.use_cache = False
+    _check_positions(spec, config)
+    if finetune is not None and (spec.volume_claim is not None or spec.initialization == Initialize.PRETRAINED):
+        _check_against_inline(spec, config)
     if depth is not None:
-        _reduce_depth(config, depth, spec.model)
+        _reduce_depth(config, depth, spec.name)
     vocab = int(getattr(config, "vocab_size", 0) or 0)
     if vocab < 2:
-        raise ProblemError(f"problem.huggingface: config of {spec.model!r} has no vocab_size")
+        raise ProblemError(f"problem.huggingface: config of {spec.name!r} has no vocab_size")
     loss_fn = _logits_loss
-    try:
-        model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
-    except ValueError:
-        model = transformers.AutoModel.from_config(config)
-        loss_fn = _hidden_loss
+    pretrained = finetune is not None and spec.initialization == Initialize.PRETRAINED and depth is None
+    if pretrained:
+        assert finetune is not None
+        model = _pretrained(spec, transformers, config, finetune)
+    else:
+        try:
+            model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
+        except ValueError:
+            model = transformers.AutoModel.from_config(config)
+            loss_fn = _hidden_loss
     blocks = _largest_module_list(model)
     if not blocks:
         raise ProblemError(
@@ -101,11 +218,27 @@ def build_huggingface(spec: HuggingFaceProblem, *, depth: int | None = None) -> 
     def make(key: BatchKey) -> Batch:
         return token_batch(key, vocab=vocab, sequence_length=spec.sequence_length)
 
+    make_batch: Any = make
+    tokenizer = None
+    eval_batches = None
+    data = finetune.data if finetune is not None else None
+    if finetune is not None and ((data is not None and data.real) or pretrained):
+        tokenizer = _tokenizer(spec, transformers, environ)
+    if finetune is not None and data is not None and data.real:
+        train = pack(read_rows(data, eval_set=False, environ=environ), data=data, tokenizer=tokenizer,
+                     sequence_length=spec.sequence_length, keep_tail=False)
+        make_batch = packed_batch_source(train, seed=finetune.seed, global_batch_size=finetune.global_batch_size)
+        if data.has_eval:
+            held_out = pack(read_rows(data, eval_set=True, environ=environ), data=data, tokenizer=tokenizer,
+                            sequence_length=spec.sequence_length, limit=data.eval_samples)
+            eval_batches = _eval_source(held_out, data.eval_samples)
     return TrainingProblem(
-        name=f"hf-{spec.model}",
+        name=f"hf-{spec.name}",
         model=model,
         blocks=blocks,
-        make_batch=make,
+        make_batch=make_batch,
         loss_fn=loss_fn,
         tokens_per_sample=spec.sequence_length,
+        tokenizer=tokenizer,
+        eval_batches=eval_batches,
     )
