@@ -8,7 +8,7 @@ PURE := operator/memfit/api operator/memfit/memory operator/memfit/planner opera
 export TORCH_EXTENSIONS_DIR ?= $(HOME)/.cache/memfit/torch_extensions
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: help venv testbin prometheus realnode lint test test-unit test-integration test-e2e test-realnode crds dashboard demo plan clean
+.PHONY: help venv testbin prometheus realnode lint test test-unit test-integration test-e2e test-realnode crds dashboard demo demo-finetune plan clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -58,6 +58,9 @@ test: venv testbin prometheus realnode lint ## everything this machine supports:
 
 demo: venv testbin realnode ## local cluster + simulated GPU pools (+ the real node when supported) + operator: the quickstart to Succeeded
 	$(PY) hack/demo.py
+
+demo-finetune: venv testbin ## a real fine-tune on the local cluster: tiny pretrained Llama + JSONL corpus on claims -> eval loss A -> B, saved model
+	$(PY) hack/demo.py --finetune --dir /tmp/memfit-demo-finetune
 
 plan: venv ## offline plan of the quickstart with the built-in GPU catalog
 	$(VENV)/bin/memfit plan examples/quickstart.yaml

@@ -69,6 +69,26 @@ def describe_runtime(kubeconfig: Path, job: str) -> str:
     return ", ".join(sorted(seen)) or "no pods found"
 
 
+def prepare_finetune_volumes(kubeconfig: Path, workdir: Path, namespace: str) -> None:
+    """Claims `models` (a tiny pretrained Llama + tokenizer at tiny-llama/) and `corpus` (train.jsonl,
+    eval.jsonl), bound by the test bed's provisioner to the folders the pod runner mounts."""
+    from memfit_testbed.finetune_data import make_volumes
+
+    for claim in ("models", "corpus"):
+        doc = {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": claim, "namespace": namespace},
+               "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "1Gi"}}}}
+        subprocess.run(["kubectl", "apply", "-f", "-"], input=json.dumps(doc), text=True, check=True,
+                       capture_output=True, env={**os.environ, "KUBECONFIG": str(kubeconfig)})
+        kubectl(kubeconfig, "wait", "--for=jsonpath={.status.phase}=Bound", "--timeout=60s", "-n", namespace,
+                f"pvc/{claim}")
+    claims = workdir / "pod-runner" / "claims" / namespace
+    made = make_volumes(claims)  # models/tiny-llama and data/*.jsonl
+    (claims / "corpus").mkdir(parents=True, exist_ok=True)
+    for name in ("train.jsonl", "eval.jsonl"):
+        (claims / "corpus" / name).write_bytes((made / "data" / name).read_bytes())
+    print(f"==> claims models (tiny pretrained Llama) and corpus (JSONL) ready under {claims}", flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dir", type=Path, default=Path("/tmp/memfit-demo"), help="cluster folder")
@@ -77,7 +97,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--keep", action="store_true", help="leave the cluster and operator running")
     ap.add_argument("--runtime", choices=["auto", "real-node", "pod-runner"], default="auto",
                     help="where the pods run: a real node when supported (auto), or force one")
+    ap.add_argument("--finetune", action="store_true",
+                    help="the fine-tune demo: examples/finetune-tiny.yaml on claims `models` and `corpus` holding "
+                         "a tiny pretrained Llama and a JSONL corpus made here (pod runner)")
     args = ap.parse_args(argv)
+    if args.finetune:
+        args.job = REPO / "examples" / "finetune-tiny.yaml"
+        args.runtime = "pod-runner"
 
     real = choose_runtime(args.runtime)
     cluster = testcluster.TestCluster(workdir=args.dir.resolve(), pod_runner=not real)
@@ -121,6 +147,8 @@ def main(argv: list[str] | None = None) -> int:
         print(kubectl(kube, "get", "gpunodepools"))
         doc_name = json.loads(kubectl(kube, "create", "--dry-run=client", "-o", "json", "-f", str(args.job)))
         name = doc_name["metadata"]["name"]
+        if args.finetune:
+            prepare_finetune_volumes(kube, cluster.workdir, doc_name["metadata"].get("namespace") or "default")
         kubectl(kube, "apply", "-f", str(args.job))
         print(f"==> applied {args.job.name}; phases:", flush=True)
         last = ""
@@ -154,6 +182,13 @@ def main(argv: list[str] | None = None) -> int:
         print("==> metrics (memfit_job_*):\n  " + "\n  ".join(lines[:12]))
         print(f"==> the pods ran on: {describe_runtime(kube, name)}")
         ok = status.get("phase") == "Succeeded"
+        if args.finetune and ok:
+            ns = doc_name["metadata"].get("namespace") or "default"
+            output = doc_name["spec"]["output"]
+            saved = cluster.workdir / "pod-runner" / "claims" / ns / output["volumeClaim"] / output["path"]
+            summary = json.loads((saved / "memfit_training.json").read_text())
+            print(f"==> eval loss: {summary['initial_eval_loss']:.3f} -> {summary['final_eval_loss']:.3f}")
+            print(f"==> saved: {saved} (claim {output['volumeClaim']}, path {output['path']})")
         print(f"==> {name} {status.get('phase')} in {time.monotonic() - started:.0f}s")
         if args.keep:
             print(f"cluster and operator keep running: export KUBECONFIG={kube}; stop with "

@@ -10,7 +10,7 @@ import socket
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 LOCAL_IP = "127.0.0.1"
@@ -122,6 +122,27 @@ class PortMap:
                         break
                 self._ports[key] = p
             return self._ports[key]
+
+
+def mount_parents(paths: dict[str, str], root: Path) -> dict[str, str]:
+    """Folders above the mount paths (`/memfit/volumes` above `/memfit/volumes/models`), as a container's
+    filesystem has them: each becomes a folder under `root` holding a link per mount below it, so a path
+    the program builds from the parent (`$MEMFIT_VOLUMES_DIR/<claim>/...`) lands in the mount's folder.
+    "/" is never one (every absolute path would be rewritten)."""
+    parents: dict[str, str] = {}
+    for mount, local in paths.items():
+        mount_path = PurePosixPath(mount)
+        if not mount_path.is_absolute() or mount.startswith("/dev/"):
+            continue
+        for parent in mount_path.parents:
+            if str(parent) == "/" or str(parent) in paths:
+                continue
+            parents[str(parent)] = str(root / str(parent).lstrip("/"))
+        link = root / mount.strip("/")
+        link.parent.mkdir(parents=True, exist_ok=True)
+        if not link.is_symlink() and not link.exists():
+            link.symlink_to(local)
+    return parents
 
 
 _PATH_CHARS = r"[\w.\-/]"

@@ -33,6 +33,7 @@ from memfit_testbed.pod_env import (
     container_env,
     expand,
     materialise_volume,
+    mount_parents,
 )
 
 LABEL = "memfit.dev/run-local"
@@ -258,6 +259,7 @@ class PodRunner:
                 if local is None:
                     raise ConfigError(f"volumeMount {m['name']!r} names no volume")
                 paths[m["mountPath"]] = str(local / m.get("subPath", "")).rstrip("/")
+            paths.update(mount_parents(paths, run.dir / "root" / c["name"]))
             rw = Rewriter(meta["namespace"], paths, subdomains, self.ports)
             pod_env = container_env(pod, c, self._lookup)
             env = rw.env(pod_env)

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from finetune_support import (
+from memfit_testbed.finetune_data import (
     DATA_CLAIM,
     MAX_POSITIONS,
     MODEL_CLAIM,

@@ -44,7 +44,7 @@ def _risk_words(ctx: SearchContext, candidate: Candidate, offer: Offer) -> tuple
                              checkpoint_every_steps=ctx.checkpoint_every_steps)
     checkpoints = (f"checkpoints every {ctx.checkpoint_every_steps} steps ({risk.checkpoint_hours:.2f} h)"
                    if ctx.checkpoint_every_steps is not None else
-                   "no persistent checkpoint (training.checkpoint.volumeClaim unset): one restarts from the start")
+                   "no persistent checkpoint (training.checkpoint.emptyDir): one restarts from the start")
     words = (f"{offer.interruption_rate_per_hour:g} interruptions per node-hour ({offer.capacity_type}), "
              f"{checkpoints}")
     return risk.hours * candidate.price_per_hour, words

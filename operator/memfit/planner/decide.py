@@ -104,10 +104,10 @@ def search_context(spec: MemoryOptimizedTrainingJobSpec, shape: ModelShape, *, p
 
 
 def persistent_checkpoint_steps(spec: MemoryOptimizedTrainingJobSpec) -> int | None:
-    """Steps between checkpoints that survive a lost node: on the checkpoint volume claim; without one
-    they sit in the pod's emptyDir and an interruption loses them (None)."""
+    """Steps between checkpoints that survive a lost node: on a claim (the user's, or the one the operator
+    creates by default); with `emptyDir` they go with the pod and an interruption loses them (None)."""
     checkpoint = spec.training.checkpoint
-    return checkpoint.every_steps if checkpoint.volume_claim else None
+    return None if checkpoint.empty_dir else checkpoint.every_steps
 
 
 def job_adapter(spec: MemoryOptimizedTrainingJobSpec) -> AdapterLayout | None:

@@ -5,7 +5,7 @@ checkpoint interval on average, for interruptions at uniformly random times) and
 (reschedule, image pull, process start, checkpoint load). Over a long run a fraction
 rate x (interval / 2 + restart) of the wall-clock time is wasted, so the expected hours are
 hours / (1 - that fraction); a fraction of 1 or more never finishes (infinite). Without a persistent
-checkpoint (`training.checkpoint.volumeClaim` unset, so checkpoints live on the lost node) the
+checkpoint (`training.checkpoint.emptyDir`, so checkpoints live on the lost node) the
 interval is the whole run.
 """
 

@@ -59,7 +59,7 @@ def pools(rate: float) -> list[Any]:
 
 
 def test_on_demand_wins_when_spot_interruptions_cost_more_and_the_plan_says_why() -> None:
-    job = spot_job(steps=20_000)  # about 3.3 h on an L4, no persistent checkpoint
+    job = spot_job(steps=20_000, checkpoint={"emptyDir": True})  # about 3.3 h on an L4, no persistent checkpoint
     calm = plan(job, pools=pools(0.0), catalog=CATALOG)
     assert calm.chosen is not None and calm.chosen.pool == "l4-spot"
     hours = calm.chosen.hours
@@ -75,8 +75,10 @@ def test_on_demand_wins_when_spot_interruptions_cost_more_and_the_plan_says_why(
     assert risky.baseline is not None and risky.baseline.pool == "l4"
 
 
-def test_checkpoints_on_a_volume_make_spot_cheap_again_and_its_risk_is_in_the_cost() -> None:
-    job = spot_job(steps=20_000, checkpoint={"volumeClaim": "ckpt", "everySteps": 100})
+@pytest.mark.parametrize("checkpoint", [{"volumeClaim": "ckpt", "everySteps": 100}, {"everySteps": 100}],
+                         ids=["named claim", "the operator's default claim"])
+def test_checkpoints_on_a_volume_make_spot_cheap_again_and_its_risk_is_in_the_cost(checkpoint: dict[str, Any]) -> None:
+    job = spot_job(steps=20_000, checkpoint=checkpoint)
     calm = plan(job, pools=pools(0.0), catalog=CATALOG)
     assert calm.chosen is not None
     rate = (2 / 3) / (calm.chosen.hours / 2 + RESTART_HOURS)
@@ -88,11 +90,11 @@ def test_checkpoints_on_a_volume_make_spot_cheap_again_and_its_risk_is_in_the_co
 
 
 def test_a_spot_pool_where_the_run_would_never_finish_is_rejected_with_the_reason() -> None:
-    result = plan(spot_job(steps=200_000), pools=pools(0.5)[:1], catalog=CATALOG)
+    result = plan(spot_job(steps=200_000, checkpoint={"emptyDir": True}), pools=pools(0.5)[:1], catalog=CATALOG)
     assert result.plan is None
     assert "no run on it would finish" in result.message()
     assert "at 0.5 interruptions per node-hour (spot)" in result.message()
-    assert "set training.checkpoint.volumeClaim" in result.message()
+    assert "keep checkpoints on a claim instead of an emptyDir" in result.message()
 
 
 @pytest.mark.parametrize("value", [-0.1, 101, "often"])
