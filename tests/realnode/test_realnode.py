@@ -125,6 +125,8 @@ def test_restricted_pod_reaches_dns_and_the_api_and_reports_its_termination_mess
                                     "capabilities": {"drop": ["ALL"]}}}]}})
     pod = rkube.wait_pod_phase(ns, "probe", ("Failed", "Succeeded"), timeout=120)
     state = terminated(pod)
+    if state.get("exitCode") != 3:
+        state["log"] = rkube.core.read_namespaced_pod_log("probe", ns)[-3000:]
     assert pod["status"]["phase"] == "Failed" and state["exitCode"] == 3, state
     assert state["containerID"].startswith("containerd://")
     assert pod["status"]["podIP"].startswith(POD_CIDR.rsplit(".", 2)[0])

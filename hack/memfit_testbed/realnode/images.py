@@ -393,7 +393,7 @@ def containerd_images(sock: Path) -> list[str]:
 def load(d: Dockerd, ref: str, sock: Path) -> None:
     """docker save | ctr images import (unpacked for containerd's overlayfs snapshotter)."""
     t0 = time.monotonic()
-    _check_free_space(d, ref)
+    _check_free_space(d, ref, sock)
     save = subprocess.Popen([docker_bin(), "save", ref], env=d.env(), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE)
     assert save.stdout is not None
@@ -416,15 +416,29 @@ def load(d: Dockerd, ref: str, sock: Path) -> None:
     log(f"loaded {ref} into containerd in {time.monotonic() - t0:.0f}s")
 
 
-def _check_free_space(d: Dockerd, ref: str) -> None:
-    """An import needs about twice the image on disk (the layer blobs and their unpacked snapshot) in
-    the worst case (no layer shared): refuse up front, naming both figures, instead of filling the disk."""
-    size = int(d.docker("image", "inspect", "--format", "{{.Size}}", ref).stdout.strip() or 0)
+def _check_free_space(d: Dockerd, ref: str, sock: Path) -> None:
+    """An import needs about twice the layers containerd does not hold yet on disk (the layer blobs and
+    their unpacked snapshots): refuse up front, naming both figures, instead of filling the disk."""
+    layers = json.loads(d.docker("image", "inspect", "--format", "{{json .RootFS.Layers}}", ref).stdout or "[]")
+    held = set(subprocess.run(["ctr", "-a", str(sock), "-n", "k8s.io", "content", "ls", "-q"],
+                              capture_output=True, text=True, check=False).stdout.split())
+    sizes = _docker_layer_sizes(d)
+    missing = sum(sizes.get(layer, 0) for layer in layers if layer not in held)
     CACHE.mkdir(parents=True, exist_ok=True)
     free = shutil.disk_usage(CACHE).free
-    if free < 2 * size + (1 << 30):
-        raise ImageError(f"loading {ref} into containerd needs up to {2 * size / 2**30:.1f} GiB free (+1 GiB "
+    if free < 2 * missing + (1 << 30):
+        raise ImageError(f"loading {ref} into containerd needs up to {2 * missing / 2**30:.1f} GiB free (+1 GiB "
                          f"headroom) under {CACHE}; {free / 2**30:.1f} GiB is free")
+
+
+def _docker_layer_sizes(d: Dockerd) -> dict[str, int]:
+    """Uncompressed size of every layer in our dockerd's layer store, by diff ID (what `docker save` and
+    containerd's content store name a layer by)."""
+    sizes: dict[str, int] = {}
+    for entry in (d.root / "image" / "overlay2" / "layerdb" / "sha256").glob("*"):
+        with contextlib.suppress(OSError, ValueError):
+            sizes[(entry / "diff").read_text().strip()] = int((entry / "size").read_text().strip())
+    return sizes
 
 
 def stale(refs: Sequence[str], keep: Sequence[str]) -> list[str]:
@@ -448,12 +462,25 @@ def prune_docker(d: Dockerd, keep: Sequence[str]) -> None:
 
 def prune_containerd(sock: Path, keep: Sequence[str]) -> None:
     """Remove stale memfit images from the node's containerd and wait for its GC to drop their blobs and
-    snapshots (`--sync`), so an import of the new tag has the room."""
-    old = stale(containerd_images(sock), keep)
+    snapshots (`--sync`), so an import of the new tag has the room. The CRI plugin also names every image
+    it has seen by its ID (`sha256:<config digest>`); those names pin the content as much as the tags, so
+    the ones whose target no kept tag shares go too."""
+    listed = _containerd_targets(sock)
+    old = stale(list(listed), keep)
+    kept = {listed[r] for r in listed if r not in old and not r.startswith("sha256:")}
+    old += [r for r, target in listed.items() if r.startswith("sha256:") and target not in kept]
     if old:
         subprocess.run(["ctr", "-a", str(sock), "-n", "k8s.io", "images", "rm", "--sync", *old],
                        capture_output=True, text=True, check=False)
-        log(f"removed {len(old)} stale image(s) from containerd")
+        log(f"removed {len(old)} stale image name(s) from containerd")
+
+
+def _containerd_targets(sock: Path) -> dict[str, str]:
+    """Image name -> the digest it points at, in the node's containerd (`k8s.io` namespace)."""
+    result = subprocess.run(["ctr", "-a", str(sock), "-n", "k8s.io", "images", "ls"],
+                            capture_output=True, text=True, check=False)
+    rows = [line.split() for line in result.stdout.splitlines()[1:]] if result.returncode == 0 else []
+    return {row[0]: row[2] for row in rows if len(row) >= 3}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
