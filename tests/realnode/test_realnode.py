@@ -118,16 +118,19 @@ def test_restricted_pod_reaches_dns_and_the_api_and_reports_its_termination_mess
             "restartPolicy": "Never", "nodeSelector": {"memfit.dev/pool": rnode.pool},
             "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
             "securityContext": {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}},
+            # A writable /tmp under the read-only root, as memfit's own pods have: importing torch needs one
+            # (it imports dill, which asks tempfile for a usable directory at import time).
+            "volumes": [{"name": "tmp", "emptyDir": {}}],
             "containers": [{
                 "name": "probe", "image": rnode.images.trainer, "imagePullPolicy": "IfNotPresent",
                 "command": ["python", "-c", PROBE], "resources": {"limits": {"nvidia.com/gpu": "1"}},
+                "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
                 "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
                                     "capabilities": {"drop": ["ALL"]}}}]}})
     pod = rkube.wait_pod_phase(ns, "probe", ("Failed", "Succeeded"), timeout=120)
     state = terminated(pod)
-    if state.get("exitCode") != 3:
-        state["log"] = rkube.core.read_namespaced_pod_log("probe", ns)[-3000:]
-    assert pod["status"]["phase"] == "Failed" and state["exitCode"] == 3, state
+    log = rkube.core.read_namespaced_pod_log("probe", ns)[-3000:] if state.get("exitCode") != 3 else ""
+    assert pod["status"]["phase"] == "Failed" and state["exitCode"] == 3, f"{state}\n{log}"
     assert state["containerID"].startswith("containerd://")
     assert pod["status"]["podIP"].startswith(POD_CIDR.rsplit(".", 2)[0])
     assert pod["status"]["hostIP"] == NODE_IP
