@@ -1,10 +1,13 @@
-"""Wait until a `memfit operator` process answers /healthz (the integration tests' operator fixtures)."""
+"""The integration tests' operator: wait until `memfit operator` answers /healthz; the module fixture."""
 
 from __future__ import annotations
 
 import time
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 
 def wait_healthy(port: int, log: Path, timeout: float = 60.0) -> None:
@@ -17,3 +20,18 @@ def wait_healthy(port: int, log: Path, timeout: float = 60.0) -> None:
         except OSError:
             time.sleep(0.5)
     raise AssertionError(f"operator not healthy:\n{log.read_text()[-3000:]}")
+
+
+@contextmanager
+def module_operator(cluster: Any, kube: Any, request: Any, tmp_path_factory: Any) -> Iterator[tuple[Path, int]]:
+    """The integration modules' operator: CRDs and the test bed's pools applied, `memfit operator` started and
+    healthy; (log, metrics port). On exit it must still be running."""
+    from memfit_testbed.operator_helpers import apply_pools, operator_process
+
+    request.getfixturevalue("install_crds")
+    apply_pools(kube)
+    log = tmp_path_factory.mktemp("operator") / "operator.log"
+    with operator_process(cluster.kubeconfig, log) as (proc, port):
+        wait_healthy(port, log)
+        yield log, port
+        assert proc.poll() is None, f"operator exited:\n{log.read_text()[-3000:]}"

@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 import yaml
 from memfit_testbed.cluster_helpers import Kube
-from memfit_testbed.operator_helpers import apply_pools, create_job, operator_process, wait_phase
+from memfit_testbed.operator_helpers import create_job, wait_phase
 from memfit_testbed.paths import REPO
-from operator_ready import wait_healthy
+from operator_ready import module_operator
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 TIMEOUT = 420.0
@@ -24,13 +24,8 @@ TIMEOUT = 420.0
 @pytest.fixture(scope="module")
 def operator(cluster: Any, kube: Kube, tmp_path_factory: pytest.TempPathFactory,
              request: pytest.FixtureRequest) -> Iterator[Path]:
-    request.getfixturevalue("install_crds")
-    apply_pools(kube)
-    log = tmp_path_factory.mktemp("operator") / "operator.log"
-    with operator_process(cluster.kubeconfig, log) as (proc, port):
-        wait_healthy(port, log)
+    with module_operator(cluster, kube, request, tmp_path_factory) as (log, _):
         yield log
-        assert proc.poll() is None, f"operator exited:\n{log.read_text()[-3000:]}"
 
 
 def _claim(kube: Kube, namespace: str, name: str) -> None:

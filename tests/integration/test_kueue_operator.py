@@ -15,14 +15,12 @@ from kueue_helpers import admitted, delete, gpu_flavor, queued_job, setup, workl
 from memfit_testbed.cluster_helpers import Kube, condition
 from memfit_testbed.kueue import KueueManager
 from memfit_testbed.operator_helpers import (
-    apply_pools,
     create_job,
     get_job,
-    operator_process,
     quickstart,
     wait_phase,
 )
-from operator_ready import wait_healthy
+from operator_ready import module_operator
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 TIMEOUT = 420.0
@@ -34,13 +32,8 @@ def operator(
     cluster: Any, kube: Kube, kueue: KueueManager, tmp_path_factory: pytest.TempPathFactory,
     request: pytest.FixtureRequest,
 ) -> Iterator[Path]:
-    request.getfixturevalue("install_crds")
-    apply_pools(kube)
-    log = tmp_path_factory.mktemp("operator") / "operator.log"
-    with operator_process(cluster.kubeconfig, log) as (proc, port):
-        wait_healthy(port, log)
+    with module_operator(cluster, kube, request, tmp_path_factory) as (log, _):
         yield log
-        assert proc.poll() is None, f"operator exited:\n{log.read_text()[-3000:]}"
 
 
 def _queued(kube: Kube, ns: str, name: str) -> dict[str, Any] | None:

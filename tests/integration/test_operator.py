@@ -15,16 +15,14 @@ from kubernetes import client
 from memfit_testbed.cluster_helpers import Kube
 from memfit_testbed.kwok_pools import load_pools
 from memfit_testbed.operator_helpers import (
-    apply_pools,
     create_job,
     get_job,
     jobs_named,
-    operator_process,
     quickstart,
     wait_phase,
 )
 from memfit_testbed.pod_runner import SIMULATED_ANNOTATION, simulate_pods
-from operator_ready import wait_healthy
+from operator_ready import module_operator
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 TIMEOUT = 420.0
@@ -34,13 +32,8 @@ TIMEOUT = 420.0
 def operator(
     cluster: Any, kube: Kube, tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
 ) -> Iterator[tuple[Path, int]]:
-    request.getfixturevalue("install_crds")
-    apply_pools(kube)
-    log = tmp_path_factory.mktemp("operator") / "operator.log"
-    with operator_process(cluster.kubeconfig, log) as (proc, port):
-        wait_healthy(port, log)
+    with module_operator(cluster, kube, request, tmp_path_factory) as (log, port):
         yield log, port
-        assert proc.poll() is None, f"operator exited:\n{log.read_text()[-3000:]}"
 
 
 @pytest.fixture(scope="module")

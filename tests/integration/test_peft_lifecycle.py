@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 from memfit_testbed.cluster_helpers import Kube
-from memfit_testbed.operator_helpers import apply_pools, create_job, operator_process, quickstart, wait_phase
-from operator_ready import wait_healthy
+from memfit_testbed.operator_helpers import create_job, quickstart, wait_phase
+from operator_ready import module_operator
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 TIMEOUT = 420.0
@@ -21,13 +21,8 @@ TIMEOUT = 420.0
 @pytest.fixture(scope="module")
 def operator(cluster: Any, kube: Kube, tmp_path_factory: pytest.TempPathFactory,
              request: pytest.FixtureRequest) -> Iterator[Path]:
-    request.getfixturevalue("install_crds")
-    apply_pools(kube)
-    log = tmp_path_factory.mktemp("operator") / "operator.log"
-    with operator_process(cluster.kubeconfig, log) as (proc, port):
-        wait_healthy(port, log)
+    with module_operator(cluster, kube, request, tmp_path_factory) as (log, _):
         yield log
-        assert proc.poll() is None, f"operator exited:\n{log.read_text()[-3000:]}"
 
 
 def _bound_claim(kube: Kube, namespace: str, claim: str, request: pytest.FixtureRequest) -> None:

@@ -16,14 +16,12 @@ from typing import Any
 import pytest
 from memfit_testbed.cluster_helpers import Kube
 from memfit_testbed.operator_helpers import (
-    apply_pools,
     create_job,
     get_job,
-    operator_process,
     quickstart,
     wait_phase,
 )
-from operator_ready import wait_healthy
+from operator_ready import module_operator
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 TIMEOUT = 600.0
@@ -36,13 +34,8 @@ EVERY = 10
 def operator(
     cluster: Any, kube: Kube, tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
 ) -> Iterator[Path]:
-    request.getfixturevalue("install_crds")
-    apply_pools(kube)
-    log = tmp_path_factory.mktemp("operator") / "operator.log"
-    with operator_process(cluster.kubeconfig, log) as (proc, port):
-        wait_healthy(port, log)
+    with module_operator(cluster, kube, request, tmp_path_factory) as (log, _):
         yield log
-        assert proc.poll() is None, f"operator exited:\n{log.read_text()[-3000:]}"
 
 
 def _progress(kube: Kube, namespace: str) -> dict[str, Any] | None:
