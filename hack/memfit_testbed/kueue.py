@@ -183,7 +183,9 @@ class KueueManager:
         return time.monotonic() - t0
 
     def stop(self, grace: float = 10.0) -> None:
-        """SIGTERM the manager (SIGKILL after `grace`), then delete the webhook configurations."""
+        """SIGTERM the manager (SIGKILL after `grace`), then delete the webhook configurations and turn the
+        CRDs' conversion webhook off (the CRDs stay: Kueue's objects keep finalizers only its manager removes;
+        a conversion webhook on a closed port has the API server's watch cache retry every second)."""
         proc = getattr(self, "_proc", None)
         if proc is not None and proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
@@ -198,6 +200,10 @@ class KueueManager:
             self._mirror.join(timeout=5)
         for kind, name in WEBHOOK_CONFIGS.items():
             self._kubectl("delete", kind.lower(), name, "--ignore-not-found", "--wait=false")
+        if getattr(self, "_installed", False):
+            no_conversion = json.dumps({"spec": {"conversion": {"strategy": "None", "webhook": None}}})
+            for plural in CONVERSION_CRDS:
+                self._kubectl("patch", "crd", f"{plural}.kueue.x-k8s.io", "--type=merge", "-p", no_conversion)
 
     def log_tail(self, lines: int = 60) -> str:
         text = self.log.read_text(errors="replace").splitlines()[-lines:] if self.log.exists() else []
@@ -209,6 +215,7 @@ class KueueManager:
         port = self.ports["webhook"]
         crds = crds_with_conversion(kueue_dir / "config" / "crd", port)
         self._apply(crds)
+        self._installed = True
         names = [f"crd/{c['metadata']['name']}" for c in crds]
         self._kubectl("wait", "--for=condition=Established", "--timeout=60s", *names)
         service = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": SERVICE, "namespace": NAMESPACE},

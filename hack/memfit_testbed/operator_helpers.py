@@ -43,13 +43,14 @@ def operator_command(port: int, *extra: str, resync_seconds: float = 1,
 
 
 def start_operator(kubeconfig: Path, log_path: Path, *extra: str, pod_runner: bool = True,
-                   trainer_image: str = "memfit-trainer:test") -> tuple[subprocess.Popen[bytes], int]:
+                   trainer_image: str = "memfit-trainer:test",
+                   env: dict[str, str] | None = None) -> tuple[subprocess.Popen[bytes], int]:
     """Start `memfit operator` as a host process, appending to `log_path`; its metrics port.
 
     With `pod_runner` its pods carry the label the local pod runner runs; without it they go to a real
     kubelet (the real node) and run `trainer_image`."""
     port = free_port()
-    env = {**os.environ, "KUBECONFIG": str(kubeconfig)}
+    env = {**os.environ, **(env or {}), "KUBECONFIG": str(kubeconfig)}
     label = ("--extra-pod-label", RUN_LOCAL) if pod_runner else ()
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(
@@ -74,10 +75,12 @@ def stop_operator(proc: subprocess.Popen[bytes]) -> None:
 @contextmanager
 def operator_process(
     kubeconfig: Path, log_path: Path, *extra: str, pod_runner: bool = True,
-    trainer_image: str = "memfit-trainer:test",
+    trainer_image: str = "memfit-trainer:test", env: dict[str, str] | None = None,
 ) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
-    """`memfit operator` as a real process (the way it runs in the pod); stopped on exit."""
-    proc, port = start_operator(kubeconfig, log_path, *extra, pod_runner=pod_runner, trainer_image=trainer_image)
+    """`memfit operator` as a real process (the way it runs in the pod), with `env` added to its
+    environment (the chart's MEMFIT_* settings); stopped on exit."""
+    proc, port = start_operator(kubeconfig, log_path, *extra, pod_runner=pod_runner, trainer_image=trainer_image,
+                                env=env)
     try:
         yield proc, port
     finally:

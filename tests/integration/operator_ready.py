@@ -23,15 +23,16 @@ def wait_healthy(port: int, log: Path, timeout: float = 60.0) -> None:
 
 
 @contextmanager
-def module_operator(cluster: Any, kube: Any, request: Any, tmp_path_factory: Any) -> Iterator[tuple[Path, int]]:
-    """The integration modules' operator: CRDs and the test bed's pools applied, `memfit operator` started and
-    healthy; (log, metrics port). On exit it must still be running."""
+def module_operator(cluster: Any, kube: Any, request: Any, tmp_path_factory: Any,
+                    env: dict[str, str] | None = None) -> Iterator[tuple[Path, int]]:
+    """The integration modules' operator: CRDs and the test bed's pools applied, `memfit operator` started
+    (with `env` added: chart settings) and healthy; (log, metrics port). On exit it must still be running."""
     from memfit_testbed.operator_helpers import apply_pools, operator_process
 
     request.getfixturevalue("install_crds")
     apply_pools(kube)
     log = tmp_path_factory.mktemp("operator") / "operator.log"
-    with operator_process(cluster.kubeconfig, log) as (proc, port):
+    with operator_process(cluster.kubeconfig, log, env=env) as (proc, port):
         wait_healthy(port, log)
         yield log, port
         assert proc.poll() is None, f"operator exited:\n{log.read_text()[-3000:]}"

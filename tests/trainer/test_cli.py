@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from memfit_trainer import cli
 from memfit_trainer.strategies.deepspeed_config import build_deepspeed_config
-from trainer_support import make_plan, run_cli
+from trainer_support import TINY_GPT, make_plan, run_cli
 
 HERE = Path(__file__).resolve().parent
 
@@ -41,6 +41,10 @@ def test_completed_two_rank_run_reports_every_rank_peak_its_device_and_step_time
     assert message["peakBytes"] == max(message["rankPeaks"])
     assert message["device"] == "cpu" and "reservedPeakBytes" not in message  # no caching allocator on CPU
     assert message["stepSeconds"] > 0
+    # The whole job's rate at the slowest rank's pace: 2 ranks x (micro-batch 2 x 2 accumulation) samples
+    # of the tiny GPT's sequence per step (what status.progress shows when no read caught the run).
+    tokens_per_step = 2 * 2 * 2 * TINY_GPT["sequenceLength"]
+    assert message["tokensPerSecond"] == pytest.approx(tokens_per_step / message["stepSeconds"], rel=1e-3)
 
 
 def test_simulated_gpu_meter_adds_a_reservation_and_context_to_real_allocator_bytes(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""`memfit-trainer`: train a Plan (profile lives in memfit_trainer.profiler, loaded when present)."""
+"""`memfit-trainer`: train a Plan, fetch its hub model (profile lives in memfit_trainer.profiler, loaded when present)."""
 
 from __future__ import annotations
 
@@ -25,6 +25,10 @@ def _parser() -> argparse.ArgumentParser:
         help=f"Plan JSON (default ${ENV_PLAN_PATH})",
     )
     train.add_argument("--report-dir", type=Path, default=None, help="write a per-rank JSON run report here")
+    fetch = commands.add_parser(
+        "fetch", help="download the Plan's hub model into HF_HOME (a training pod's init container)"
+    )
+    fetch.add_argument("--plan", type=Path, default=os.environ.get(ENV_PLAN_PATH), help=f"default ${ENV_PLAN_PATH}")
     config = commands.add_parser("deepspeed-config", help="print the DeepSpeed config derived from a Plan")
     config.add_argument("--plan", type=Path, required=True)
     config.add_argument("--cuda", action=argparse.BooleanOptionalAction, default=True, help="config for GPUs")
@@ -91,6 +95,13 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "train":
         return _train(args)
+    if args.command == "fetch":
+        from memfit_trainer import fetch as download
+
+        if args.plan is None:
+            print(f"memfit-trainer fetch: no plan: pass --plan or set ${ENV_PLAN_PATH}", file=sys.stderr)
+            return 2
+        return download.main(args.plan)
     if args.command == "deepspeed-config":
         from memfit_trainer.plan_check import load_plan
         from memfit_trainer.strategies.deepspeed_config import build_deepspeed_config

@@ -123,6 +123,7 @@ class RunResult:
     adapter_parameters: int = 0
     adapter_dir: str | None = None
     eval_losses: list[tuple[int, float]] = field(default_factory=list)  # spec.data's eval set, by step
+    tokens_per_step: int = 0  # this rank's tokens per optimizer step (micro-batch x accumulation x tokens)
     model_dir: str | None = None  # where the fine-tuned model was saved (Hugging Face format)
 
     @property
@@ -369,8 +370,9 @@ def _train_steps(
         result.losses.append((step, loss))
         result.step_memory.append(_memory_row(step, sample))
         result.step_seconds.append(seconds)
+        samples = micro * accumulation
+        result.tokens_per_step = samples * problem_tokens
         if metrics is not None:
-            samples = micro * accumulation
             metrics.observe_step(step=step, seconds=seconds, samples=samples, tokens=samples * problem_tokens,
                                  loss=loss, memory=sample, run_peak_bytes=progress.meter.run_peak_bytes)  # fmt: skip
         if env.is_main:

@@ -117,7 +117,8 @@ def write_report(result: RunResult, report_dir: Path) -> None:
 
 def completed_message(result: RunResult, env: mdist.DistEnv) -> TerminationMessage:
     """The success message (collective calls): peakBytes is the largest peak over all ranks, rankPeaks
-    every rank's, reservedPeakBytes the largest CUDA reservation, stepSeconds the slowest rank's mean."""
+    every rank's, reservedPeakBytes the largest CUDA reservation, stepSeconds the slowest rank's mean and
+    tokensPerSecond the whole job's rate at that pace (every rank trains its own tokens each step)."""
     rank_peaks = [int(v) for v in mdist.all_gather_float(float(result.peak_bytes))]
     peak = max(rank_peaks)
     reserved = int(mdist.all_reduce_max(float(result.reserved_peak_bytes or 0)))
@@ -138,7 +139,14 @@ def completed_message(result: RunResult, env: mdist.DistEnv) -> TerminationMessa
         device_peak_bytes=nvml or None,
         device=result.device,
         step_seconds=round(step_seconds, 6) if step_seconds >= 0 else None,
+        tokens_per_second=_job_tokens_per_second(result, env, step_seconds),
     )
+
+
+def _job_tokens_per_second(result: RunResult, env: mdist.DistEnv, step_seconds: float) -> float | None:
+    if step_seconds <= 0 or result.tokens_per_step <= 0:
+        return None
+    return round(result.tokens_per_step * env.world_size / step_seconds, 1)
 
 
 def train_process(plan_path: Path, *, report_dir: Path | None, environ: Mapping[str, str]) -> int:

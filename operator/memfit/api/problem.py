@@ -141,6 +141,11 @@ class HuggingFaceProblem(ApiModel):
         return Initialize.PRETRAINED
 
     @property
+    def hub_weights(self) -> bool:
+        """Pretrained weights downloaded from the hub (`model`, no `volumeClaim`): the download step."""
+        return self.volume_claim is None and self.model is not None and self.initialization == Initialize.PRETRAINED
+
+    @property
     def name(self) -> str:
         """A display name: the hub id, else the folder on the volume."""
         return self.model or f"{self.volume_claim}:{self.path}"

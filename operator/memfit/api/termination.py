@@ -63,6 +63,7 @@ KEY_RESERVED_PEAK_BYTES = "reservedPeakBytes"  # CUDA caching allocator reservat
 KEY_DEVICE_PEAK_BYTES = "devicePeakBytes"  # NVML process bytes (or a simulated GPU's), max over ranks
 KEY_DEVICE = "device"  # cpu or cuda: where the peaks were measured
 KEY_STEP_SECONDS = "stepSeconds"  # mean seconds per optimizer step (after the first), slowest rank
+KEY_TOKENS_PER_SECOND = "tokensPerSecond"  # the whole job's tokens per second at that step time
 MAX_RANK_PEAKS = 64  # keeps the message well under MAX_MESSAGE_BYTES
 
 
@@ -85,6 +86,7 @@ class TerminationMessage:
     device_peak_bytes: int | None = None
     device: str | None = None
     step_seconds: float | None = None
+    tokens_per_second: float | None = None
     message: str | None = None
     extra: dict[str, object] = field(default_factory=dict)
 

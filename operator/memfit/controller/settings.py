@@ -26,6 +26,7 @@ class OperatorSettings:
     checkpoint_storage_class: str = ""
     checkpoint_access_mode: str = "ReadWriteOnce"  # ReadWriteMany lets plans span nodes
     checkpoint_min_bytes: int = 10 << 30  # the floor under the model-state estimate
+    hub_endpoint: str = ""  # HF_ENDPOINT of the training pods (chart hub.endpoint): a hub mirror
 
     @classmethod
     def from_env(cls, **overrides: object) -> OperatorSettings:
@@ -42,10 +43,18 @@ class OperatorSettings:
             checkpoint_storage_class=os.environ.get("MEMFIT_CHECKPOINT_STORAGE_CLASS", ""),
             checkpoint_access_mode=_access_mode(os.environ.get("MEMFIT_CHECKPOINT_ACCESS_MODE", "ReadWriteOnce")),
             checkpoint_min_bytes=parse_quantity(os.environ.get("MEMFIT_CHECKPOINT_MIN_SIZE", "10Gi")),
+            hub_endpoint=_hub_endpoint(os.environ.get("MEMFIT_HUB_ENDPOINT", "")),
         )
         values = {name: getattr(base, name) for name in cls.__slots__}  # type: ignore[attr-defined]
         values.update(overrides)
         return cls(**values)  # type: ignore[arg-type]
+
+
+def _hub_endpoint(value: str) -> str:
+    value = value.strip().rstrip("/")
+    if value and not value.startswith(("http://", "https://")):
+        raise ValueError(f"MEMFIT_HUB_ENDPOINT (hub.endpoint) must be an http:// or https:// URL; got {value!r}")
+    return value
 
 
 def _access_mode(value: str) -> str:

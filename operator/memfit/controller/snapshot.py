@@ -31,7 +31,7 @@ from memfit.kube.names import (
     train_job_name,
 )
 from memfit.kube.profile_cache import CachedProfile, parse_profile_cache
-from memfit.kube.train_job import parse_plan_record
+from memfit.kube.train_job import named_claims, parse_plan_record
 from memfit.lifecycle import AttemptChildren, JobRef, LaunchSettings, RecordedPlan, Snapshot, World
 from memfit.lifecycle.launch import ANNOTATION_PLAN_JSON
 from memfit.lifecycle.observed import LABEL_JOB_UID, JobSummary, pod_selector, summarize_job
@@ -80,6 +80,7 @@ def launch_settings(settings: OperatorSettings) -> LaunchSettings:
             access_mode=settings.checkpoint_access_mode,
             min_bytes=settings.checkpoint_min_bytes,
         ),
+        hub_endpoint=settings.hub_endpoint,
     )
 
 
@@ -148,6 +149,7 @@ def observe_snapshot(
         profiling=_profiling(api, ref) if needs_profiling_job(status, spec, cache) else None,
         recorded_plan=_recorded_plan(api, ref, next_attempt_index(status)),
         checkpoint_claim=_checkpoint_claim(api, ref, spec),
+        missing_claims=tuple((f, claim) for f, claim in named_claims(spec) if api.get_claim(ref.namespace, claim) is None),
     )
 
 

@@ -53,6 +53,7 @@ class PodSettings:
     image_pull_policy: str = "IfNotPresent"
     extra_labels: dict[str, str] = field(default_factory=dict)
     service_account: str = ""
+    hub_endpoint: str = ""  # HF_ENDPOINT for the pods (a hub mirror); "" = the hub itself
 
 
 def metadata(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
-from memfit.api.problem import Problem
+from memfit.api.problem import HuggingFaceProblem, Problem
 from memfit.kube.common import (
     GPU_RESOURCE,
     Manifest,
@@ -17,6 +17,7 @@ from memfit.kube.common import (
     pod_security_context,
     tolerations,
 )
+from memfit.kube.hub import profile_model_access
 from memfit.kube.kueue import LABEL_QUEUE
 from memfit.kube.names import (
     COMPONENT_PROFILER,
@@ -59,6 +60,7 @@ def build_profile_job(
     qlora_quant: str = "nf4",
     qlora_double_quant: bool = True,
     queue: str = "",
+    model: HuggingFaceProblem | None = None,
 ) -> Manifest:
     """Job `<job>-profile`: runs `memfit-trainer profile` on one GPU of the profiling pool.
 
@@ -70,8 +72,11 @@ def build_profile_job(
     model's modules (a mismatch fails the profile with `strategy.peft.lora.targetModules`) and, with
     `peft_methods`, also measures those adapters on a frozen base (the PEFT variant). `queue`: the Kueue
     LocalQueue (`scheduling.kueueQueue`): the Job carries its label and is created suspended, as the
-    training Job is; Kueue admits it against the profiling pool's flavor.
+    training Job is; Kueue admits it against the profiling pool's flavor. `model`: the job's Hugging Face
+    model; without an inline config the profiler reads its config.json from the model's claim (mounted
+    read-only) or from the hub (memfit.kube.hub.profile_model_access).
     """
+    model_mounts, model_volumes, model_env = profile_model_access(model, pod)
     peft_args: list[str] = []
     if lora_targets:
         peft_args = ["--lora-targets", ",".join(lora_targets), "--lora-rank", str(lora_rank)]
@@ -90,7 +95,7 @@ def build_profile_job(
         "args": ["--problem", f"{PLAN_MOUNT}/problem.json", "--out", "/tmp/profile.json",
                  "--optimizer", optimizer, "--optimizer8bit", _toggle(optimizer8bit),
                  *(["--depth", "reduced"] if depth == "reduced" else []), *peft_args],
-        "env": [{"name": "MEMFIT_JOB", "value": owner.name}],
+        "env": [{"name": "MEMFIT_JOB", "value": owner.name}, *model_env],
         "resources": {"limits": {GPU_RESOURCE: "1"}},
         "terminationMessagePath": "/dev/termination-log",
         "terminationMessagePolicy": "File",
@@ -98,6 +103,7 @@ def build_profile_job(
         "volumeMounts": [
             {"name": "problem", "mountPath": PLAN_MOUNT, "readOnly": True},
             {"name": "tmp", "mountPath": "/tmp"},
+            *model_mounts,
         ],
     }
     pod_spec: Manifest = {
@@ -109,6 +115,7 @@ def build_profile_job(
         "volumes": [
             {"name": "problem", "configMap": {"name": profile_input_name(owner.name)}},
             {"name": "tmp", "emptyDir": {}},
+            *model_volumes,
         ],
         "automountServiceAccountToken": False,
     }

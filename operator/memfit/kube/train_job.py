@@ -7,7 +7,7 @@ from pydantic import ValidationError
 from memfit.api.common import Offload
 from memfit.api.job import MemoryOptimizedTrainingJobSpec, PlanSummary
 from memfit.api.plan import Plan
-from memfit.api.termination import DEFAULT_TERMINATION_MESSAGE_PATH, FAIL_JOB_EXIT_CODES
+from memfit.api.termination import DEFAULT_TERMINATION_MESSAGE_PATH, EXIT_INVALID_PLAN, FAIL_JOB_EXIT_CODES
 from memfit.kube.checkpoints import checkpoint_volume
 from memfit.kube.common import (
     GPU_RESOURCE,
@@ -20,6 +20,7 @@ from memfit.kube.common import (
     pod_security_context,
     tolerations,
 )
+from memfit.kube.hub import hub_env
 from memfit.kube.kueue import LABEL_QUEUE
 from memfit.kube.names import (
     ANNOTATION_PLAN,
@@ -43,6 +44,8 @@ from memfit.kube.names import (
 
 RETRYABLE_POD_FAILURES = 3  # other crashes: the pod restarts and resumes from the last checkpoint
 SHM_MIN_BYTES = 1 << 30
+FETCH_CONTAINER = "fetch-model"  # the init container of the download step (memfit-trainer fetch)
+HUB_CACHE = f"{CHECKPOINT_MOUNT}/.hub"  # HF_HOME: the hub cache on the checkpoint volume, shared by attempts
 COMPLETION_INDEX = "metadata.annotations['batch.kubernetes.io/job-completion-index']"
 
 
@@ -133,6 +136,19 @@ def _output_env(*, owner: Owner, spec: MemoryOptimizedTrainingJobSpec) -> list[M
     return env
 
 
+def named_claims(spec: MemoryOptimizedTrainingJobSpec) -> list[tuple[str, str]]:
+    """(field path, claim) of every PersistentVolumeClaim the job names for its model, data and output."""
+    named: list[tuple[str, str]] = []
+    hf = spec.problem.huggingface
+    if hf is not None and hf.volume_claim:
+        named.append(("spec.problem.huggingface.volumeClaim", hf.volume_claim))
+    if spec.data is not None and spec.data.files is not None:
+        named.append(("spec.data.files.volumeClaim", spec.data.files.volume_claim))
+    if spec.output is not None:
+        named.append(("spec.output.volumeClaim", spec.output.volume_claim))
+    return named
+
+
 def source_claims(spec: MemoryOptimizedTrainingJobSpec) -> list[str]:
     """The PersistentVolumeClaims the trainer reads from (pretrained model, dataset), each once, sorted."""
     claims: set[str] = set()
@@ -144,10 +160,13 @@ def source_claims(spec: MemoryOptimizedTrainingJobSpec) -> list[str]:
     return sorted(claims)
 
 
-def _source_volumes(spec: MemoryOptimizedTrainingJobSpec) -> tuple[list[Manifest], list[Manifest], list[Manifest]]:
-    """Read-only mounts of the model and data claims at /memfit/volumes/<claim>, and the environment that
-    says where they are and how to reach the hub: HF_TOKEN from the user's Secret (a reference, never the
-    value), HF_HUB_OFFLINE when nothing comes from the hub."""
+def _source_volumes(
+    spec: MemoryOptimizedTrainingJobSpec, pod: PodSettings
+) -> tuple[list[Manifest], list[Manifest], list[Manifest]]:
+    """Read-only mounts of the model and data claims at /memfit/volumes/<claim>, and the trainer's
+    environment for them and for the hub: HF_HOME on the checkpoint volume (where the download step put
+    a hub model), HF_HUB_OFFLINE unless a hub dataset is read, HF_TOKEN from the user's Secret (a
+    reference, never the value) and HF_ENDPOINT (a mirror, chart value hub.endpoint)."""
     mounts: list[Manifest] = []
     volumes: list[Manifest] = []
     for index, claim in enumerate(source_claims(spec)):
@@ -156,15 +175,34 @@ def _source_volumes(spec: MemoryOptimizedTrainingJobSpec) -> tuple[list[Manifest
         volumes.append({"name": name, "persistentVolumeClaim": {"claimName": claim, "readOnly": True}})
     env: list[Manifest] = [{"name": "MEMFIT_VOLUMES_DIR", "value": VOLUMES_MOUNT}] if volumes else []
     hf = spec.problem.huggingface
-    if hf is not None and hf.token_secret_ref is not None:
-        ref = hf.token_secret_ref
-        env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}})
-    hub_model = hf is not None and hf.volume_claim is None and (hf.config is None or (hf.initialize is not None
-                                                                 and hf.initialization.value == "pretrained"))
     hub_data = spec.data is not None and spec.data.huggingface is not None
-    if hf is not None and not hub_model and not hub_data:
+    if hf is not None and (hf.hub_weights or hub_data):
+        env += hub_env(hf, pod, home=HUB_CACHE)
+    if hf is not None and not hub_data:
         env.append({"name": "HF_HUB_OFFLINE", "value": "1"})
     return mounts, volumes, env
+
+
+def _fetch_container(spec: MemoryOptimizedTrainingJobSpec, pod: PodSettings) -> Manifest:
+    """The download step: `memfit-trainer fetch` puts the hub model into HF_HOME on the checkpoint volume
+    once (a later attempt or a replaced pod finds it there); the trainer then reads it offline."""
+    return {
+        "name": FETCH_CONTAINER,
+        "image": pod.image,
+        "imagePullPolicy": pod.image_pull_policy,
+        "command": ["memfit-trainer", "fetch"],
+        "args": ["--plan", f"{PLAN_MOUNT}/plan.json"],
+        "env": hub_env(spec.problem.huggingface, pod, home=HUB_CACHE) if spec.problem.huggingface else [],
+        "resources": {"requests": {"cpu": "1", "memory": "1Gi"}},
+        "terminationMessagePath": DEFAULT_TERMINATION_MESSAGE_PATH,
+        "terminationMessagePolicy": "File",
+        "securityContext": container_security_context(),
+        "volumeMounts": [
+            {"name": "plan", "mountPath": PLAN_MOUNT, "readOnly": True},
+            {"name": "tmp", "mountPath": "/tmp"},
+            {"name": "checkpoints", "mountPath": CHECKPOINT_MOUNT},
+        ],
+    }
 
 
 def build_training_job(
@@ -205,7 +243,7 @@ def build_training_job(
         if claim
         else {"name": "checkpoints", "emptyDir": {}}
     )
-    source_mounts, source_volumes, source_env = _source_volumes(spec)
+    source_mounts, source_volumes, source_env = _source_volumes(spec, pod)
     mounts += source_mounts
     volumes += source_volumes
     output = spec.output
@@ -256,6 +294,8 @@ def build_training_job(
         "volumes": volumes,
         "automountServiceAccountToken": False,
     }
+    if spec.problem.huggingface is not None and spec.problem.huggingface.hub_weights:
+        pod_spec["initContainers"] = [_fetch_container(spec, pod)]
     if spec.scheduling.priority_class_name:
         pod_spec["priorityClassName"] = spec.scheduling.priority_class_name
     if pod.service_account:
@@ -288,11 +328,21 @@ def build_training_job(
                             "values": list(FAIL_JOB_EXIT_CODES),
                         },
                     },
+                    *_fetch_failure_rule(spec),
                 ]
             },
             "template": {"metadata": {"labels": pod_labels}, "spec": pod_spec},
         },
     }
+
+
+def _fetch_failure_rule(spec: MemoryOptimizedTrainingJobSpec) -> list[Manifest]:
+    """A model the hub refuses (no such repository or revision, a token that may not read it) is not
+    retried: the fields are wrong. An unreachable hub is (the Job's backoff)."""
+    if spec.problem.huggingface is None or not spec.problem.huggingface.hub_weights:
+        return []
+    rule = {"containerName": FETCH_CONTAINER, "operator": "In", "values": [EXIT_INVALID_PLAN]}
+    return [{"action": "FailJob", "onExitCodes": rule}]
 
 
 def build_pod_group(*, owner: Owner, plan: Plan) -> Manifest:

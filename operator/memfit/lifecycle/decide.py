@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from contextlib import nullcontext
 
-from memfit.api.job import MemoryOptimizedTrainingJobSpec
+from memfit.api.job import MemoryOptimizedTrainingJobSpec, Phase
 from memfit.kube.names import train_job_name
 from memfit.lifecycle import conditions as c
 from memfit.lifecycle.draft import Draft
@@ -34,6 +34,19 @@ def decide(snap: Snapshot, *, timer: Timer = nullcontext) -> Decision:
     return draft.decision()
 
 
+def _wait_for_claims(draft: Draft, snap: Snapshot) -> None:
+    """A model, data or output claim the job names does not exist: no pod is created (it would stay
+    Pending); the job waits in Planning, saying which field names which claim (the resync looks again)."""
+    missing = "; ".join(
+        f"{field}: PersistentVolumeClaim {snap.job.namespace}/{claim} does not exist" for field, claim in snap.missing_claims
+    )
+    msg = f"{missing}; create it (the job starts when it exists) or fix the field"
+    if draft.condition_reason(c.PLANNED) != c.INPUT_CLAIM_MISSING:
+        draft.event(c.INPUT_CLAIM_MISSING, msg, warning=True)
+    draft.set(c.PLANNED, False, c.INPUT_CLAIM_MISSING, msg)
+    draft.enter(Phase.PLANNING, msg)
+
+
 def _advance(draft: Draft, snap: Snapshot, spec: MemoryOptimizedTrainingJobSpec, timer: Timer) -> None:
     current = draft.current
     active = current is not None and current.outcome.active
@@ -43,6 +56,11 @@ def _advance(draft: Draft, snap: Snapshot, spec: MemoryOptimizedTrainingJobSpec,
     if current is not None and active:
         monitor_step(draft, snap, spec, digest)
         return
+    if snap.missing_claims:
+        _wait_for_claims(draft, snap)
+        return
+    if draft.condition_reason(c.PLANNED) == c.INPUT_CLAIM_MISSING:
+        draft.set(c.PLANNED, None, c.NOT_YET, "the claims the job names exist")
     profile = profile_step(draft, snap, spec, digest)
     if profile is None:
         return

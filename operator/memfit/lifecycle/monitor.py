@@ -20,7 +20,7 @@ from memfit.lifecycle.images import image_blocked, image_gives_up, image_message
 from memfit.lifecycle.launch import launch_effects
 from memfit.lifecycle.learning import ALLOCATOR_METERS, learn
 from memfit.lifecycle.observed import JobSummary, PodSummary
-from memfit.lifecycle.progress import progress_of
+from memfit.lifecycle.progress import final_progress, progress_of
 from memfit.lifecycle.queueing import queue_step
 from memfit.lifecycle.result import Ensure
 from memfit.lifecycle.snapshot import Snapshot
@@ -104,17 +104,12 @@ def _succeeded(
     draft: Draft, snap: Snapshot, plan: Plan, job: JobSummary, measured: int | None, digest: str
 ) -> None:
     draft.finish_attempt(AttemptOutcome.SUCCEEDED, measured=measured, reason="training completed")
-    if draft.progress is not None:
-        # The job ended between two reads: show it finished, with the final loss it reported.
-        done = next((p.message for p in job.pods if p.message.get("reason") == "Completed"), {})
-        final, resumed = done.get("finalLoss"), done.get("resumedFromStep")
-        steps = plan.training.max_steps if plan.training is not None else draft.progress.max_steps
-        draft.progress = draft.progress.model_copy(update={
-            "step": steps, "steps": f"{steps}/{draft.progress.max_steps}", "eta_seconds": 0, "eta": "0s",
-            "loss": round(float(final), 6) if isinstance(final, int | float) else draft.progress.loss,
-            "resumed_from_step": resumed if isinstance(resumed, int) else draft.progress.resumed_from_step,
-            "updated_at": snap.now,
-        })  # fmt: skip
+    done = next((p.message for p in job.pods if p.message.get("reason") == "Completed"), {})
+    if draft.progress is not None or done:
+        # Shown finished with the final loss and the run's rate, also when it ended before any read.
+        max_steps = plan.training.max_steps if plan.training is not None else _spec_max_steps(snap, draft)
+        attempt = snap.attempt.index if snap.attempt is not None else plan.attempt
+        draft.progress = final_progress(draft.progress, done, max_steps=max_steps, attempt=attempt, now=snap.now)
     draft.measured_peak_bytes = measured
     predicted = plan.memory.peak_bytes
     meters = {str(p.message.get(KEY_MEMORY_METER, "")) for p in job.pods} - {""}
@@ -264,3 +259,9 @@ def mib(value: int) -> str:
 
 def gib(value: int | None) -> str:
     return "n/a" if value is None else f"{value / 2**30:.2f}Gi"
+
+
+def _spec_max_steps(snap: Snapshot, draft: Draft) -> int:
+    if snap.spec is not None:
+        return snap.spec.training.max_steps
+    return draft.progress.max_steps if draft.progress is not None else 1

@@ -151,6 +151,13 @@ def summarize_pod(pod: Manifest) -> PodSummary:
             exit_code = terminated.get("exitCode")
             reason = str(terminated.get("reason") or "")
             raw = str(terminated.get("message") or "")
+    for cs in status.get("initContainerStatuses") or []:
+        # A failed download step (memfit-trainer fetch) is why the pod failed: its message says which field.
+        terminated = (cs.get("state") or {}).get("terminated") or {}
+        if exit_code is None and terminated.get("exitCode") not in (None, 0):
+            exit_code = terminated.get("exitCode")
+            reason = str(terminated.get("reason") or "")
+            raw = str(terminated.get("message") or "")
     message = parse_message(raw)
     return PodSummary(
         name=pod["metadata"]["name"],

@@ -163,6 +163,7 @@ def profile_step(
                     optimizer8bit=str(spec.strategy.optimizer8bit.value),
                     depth=choice.depth,
                     queue=spec.scheduling.kueue_queue,
+                    model=spec.problem.huggingface,
                     **_lora_check(spec),
                 )
             )

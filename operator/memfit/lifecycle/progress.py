@@ -67,6 +67,32 @@ def progress_of(sample: TrainerSample, *, max_steps: int, data_parallel: int, no
     )
 
 
+def final_progress(
+    previous: Progress | None, done: Mapping[str, object], *, max_steps: int, attempt: int, now: datetime
+) -> Progress:
+    """status.progress of a finished job from rank 0's Completed message, also when the job ended before
+    any read (a short run between two reads): every step done, the final loss, and the run's mean step
+    time and whole-job rate where the trainer reported them (older trainers: what the last read saw)."""
+    final, resumed = done.get("finalLoss"), done.get("resumedFromStep")
+    step_seconds, tokens = done.get("stepSeconds"), done.get("tokensPerSecond")
+    base = previous or Progress(step=0, max_steps=max_steps, steps="", attempt=attempt, updated_at=now)
+    return base.model_copy(update={
+        "step": max_steps, "steps": f"{max_steps}/{base.max_steps}", "eta_seconds": 0, "eta": "0s",
+        "loss": _round(_number(final)) if _number(final) is not None else base.loss,
+        "step_seconds": _round(_number(step_seconds), 4) if _number(step_seconds) is not None else base.step_seconds,
+        "tokens_per_second": _round(_number(tokens), 1) if _number(tokens) is not None else base.tokens_per_second,
+        "resumed_from_step": resumed if isinstance(resumed, int) else base.resumed_from_step,
+        "attempt": attempt, "updated_at": now,
+    })  # fmt: skip
+
+
+def _number(value: object) -> float | None:
+    """A finite, non-negative number from a termination message (JSON), else None."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+        return None
+    return float(value)
+
+
 def format_eta(seconds: int) -> str:
     """Seconds for people, in the two largest units: 45s, 4m05s, 1h05m, 3d04h."""
     if seconds < 60:
@@ -85,5 +111,5 @@ def _finite(value: float | None) -> float | None:
     return value if value is not None and math.isfinite(value) else None
 
 
-def _round(value: float | None) -> float | None:
-    return round(value, 6) if value is not None else None
+def _round(value: float | None, digits: int = 6) -> float | None:
+    return round(value, digits) if value is not None else None

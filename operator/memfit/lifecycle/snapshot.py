@@ -63,6 +63,7 @@ class LaunchSettings:
     service_account: str = ""
     pod_group_enabled: bool = False
     checkpoints: CheckpointStorage = field(default_factory=CheckpointStorage)
+    hub_endpoint: str = ""  # HF_ENDPOINT of the pods (chart value hub.endpoint: a mirror)
 
     def pod(self, spec: MemoryOptimizedTrainingJobSpec) -> PodSettings:
         return PodSettings(
@@ -70,6 +71,7 @@ class LaunchSettings:
             image_pull_policy=self.image_pull_policy,
             extra_labels=dict(self.extra_pod_labels),
             service_account=self.service_account,
+            hub_endpoint=self.hub_endpoint,
         )
 
 
@@ -133,6 +135,9 @@ class Snapshot:
     attempt: AttemptChildren | None = None  # read while an attempt is active
     recorded_plan: RecordedPlan | None = None  # the next attempt's plan ConfigMap, if it exists
     checkpoint_claim: ClaimObserved | None = None  # read before a launch; None = not read (emptyDir)
+    # (field, claim) of the model, data and output claims the job names that do not exist (read before
+    # profiling and launching; empty when all exist or none are named)
+    missing_claims: tuple[tuple[str, str], ...] = ()
 
     def pools(self) -> World:
         """The world; a decision that needs it on a snapshot read without it is a reader bug."""

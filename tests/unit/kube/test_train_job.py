@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 from factories import OWNER, PLACEMENT, POD, make_plan, make_spec
 from memfit.api.common import Offload
@@ -189,10 +190,37 @@ def test_finetune_mounts_model_and_data_claims_read_only_and_stays_offline() -> 
     assert env["HF_HUB_OFFLINE"] == "1" and "HF_TOKEN" not in env
 
 
-def test_hub_model_token_comes_from_the_secret_by_reference() -> None:
+def test_hub_model_is_downloaded_once_by_the_fetch_init_container_and_trained_offline() -> None:
+    """The download step: `memfit-trainer fetch` fills HF_HOME on the checkpoint volume with the token by
+    reference and the mirror endpoint; the trainer reads the same cache with the hub off. A refused model
+    (exit 88 of the init container) fails the Job at once; an unreachable hub is retried."""
     spec = make_spec(problem={"huggingface": {"model": "meta-llama/Llama-3.2-1B", "revision": "main",
                                               "tokenSecretRef": {"name": "hf-token"}}})
-    job = build_training_job(owner=OWNER, spec=spec, plan=make_plan(), placement=PLACEMENT, pod=POD)
+    mirror = replace(POD, hub_endpoint="https://hub-mirror.internal")
+    job = build_training_job(owner=OWNER, spec=spec, plan=make_plan(), placement=PLACEMENT, pod=mirror)
+    pod = job["spec"]["template"]["spec"]
+    [fetch] = pod["initContainers"]
+    assert fetch["name"] == "fetch-model" and fetch["image"] == POD.image
+    assert fetch["command"] == ["memfit-trainer", "fetch"] and fetch["args"] == ["--plan", "/etc/memfit/plan.json"]
+    fetch_env = {e["name"]: e.get("value", e.get("valueFrom")) for e in fetch["env"]}
+    token = {"secretKeyRef": {"name": "hf-token", "key": "token"}}
+    assert fetch_env == {"HF_HOME": "/checkpoints/.hub", "HF_TOKEN": token, "HF_ENDPOINT": "https://hub-mirror.internal"}
+    assert {m["name"]: m["mountPath"] for m in fetch["volumeMounts"]}["checkpoints"] == "/checkpoints"
     env = _env(job)
-    assert env["HF_TOKEN"] == {"secretKeyRef": {"name": "hf-token", "key": "token"}}
-    assert "HF_HUB_OFFLINE" not in env and "MEMFIT_VOLUMES_DIR" not in env
+    assert env["HF_HOME"] == "/checkpoints/.hub" and env["HF_HUB_OFFLINE"] == "1"
+    assert env["HF_TOKEN"] == token and "MEMFIT_VOLUMES_DIR" not in env
+    rules = job["spec"]["podFailurePolicy"]["rules"]
+    assert {"action": "FailJob", "onExitCodes": {"containerName": "fetch-model", "operator": "In",
+                                                 "values": [88]}} in rules  # fmt: skip
+    # Nothing to download: a volume model, random weights from an inline config.
+    for problem in (FINETUNE["problem"], {"huggingface": {"model": "x/y", "config": {"model_type": "llama"}}}):
+        plain = build_training_job(owner=OWNER, spec=make_spec(problem=problem), plan=make_plan(),
+                                   placement=PLACEMENT, pod=mirror)  # fmt: skip
+        assert "initContainers" not in plain["spec"]["template"]["spec"]
+        assert "HF_ENDPOINT" not in _env(plain) and _env(plain)["HF_HUB_OFFLINE"] == "1"
+
+
+def test_hub_dataset_keeps_the_trainer_online_with_the_token() -> None:
+    spec = make_spec(problem=FINETUNE["problem"], data={"huggingface": {"name": "org/corpus"}})
+    env = _env(build_training_job(owner=OWNER, spec=spec, plan=make_plan(), placement=PLACEMENT, pod=POD))
+    assert "HF_HUB_OFFLINE" not in env and env["HF_HOME"] == "/checkpoints/.hub"

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import math
 from datetime import timedelta
 
 import pytest
-from lifecycle_harness import T0, Harness, quickstart
+from lifecycle_harness import T0, Harness, quickstart, terminated
 from memfit.api.job import Phase
-from memfit.lifecycle.progress import format_eta, progress_of, trainer_sample
+from memfit.lifecycle.progress import final_progress, format_eta, progress_of, trainer_sample
 from memfit.lifecycle.snapshot import PROGRESS_SECONDS, TrainerSample
 
 RANK0 = {
@@ -122,6 +123,32 @@ def test_success_shows_the_job_finished() -> None:
     assert progress is not None and (progress.step, progress.steps, progress.eta) == (200, "200/200", "0s")
 
 
+def test_a_job_that_ends_between_two_reads_shows_its_rate_from_the_completed_message() -> None:
+    """A short run can finish before the first read (reads are 15 s apart): rank 0's Completed message
+    (final loss, mean step time, whole-job tokens/s) is the progress the status and the gauges show."""
+    h = Harness(spec=quickstart(training={"globalBatchSize": 8, "maxSteps": 200}))
+    pod = _running(h)
+    h.metrics = None  # never read while it ran
+    h.reconcile()
+    assert h.stored.progress is None
+    done = {"reason": "Completed", "rank": 0, "steps": 200, "peakBytes": 1000, "finalLoss": 1.25,
+            "stepSeconds": 0.125, "tokensPerSecond": 4096.0, "memoryMeter": "cpu-allocator"}  # fmt: skip
+    h.pods[pod]["status"] = {"phase": "Succeeded", **terminated(0, json.dumps(done), reason="Completed")}
+    h.finish("j-train-0")
+    h.reconcile()
+    progress = h.stored.progress
+    assert h.stored.phase == Phase.SUCCEEDED
+    assert progress is not None and (progress.step, progress.steps, progress.eta) == (200, "200/200", "0s")
+    assert (progress.loss, progress.step_seconds, progress.tokens_per_second) == (1.25, 0.125, 4096.0)
+
+
+def test_final_progress_keeps_what_an_older_trainer_did_not_report() -> None:
+    read = progress_of(trainer_sample(RANK0, attempt=0), max_steps=1000, data_parallel=2, now=T0)  # type: ignore[arg-type]
+    final = final_progress(read, {"reason": "Completed", "finalLoss": "nan?"}, max_steps=1000, attempt=0, now=T0)
+    assert (final.step, final.eta_seconds, final.loss) == (1000, 0, read.loss)
+    assert (final.tokens_per_second, final.step_seconds) == (read.tokens_per_second, read.step_seconds)
+
+
 # --- checkpoint storage -------------------------------------------------------------------------------
 def test_default_claim_is_created_and_recorded() -> None:
     h = Harness()
@@ -163,3 +190,29 @@ def test_empty_dir_only_when_asked_and_said() -> None:
     assert ("PersistentVolumeClaim", "j-checkpoints") not in h.objects and ("Job", "j-train-0") in h.objects
     assert h.condition("CheckpointStorage")[:2] == ("False", "EphemeralCheckpoints")
     assert h.stored.checkpoint_claim is None
+
+
+def test_a_missing_model_data_or_output_claim_creates_nothing_and_says_which_field() -> None:
+    """A pod mounting a claim that does not exist would stay Pending with only the scheduler's word for it:
+    the job waits in Planning instead, naming the field and the claim, and starts once the claim exists."""
+    spec = quickstart(
+        problem={"huggingface": {"volumeClaim": "models", "path": "llama", "sequenceLength": 32,
+                                 "config": {"model_type": "llama", "hidden_size": 32, "intermediate_size": 64,
+                                            "num_hidden_layers": 2, "num_attention_heads": 4,
+                                            "num_key_value_heads": 2, "vocab_size": 400}}},
+        data={"files": {"volumeClaim": "corpus", "path": "train.jsonl"}},
+    )  # fmt: skip
+    h = Harness(spec=spec)
+    h.objects[("PersistentVolumeClaim", "models")] = {"spec": {"accessModes": ["ReadWriteMany"]}}
+    decision = h.reconcile()
+    assert not any(kind == "Job" for kind, _ in h.objects), list(h.objects)
+    status, reason, message = h.condition("Planned")
+    assert (status, reason) == ("False", "VolumeClaimMissing")
+    assert message.startswith("spec.data.files.volumeClaim: PersistentVolumeClaim ns/corpus does not exist"), message
+    assert "models" not in message and h.stored.phase == Phase.PLANNING
+    assert [e.reason for e in decision.events] == ["VolumeClaimMissing"]
+    assert h.reconcile().events == ()  # no event storm while it stays missing
+    h.objects[("PersistentVolumeClaim", "corpus")] = {"spec": {"accessModes": ["ReadWriteMany"]}}
+    h.reconcile()
+    assert any(kind == "Job" for kind, _ in h.objects), list(h.objects)  # profiling (or training) starts
+    assert h.condition("Planned")[1] != "VolumeClaimMissing"

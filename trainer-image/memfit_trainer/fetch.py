@@ -1,0 +1,119 @@
+"""`memfit-trainer fetch`: the download step. A training pod's init container downloads the hub model of
+its Plan once into HF_HOME on the job's checkpoint volume; the trainer then loads it with the hub off
+(HF_HUB_OFFLINE), so a re-planned attempt or a replaced pod reads the same files without downloading
+again, and a hub that is down or a token that is refused fails here, with a message naming the field.
+
+The hub is whatever HF_ENDPOINT names (a mirror, or the hub itself); the token comes from HF_TOKEN
+(`problem.huggingface.tokenSecretRef`) and is never printed.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+from memfit.api.plan import Plan
+
+from memfit_trainer.termination import (
+    Reason,
+    TerminationMessage,
+    exit_code,
+    termination_path,
+    write_termination_message,
+)
+
+BASE = "spec.problem.huggingface"
+# Files from_pretrained never reads for a PyTorch model: other frameworks' weights, originals, exports.
+IGNORED = ["*.msgpack", "*.h5", "*.ot", "*.onnx", "*.onnx_data", "*.gguf", "*.tflite", "original/*", "onnx/*"]
+
+
+class FetchError(Exception):
+    def __init__(self, reason: Reason, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+def hub_model(plan: Plan) -> tuple[str, str | None] | None:
+    """(model id, revision) when the Plan loads pretrained weights from the hub, else None."""
+    hf = plan.problem.huggingface if plan.problem is not None else None
+    if hf is None or not hf.hub_weights or hf.model is None:
+        return None  # weights from a volume, or random weights from the inline config
+    return hf.model, hf.revision
+
+
+def fetch(plan: Plan, environ: Mapping[str, str]) -> Path | None:
+    """Download the Plan's hub model into the hub cache (HF_HOME); the snapshot folder, or None when the
+    Plan has nothing on the hub. Files already in the cache are not downloaded again."""
+    found = hub_model(plan)
+    if found is None:
+        return None
+    model, revision = found
+    from huggingface_hub import constants, snapshot_download
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        HfHubHTTPError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
+
+    token = environ.get("HF_TOKEN") or None
+    hf = plan.problem.huggingface if plan.problem is not None else None
+    remote_code = ["*.py"] if hf is not None and hf.trust_remote_code else []
+    try:
+        folder = snapshot_download(model, revision=revision, token=token,
+                                   ignore_patterns=[p for p in IGNORED if p not in remote_code])  # fmt: skip
+    except RevisionNotFoundError as error:
+        raise FetchError(Reason.INVALID_PLAN, f"{BASE}.revision: {revision!r} is not a revision of {model!r} "
+                         f"on {constants.ENDPOINT} ({_first_line(error)})") from error  # fmt: skip
+    except (GatedRepoError, RepositoryNotFoundError) as error:
+        with_token = "with the token of tokenSecretRef" if token else "without a token (no tokenSecretRef)"
+        raise FetchError(Reason.INVALID_PLAN, f"{BASE}.model: {model!r} was refused by {constants.ENDPOINT} "
+                         f"{with_token}: no such repository, or it is private or gated and needs "
+                         f"{BASE}.tokenSecretRef to a Secret with a token that may read it "
+                         f"({_first_line(error)})") from error  # fmt: skip
+    except HfHubHTTPError as error:
+        status = error.response.status_code if error.response is not None else None
+        if status in (401, 403):
+            raise FetchError(Reason.INVALID_PLAN, f"{BASE}.tokenSecretRef: {constants.ENDPOINT} refused the token "
+                             f"for {model!r} (HTTP {status}): give a Secret with a token that may read it "
+                             f"({_first_line(error)})") from error  # fmt: skip
+        raise FetchError(Reason.TRAINING_ERROR, f"{BASE}.model: could not download {model!r} from "
+                         f"{constants.ENDPOINT}: {_first_line(error)}") from error  # fmt: skip
+    except (LocalEntryNotFoundError, OSError) as error:
+        raise FetchError(Reason.TRAINING_ERROR, f"{BASE}.model: could not download {model!r} from "
+                         f"{constants.ENDPOINT}: {_first_line(error)}") from error  # fmt: skip
+    return Path(folder)
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return text[0][:300] if text else type(error).__name__
+
+
+def main(plan_path: Path, environ: Mapping[str, str] | None = None) -> int:
+    """The init container's command; exit codes and the termination message as for `train`."""
+    from memfit_trainer.plan_check import InvalidPlanError, load_plan, refuse_invalid
+
+    environ = os.environ if environ is None else environ
+    started = time.monotonic()
+    try:
+        plan = load_plan(plan_path)
+    except InvalidPlanError as error:
+        return refuse_invalid(error, rank=None, environ=environ)
+    try:
+        folder = fetch(plan, environ)
+    except FetchError as error:
+        print(f"memfit-trainer fetch: {error.reason}: {error}", file=sys.stderr)
+        message = TerminationMessage(reason=error.reason, message=str(error)[:1024])
+        write_termination_message(message, termination_path(dict(environ)))
+        return exit_code(error.reason)
+    if folder is None:
+        print("memfit-trainer fetch: nothing to download (the model comes from a volume or a config)")
+    else:
+        size = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+        print(f"memfit-trainer fetch: {size / 2**20:.1f} MiB in {folder} ({time.monotonic() - started:.1f}s)")
+    return 0
