@@ -26,7 +26,7 @@ from operator_ready import module_operator
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 TIMEOUT = 600.0
 JOB = "progress"
-MAX_STEPS = 600  # long enough for several progress reads after the kill on a fast idle machine
+MAX_STEPS = 400  # long enough for several progress reads after the kill on a fast idle machine
 EVERY = 10
 
 

@@ -90,9 +90,26 @@ def estimate_checkpoint_bytes(plan: Plan) -> int:
     return int(weights + optimizer)
 
 
+def estimate_hub_download_bytes(plan: Plan) -> int:
+    """Bytes of a hub model the download step puts on the claim (HF_HOME): its parameters at the
+    dtype its config names (`torch_dtype` / `dtype`), 4 bytes each when it names none; 0 when the
+    weights do not come from the hub."""
+    hf = plan.problem.huggingface if plan.problem is not None else None
+    if hf is None or not hf.hub_weights:
+        return 0
+    config = hf.config or {}
+    dtype = str(config.get("torch_dtype") or config.get("dtype") or "")
+    width = 2 if dtype in ("bfloat16", "float16") else 4
+    if plan.parameters:
+        return plan.parameters * width
+    unsharded = plan.memory.parameters_bytes * (plan.world_size if plan.zero_stage >= 3 else 1)
+    return unsharded * width // 2  # the breakdown holds 16-bit weights (or 4-bit for QLoRA: more)
+
+
 def estimate_claim_bytes(plan: Plan, *, min_bytes: int = DEFAULT_MIN_BYTES) -> int:
-    """The size memfit requests: the copies the trainer keeps, a margin, whole GiB, at least `min_bytes`."""
-    wanted = estimate_checkpoint_bytes(plan) * CHECKPOINT_COPIES * SIZE_MARGIN
+    """The size memfit requests: the copies the trainer keeps and a hub model's download, a margin,
+    whole GiB, at least `min_bytes`."""
+    wanted = (estimate_checkpoint_bytes(plan) * CHECKPOINT_COPIES + estimate_hub_download_bytes(plan)) * SIZE_MARGIN
     return max(min_bytes, math.ceil(wanted / GIB) * GIB)
 
 

@@ -45,6 +45,7 @@ PODS_NOT_CREATED = "PodsNotCreated"
 REPLANNING = "Replanning"
 INVALID_PLAN = "InvalidPlan"
 IMAGE_UNAVAILABLE = "ImageUnavailable"  # the image cannot start (not on the node, invalid, pull failing)
+CONTAINER_CONFIG_ERROR = "ContainerConfigError"  # a Secret/ConfigMap or key the pods name is missing
 IMAGE_PULL_FAILING = "ImagePullFailing"  # a pull is failing; the job fails if it lasts capacityTimeoutSeconds
 NOT_YET = "NotYet"
 SHARED_VOLUME = "SharedVolume"  # ReadWriteMany: every node of a multi-node plan reads and writes it

@@ -66,6 +66,8 @@ def monitor_step(draft: Draft, snap: Snapshot, spec: MemoryOptimizedTrainingJobS
         _failed(draft, snap, plan, job, measured, digest)
     elif (blocked := image_blocked(job)) is not None:
         _image_blocked(draft, snap, spec, job, blocked)
+    elif (unconfigured := next((p for p in job.pods if p.config_problem), None)) is not None:
+        _config_blocked(draft, snap, spec, job, unconfigured)
     elif job.suspended:
         # Created suspended for Kueue: admission (unsuspend) is Kueue's decision, not a capacity failure.
         draft.set(
@@ -197,6 +199,29 @@ def _image_blocked(
     if draft.condition_reason(c.RUNNING) != c.IMAGE_PULL_FAILING:
         draft.event(c.IMAGE_PULL_FAILING, message, warning=True)
     draft.set(c.RUNNING, False, c.IMAGE_PULL_FAILING, f"{message} (gives up after {timeout}s)")
+
+
+def _config_blocked(
+    draft: Draft, snap: Snapshot, spec: MemoryOptimizedTrainingJobSpec, job: JobSummary, pod: PodSummary
+) -> None:
+    """The kubelet cannot start a container: a Secret or key it names is missing (the hub token's,
+    usually). Said in a condition naming the field; the job fails once it lasted capacityTimeoutSeconds
+    (the kubelet retries, so creating the Secret in time lets it start)."""
+    message = f"pod {pod.name} cannot start: {pod.config_problem}"
+    hf = spec.problem.huggingface
+    ref = hf.token_secret_ref if hf is not None else None
+    if ref is not None and ref.name in pod.config_problem:
+        message = (f"spec.problem.huggingface.tokenSecretRef: Secret {snap.job.namespace}/{ref.name} with key "
+                   f"{ref.key!r} is needed by the pods; {message}")  # fmt: skip
+    timeout = spec.recovery.capacity_timeout_seconds
+    since = job.started_at
+    if since is not None and (snap.now - since).total_seconds() >= timeout:
+        draft.finish_attempt(AttemptOutcome.FAILED, reason=message[:1024])
+        draft.fail(c.CONTAINER_CONFIG_ERROR, f"{message} (for {timeout}s, capacityTimeoutSeconds)")
+        return
+    if draft.condition_reason(c.RUNNING) != c.CONTAINER_CONFIG_ERROR:
+        draft.event(c.CONTAINER_CONFIG_ERROR, message, warning=True)
+    draft.set(c.RUNNING, False, c.CONTAINER_CONFIG_ERROR, f"{message} (gives up after {timeout}s)")
 
 
 def _unschedulable(

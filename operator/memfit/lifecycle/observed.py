@@ -36,6 +36,7 @@ class PodSummary:
     running: bool = False
     image: str = ""  # the (first) container's image
     image_problem: str = ""  # why its image cannot run: "<reason>: <kubelet message>", "" when none
+    config_problem: str = ""  # CreateContainerConfigError: the kubelet's message (a Secret or key missing)
 
     @property
     def image_permanent(self) -> bool:
@@ -116,6 +117,8 @@ def parse_time(value: str | None) -> datetime | None:
 # containerStatuses[].state.waiting.reason values that mean the image cannot be run as asked.
 PERMANENT_IMAGE_REASONS = frozenset({"ErrImageNeverPull", "InvalidImageName"})
 IMAGE_REASONS = PERMANENT_IMAGE_REASONS | {"ErrImagePull", "ImagePullBackOff"}
+# The kubelet cannot build the container's config: a Secret, ConfigMap or key it names is missing.
+CONFIG_ERROR = "CreateContainerConfigError"
 
 
 def summarize_pod(pod: Manifest) -> PodSummary:
@@ -151,6 +154,11 @@ def summarize_pod(pod: Manifest) -> PodSummary:
             exit_code = terminated.get("exitCode")
             reason = str(terminated.get("reason") or "")
             raw = str(terminated.get("message") or "")
+    config_problem = ""
+    for cs in [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]:
+        waiting = (cs.get("state") or {}).get("waiting") or {}
+        if waiting.get("reason") == CONFIG_ERROR and not config_problem:
+            config_problem = str(waiting.get("message") or CONFIG_ERROR)[:400]
     for cs in status.get("initContainerStatuses") or []:
         # A failed download step (memfit-trainer fetch) is why the pod failed: its message says which field.
         terminated = (cs.get("state") or {}).get("terminated") or {}
@@ -171,6 +179,7 @@ def summarize_pod(pod: Manifest) -> PodSummary:
         running=running or phase == "Running",
         image=image,
         image_problem=image_problem,
+        config_problem=config_problem,
     )
 
 

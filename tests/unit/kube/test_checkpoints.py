@@ -16,6 +16,7 @@ from memfit.kube.checkpoints import (
     checkpoint_volume,
     estimate_checkpoint_bytes,
     estimate_claim_bytes,
+    estimate_hub_download_bytes,
     parse_quantity,
     quantity,
     shared_across_nodes,
@@ -111,6 +112,25 @@ def test_claim_size_is_three_copies_with_margin_in_whole_gib_above_the_floor() -
     assert build_checkpoint_claim(owner=OWNER, plan=plan, storage=storage)["spec"]["resources"] == {
         "requests": {"storage": "90Gi"}
     }
+
+
+def test_claim_also_holds_a_hub_models_download() -> None:
+    """The download step puts the hub model on the claim (HF_HOME): its parameters at the dtype its
+    config names, 4 bytes each when it names none; a volume or random-init model adds nothing."""
+    from memfit.api.problem import Problem
+
+    def hub(config: dict[str, object] | None, **hf: object) -> object:
+        problem = {"huggingface": {"model": "org/llama", "initialize": "pretrained", "sequenceLength": 64, **hf}}
+        if config is not None:
+            problem["huggingface"]["config"] = {"model_type": "llama", **config}  # type: ignore[index]
+        return make_plan(zero_stage=3, memory=_memory(parameters=GIB, optimizer=2 * GIB),
+                         problem=Problem.model_validate(problem), parameters=8 * GIB)  # fmt: skip
+
+    assert estimate_hub_download_bytes(hub({"torch_dtype": "bfloat16"})) == 16 * GIB  # 8 Gi params x 2 B
+    assert estimate_hub_download_bytes(hub(None)) == 32 * GIB  # dtype unknown: 4 B
+    assert estimate_claim_bytes(hub({"torch_dtype": "bfloat16"}), min_bytes=0) == 110 * GIB  # (72 + 16) x 1.25
+    volume = hub(None, volumeClaim="models", path="llama")
+    assert estimate_hub_download_bytes(volume) == 0
 
 
 def test_only_read_write_many_is_shared_across_nodes() -> None:

@@ -70,3 +70,28 @@ def test_a_container_that_dies_before_its_termination_message_is_named_with_its_
     _, reason, message = h.condition("Failed")
     assert reason == "TrainingFailed"
     assert f"exited 127 (Error) (image {IMAGE}) before writing a termination message" in message
+
+
+def test_a_missing_token_secret_is_named_and_fails_after_the_capacity_timeout() -> None:
+    """The kubelet cannot start a pod whose Secret is missing (CreateContainerConfigError, retried): the
+    job says which field names it, and fails once that lasted capacityTimeoutSeconds."""
+    h = launched(problem={"huggingface": {"model": "org/llama", "tokenSecretRef": {"name": "hf-token"},
+                                          "initialize": "pretrained", "sequenceLength": 64,
+                                          "config": {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
+                                                     "num_hidden_layers": 2, "num_attention_heads": 4,
+                                                     "vocab_size": 512}}},
+                 recovery={"capacityTimeoutSeconds": 300})  # fmt: skip
+    h.start("j-train-0")
+    init = {"name": "fetch-model", "state": {"waiting": {"reason": "CreateContainerConfigError",
+                                                         "message": 'secret "hf-token" not found'}}}  # fmt: skip
+    h.add_pod("j-train-0", phase="Pending", initContainerStatuses=[init])
+    decision = h.reconcile()
+    status, reason, message = h.condition("Running")
+    assert (status, reason) == ("False", "ContainerConfigError") and h.stored.phase != Phase.FAILED
+    assert message.startswith("spec.problem.huggingface.tokenSecretRef: Secret ns/hf-token with key 'token'")
+    assert 'secret "hf-token" not found' in message and "300s" in message
+    assert decision.reasons() == ["ContainerConfigError"]
+    assert h.reconcile().events == ()
+    h.later(301)
+    h.reconcile()
+    assert h.stored.phase == Phase.FAILED and h.condition("Failed")[1] == "ContainerConfigError"
