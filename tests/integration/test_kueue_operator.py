@@ -121,3 +121,60 @@ def test_plans_onto_the_pool_whose_quota_is_free(kube: Kube, namespace: str, ope
         assert pods and all(p["spec"]["nodeSelector"] == {"memfit.dev/pool": "l4-ondemand"} for p in pods)
     finally:
         delete(docs[-2:])
+
+
+def _custom(kube: Kube) -> Any:
+    from kubernetes import client
+
+    return client.CustomObjectsApi(kube.api_client)
+
+
+def _cluster_queue(kube: Kube, name: str, patch: dict[str, Any]) -> None:
+    _custom(kube).patch_cluster_custom_object("kueue.x-k8s.io", "v1beta2", "clusterqueues", name, patch)
+
+
+def test_a_job_whose_pool_loses_its_quota_moves_to_a_pool_with_quota(
+    kube: Kube, namespace: str, operator: Path
+) -> None:
+    """memfit plans onto t4-spot while the ClusterQueue has a T4 of quota (held: Kueue admits nothing
+    yet); then the queue's T4 quota goes to 0 and L4 quota appears. Kueue cannot admit the Job on t4-spot
+    (no quota) nor on l4-ondemand (memfit's nodeSelector says t4-spot); after capacityTimeoutSeconds memfit
+    ends the attempt (NoQuota) and re-plans onto l4-ondemand, where Kueue admits it and it trains."""
+    from memfit.controller.kubeapi import KubeApi
+    from memfit_testbed.profiles import seed_profile
+
+    docs = setup(namespace, {"t4-spot": 1, "l4-ondemand": 0})
+    cq = f"cq-{namespace}"
+    try:
+        _cluster_queue(kube, cq, {"spec": {"stopPolicy": "Hold"}})
+        spec = quickstart("moved", scheduling={"kueueQueue": "gpu"}, recovery={"capacityTimeoutSeconds": 20},
+                          placement={"nodePools": ["t4-spot", "l4-ondemand"], "maxNodes": 1,
+                                     "baseline": {"nodePool": "a100-80-ondemand", "nodes": 1}})  # fmt: skip
+        seed_profile(KubeApi.from_client(kube.api_client), namespace, spec)
+        create_job(kube, namespace, spec)
+        kube.wait("the training Job on t4-spot", lambda: kube.batch.list_namespaced_job(
+            namespace, label_selector="memfit.dev/job=moved,memfit.dev/component=trainer").items or None, timeout=90)
+        first = get_job(kube, namespace, "moved")
+        assert first["status"]["plan"]["nodePool"] == "t4-spot", first["status"]
+        groups = _custom(kube).get_cluster_custom_object("kueue.x-k8s.io", "v1beta2", "clusterqueues", cq)[
+            "spec"]["resourceGroups"]  # fmt: skip
+        for group in groups:
+            for flavor in group["flavors"]:
+                for res in flavor["resources"]:
+                    if res["name"] == "nvidia.com/gpu":
+                        res["nominalQuota"] = {"t4-spot": 0, "l4-ondemand": 4}.get(flavor["name"], 0)
+        _cluster_queue(kube, cq, {"spec": {"stopPolicy": "None", "resourceGroups": groups}})
+
+        job = wait_phase(kube, namespace, "moved", ("Succeeded", "Failed"), TIMEOUT, operator)
+        status = job["status"]
+        assert status["phase"] == "Succeeded", status
+        assert [(a["nodePool"], a["outcome"]) for a in status["attempts"]] == [
+            ("t4-spot", "NoCapacity"), ("l4-ondemand", "Succeeded")], status["attempts"]
+        assert "LocalQueue gpu has not admitted training Job moved-train-0 on t4-spot" in status["attempts"][0]["reason"]
+        assert "l4-ondemand has quota for" in status["attempts"][0]["reason"]
+        wl = workload_of(kube, namespace, "moved-train-1")
+        assert wl is not None and gpu_flavor(wl) == "l4-ondemand"
+        pods = kube.pods(namespace, "job-name=moved-train-1")
+        assert pods and all(p["spec"]["nodeSelector"] == {"memfit.dev/pool": "l4-ondemand"} for p in pods)
+    finally:
+        delete(docs[-2:])

@@ -46,6 +46,7 @@ from memfit.lifecycle.snapshot import (
     needs_profile_cache_to_learn,
     needs_profiling_job,
     needs_progress,
+    needs_quota_to_monitor,
     needs_world_to_monitor,
     next_attempt_index,
     parse_spec,
@@ -122,12 +123,16 @@ def observe_snapshot(
     if active is not None:
         digest = profile_key(spec, status, snap.settings, None if status.profile else pools.get())
         children = _attempt_children(api, ref, active.index, progress_due=needs_progress(status, snap.now))
+        quota_due = needs_quota_to_monitor(children.job, status, spec, snap.now)
+        world_then = pools.get() if needs_world_to_monitor(children) or status.profile is None or quota_due else None
+        if quota_due and world_then is not None and spec.scheduling.kueue_queue:
+            world_then = replace(world_then, queue_quota=_queue_quota(api, ref.namespace, spec.scheduling.kueue_queue))
         return replace(
             snap,
             attempt=children,
-            world=pools.get() if needs_world_to_monitor(children) or status.profile is None else None,
+            world=world_then,
             profile_cache=_profile_cache(api, ref.namespace, digest)
-            if needs_profile_cache_to_learn(children.job)
+            if needs_profile_cache_to_learn(children.job) or quota_due
             else None,
         )
     world_now = pools.get()

@@ -31,6 +31,7 @@ PLAN_FOUND = "PlanFound"
 NO_FIT = "NoFit"
 WAITING_FOR_CAPACITY = "WaitingForCapacity"
 WAITING_FOR_ADMISSION = "WaitingForAdmission"
+NO_QUOTA = "NoQuota"  # Kueue did not admit the job on its pool for capacityTimeoutSeconds: moved to another
 ADMITTED = "Admitted"  # Queued=False: Kueue admitted the child Job
 LAUNCHING = "Launching"
 PODS_RUNNING = "PodsRunning"

@@ -21,6 +21,7 @@ from memfit.lifecycle.launch import launch_effects
 from memfit.lifecycle.learning import ALLOCATOR_METERS, learn
 from memfit.lifecycle.observed import JobSummary, PodSummary
 from memfit.lifecycle.progress import final_progress, progress_of
+from memfit.lifecycle.queued import move_if_another_pool_has_quota
 from memfit.lifecycle.queueing import queue_step
 from memfit.lifecycle.result import Ensure
 from memfit.lifecycle.snapshot import Snapshot
@@ -69,13 +70,15 @@ def monitor_step(draft: Draft, snap: Snapshot, spec: MemoryOptimizedTrainingJobS
     elif (unconfigured := next((p for p in job.pods if p.config_problem), None)) is not None:
         _config_blocked(draft, snap, spec, job, unconfigured)
     elif job.suspended:
-        # Created suspended for Kueue: admission (unsuspend) is Kueue's decision, not a capacity failure.
+        # Created suspended for Kueue: admission (unsuspend) is Kueue's decision, not a capacity failure;
+        # after capacityTimeoutSeconds the job moves to another pool only if that one's quota fits it now.
         draft.set(
             c.RUNNING,
             False,
             c.WAITING_FOR_ADMISSION,
             f"training Job {name} is suspended until Kueue admits it (LocalQueue {spec.scheduling.kueue_queue})",
         )
+        move_if_another_pool_has_quota(draft, snap, spec, plan, job)
     elif any(p.unschedulable_since is not None for p in job.pods):
         _unschedulable(draft, snap, spec, plan, job)
     elif not _pods_not_created(draft, snap, spec, job):

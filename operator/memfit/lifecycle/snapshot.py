@@ -190,6 +190,19 @@ def next_attempt_index(status: MemoryOptimizedTrainingJobStatus) -> int:
     return len(status.attempts)
 
 
+def needs_quota_to_monitor(
+    job: JobSummary | None, status: MemoryOptimizedTrainingJobStatus, spec: MemoryOptimizedTrainingJobSpec,
+    now: datetime,
+) -> bool:
+    """A training Job Kueue has not admitted for capacityTimeoutSeconds: the monitor looks for another
+    pool whose quota could hold the job (memfit.lifecycle.queued), with the pools, the queue's quota
+    and the profile."""
+    if job is None or not job.queue or not job.suspended or job.finished or not status.attempts:
+        return False
+    started = status.attempts[-1].started_at
+    return started is not None and (now - started).total_seconds() >= spec.recovery.capacity_timeout_seconds
+
+
 def needs_profile_cache_to_learn(job: JobSummary | None) -> bool:
     """A monitored attempt that finished or ran out of memory stores its measured peak with the
     profile (read-modify-write of the cache), so the reader reads the cache for it."""

@@ -142,3 +142,39 @@ def test_a_queue_without_quota_for_any_fitting_pool_is_no_fit() -> None:
     status, reason, message = h.condition("Failed")
     assert (status, reason) == ("True", "NoFit")
     assert "ClusterQueue cq GPU quota free/nominal: none" in message
+
+
+# --- a pool whose quota stays used up (memfit.lifecycle.queued) ----------------------------------------
+def test_a_job_not_admitted_for_the_capacity_timeout_moves_to_a_pool_with_quota() -> None:
+    """Planned onto t4-spot while it had quota; another workload took it. After capacityTimeoutSeconds in
+    the queue, l4-ondemand has quota for a plan now: the attempt ends NoCapacity and the job re-plans
+    there (t4-spot excluded). Before the timeout, and while no other pool has quota, it keeps its place."""
+    h = queued_harness({"t4-spot": 1, "l4-ondemand": 0}, {})
+    h.reconcile()
+    assert h.stored.plan is not None and h.stored.plan.node_pool == "t4-spot"
+    h.objects[("ClusterQueue", "cq")] = cluster_queue({"t4-spot": 1, "l4-ondemand": 0}, {"t4-spot": 1})
+    workload(h, "j-train-0", QuotaReserved=("False", "Pending", NO_QUOTA))
+    h.later(60)
+    h.reconcile()
+    assert h.condition("Running")[:2] == ("False", "WaitingForAdmission") and len(h.stored.attempts) == 1
+    h.later(600)  # past the default capacityTimeoutSeconds, but l4-ondemand has no quota either
+    h.reconcile()
+    status, reason, message = h.condition("Running")
+    assert (status, reason) == ("False", "WaitingForAdmission") and len(h.stored.attempts) == 1
+    assert "it keeps its place in the queue" in message and "t4-spot 0/1" in message
+    assert not h.job("j-train-0").get("metadata", {}).get("deletionTimestamp")
+
+    h.objects[("ClusterQueue", "cq")] = cluster_queue({"t4-spot": 1, "l4-ondemand": 4}, {"t4-spot": 1})
+    decision = h.reconcile()
+    assert h.stored.attempts[0].outcome.value == "NoCapacity"
+    status, reason, message = h.condition("Running")
+    assert (status, reason) == ("False", "NoQuota")
+    assert message.startswith("LocalQueue team-a has not admitted training Job j-train-0 on t4-spot for 660s")
+    assert "l4-ondemand has quota for" in message
+    assert "NoQuota" in decision.reasons()
+    h.reconcile()  # the re-plan: the suspended Job goes, attempt 1 on l4-ondemand, through the queue
+    assert ("Job", "j-train-0") not in h.objects
+    assert h.stored.attempts[1].node_pool == "l4-ondemand"
+    job = h.job("j-train-1")
+    assert job["spec"]["suspend"] is True and job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a"
+    assert job["spec"]["template"]["spec"]["nodeSelector"] == {"memfit.dev/pool": "l4-ondemand"}
