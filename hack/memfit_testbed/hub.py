@@ -124,26 +124,36 @@ class StandInHub:
             return
         if kind == "info":
             siblings = [{"rfilename": f} for f in repo.files()]
-            self._send(handler, 200, {"id": repo_id, "modelId": repo_id, "sha": repo.commit, "private": repo.token
-                                      is not None, "siblings": siblings}, head=head)  # fmt: skip
+            public_id = repo_id.removeprefix("datasets/")
+            self._send(handler, 200, {"id": public_id, "modelId": public_id, "sha": repo.commit, "private": repo.token
+                                      is not None, "siblings": siblings, "cardData": {}, "tags": []}, head=head)  # fmt: skip
         elif kind == "tree":
             recursive = parse_qs(url.query).get("recursive", ["false"])[0].lower() == "true"
             self._send(handler, 200, self._tree(repo, file_path, recursive=recursive), head=head)
+        elif kind == "paths-info":
+            length = int(handler.headers.get("Content-Length") or 0)
+            form = parse_qs(handler.rfile.read(length).decode()) if length else {}
+            wanted = set(form.get("paths", []))
+            entries = [e for e in self._tree(repo, "", recursive=True) if e["path"] in wanted]
+            self._send(handler, 200, entries, head=head)
         else:
             self._send_file(handler, repo, file_path, head=head)
 
     @staticmethod
     def _route(path: str) -> tuple[str, str, str]:
-        """(repo id, info|tree|resolve, `<rev>[/<path>]`), or ('', '', '') for anything else."""
+        """(repo key, info|tree|resolve, `<rev>[/<path>]`), or ('', '', '') for anything else. A model's
+        key is its id (`org/name`), a dataset's `datasets/org/name`."""
         parts = path.strip("/").split("/")
-        if parts[:2] == ["api", "models"] and len(parts) >= 4:
-            repo = "/".join(parts[2:4])
+        if parts[:1] == ["api"] and len(parts) >= 4 and parts[1] in ("models", "datasets"):
+            repo = "/".join(parts[2:4]) if parts[1] == "models" else "datasets/" + "/".join(parts[2:4])
             if len(parts) == 4:
                 return repo, "info", REVISION
             if parts[4] == "revision" and len(parts) == 6:
                 return repo, "info", parts[5]
-            if parts[4] == "tree" and len(parts) >= 6:
-                return repo, "tree", "/".join(parts[5:])
+            if parts[4] in ("tree", "paths-info") and len(parts) >= 6:
+                return repo, parts[4], "/".join(parts[5:])
+        if parts[:1] == ["datasets"] and len(parts) >= 6 and parts[3] == "resolve":
+            return "/".join(parts[:3]), "resolve", "/".join(parts[4:])
         if len(parts) >= 5 and parts[2] == "resolve":
             return "/".join(parts[:2]), "resolve", "/".join(parts[3:])
         return "", "", ""

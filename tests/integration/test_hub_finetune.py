@@ -1,8 +1,9 @@
 """A private hub model fine-tuned through the operator: the stand-in hub (memfit_testbed.hub, on
 127.0.0.1) serves the tiny Llama only with a token, the operator runs with the chart's `hub.endpoint`
 pointing at it, and the job names only the model, its revision and a Secret with the token (no inline
-config). The profile pod reads the model's config.json from the hub; the training pod's init container
-downloads the model once into the checkpoint claim; the trainer reads it there with the hub off. A Secret with a token the hub refuses fails the job at once, naming the field."""
+config) and a private hub dataset. The profile pod reads the model's config.json from the hub; the
+training pod's init container downloads the model and prepares the dataset once in the checkpoint
+claim; the trainer reads both there with the hub off. A Secret with a token the hub refuses fails the job at once, naming the field."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from operator_ready import module_operator
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 TIMEOUT = 420.0
 REPO_ID = "memfit-test/tiny-llama"
+DATASET_ID = "memfit-test/corpus"
 TOKEN = "hf_stand_in_token_5678"  # a fake token for the stand-in
 
 
@@ -36,10 +38,15 @@ def volumes(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def hub(volumes: Path) -> Iterator[StandInHub]:
+def hub(volumes: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[StandInHub]:
     from memfit_testbed.finetune_data import MODEL_CLAIM, MODEL_PATH
 
-    with stand_in_hub({REPO_ID: HubRepo(volumes / MODEL_CLAIM / MODEL_PATH, token=TOKEN)}) as server:
+    corpus = tmp_path_factory.mktemp("corpus-repo")  # splits by file name, as on the hub
+    (corpus / "train.jsonl").write_bytes((volumes / "data" / "train.jsonl").read_bytes())
+    (corpus / "validation.jsonl").write_bytes((volumes / "data" / "eval.jsonl").read_bytes())
+    repos = {REPO_ID: HubRepo(volumes / MODEL_CLAIM / MODEL_PATH, token=TOKEN),
+             f"datasets/{DATASET_ID}": HubRepo(corpus, token=TOKEN)}  # fmt: skip
+    with stand_in_hub(repos) as server:
         yield server
 
 
@@ -72,7 +79,7 @@ def _secret(kube: Kube, namespace: str, name: str, token: str) -> None:
     })  # fmt: skip
 
 
-def _hub_job(name: str, secret: str, *, inline_config: bool = True) -> dict[str, Any]:
+def _hub_job(name: str, secret: str, *, inline_config: bool = True, hub_data: bool = False) -> dict[str, Any]:
     """examples/finetune-tiny.yaml with the model from the hub instead of the models volume, no output;
     without `inline_config` the job names only the model (the profile pod reads its config.json)."""
     doc = copy.deepcopy(yaml.safe_load((REPO / "examples" / "finetune-tiny.yaml").read_text()))
@@ -83,16 +90,18 @@ def _hub_job(name: str, secret: str, *, inline_config: bool = True) -> dict[str,
     hf |= {"model": REPO_ID, "revision": "main", "initialize": "pretrained", "tokenSecretRef": {"name": secret}}
     if not inline_config:
         hf.pop("config")
+    if hub_data:
+        doc["spec"]["data"] = {"huggingface": {"name": DATASET_ID, "split": "train"}, "evalSplit": "validation",
+                               "evalEverySteps": 3}  # fmt: skip
     doc["spec"].pop("output")
     return doc
 
 
-def test_a_private_hub_model_is_downloaded_once_and_fine_tuned(
+def test_a_private_hub_model_and_dataset_are_downloaded_once_and_fine_tuned(
     cluster: Any, kube: Kube, namespace: str, operator: Path, hub: StandInHub, volumes: Path
 ) -> None:
-    _corpus(cluster, kube, namespace, volumes)
     _secret(kube, namespace, "hf-token", TOKEN)
-    create_job(kube, namespace, _hub_job("hub-tiny", "hf-token", inline_config=False))
+    create_job(kube, namespace, _hub_job("hub-tiny", "hf-token", inline_config=False, hub_data=True))
     job = wait_phase(kube, namespace, "hub-tiny", ("Succeeded", "Failed"), TIMEOUT, operator)
     status = job["status"]
     assert status["phase"] == "Succeeded", status
@@ -103,6 +112,9 @@ def test_a_private_hub_model_is_downloaded_once_and_fine_tuned(
     assert len(weights) == 1, downloads  # once, by the init container; the trainer read the claim
     configs = [r for r in downloads if r.path.endswith("/config.json")]
     assert len(configs) == 2, downloads  # the profile pod (the shape, no weights), then the init container
+    corpus = [r for r in hub.requests if r.path.startswith(f"/datasets/{DATASET_ID}/resolve/") and r.method == "GET"]
+    assert sorted(r.path.rsplit("/", 1)[-1] for r in corpus if r.path.endswith(".jsonl")) == [
+        "train.jsonl", "validation.jsonl"]  # once each, by the init container  # fmt: skip
     asked = [r for r in hub.requests if REPO_ID in r.path]
     assert asked and all(r.authorized for r in asked), asked
     pods = kube.pods(namespace, "memfit.dev/job=hub-tiny,memfit.dev/component=trainer")

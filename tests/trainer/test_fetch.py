@@ -17,6 +17,7 @@ from memfit_testbed.hub import HubRepo, StandInHub, stand_in_hub
 from trainer_support import PYTHON, REPO, PlanBuilder, make_plan, run_cli, subprocess_env
 
 REPO_ID = "memfit-test/tiny-llama"
+DATASET_ID = "memfit-test/corpus"
 TOKEN = "hf_stand_in_token_1234"  # a fake token for the stand-in; never a real one
 EXIT_INVALID_PLAN = 88
 
@@ -29,8 +30,13 @@ def volumes(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def hub(volumes: Path) -> Iterator[StandInHub]:
-    with stand_in_hub({REPO_ID: HubRepo(volumes / MODEL_CLAIM / MODEL_PATH, token=TOKEN)}) as server:
+def hub(volumes: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[StandInHub]:
+    corpus = tmp_path_factory.mktemp("corpus-repo")  # train / validation splits by file name, as on the hub
+    (corpus / "train.jsonl").write_bytes((volumes / "data" / "train.jsonl").read_bytes())
+    (corpus / "validation.jsonl").write_bytes((volumes / "data" / "eval.jsonl").read_bytes())
+    repos = {REPO_ID: HubRepo(volumes / MODEL_CLAIM / MODEL_PATH, token=TOKEN),
+             f"datasets/{DATASET_ID}": HubRepo(corpus, token=TOKEN)}  # fmt: skip
+    with stand_in_hub(repos) as server:
         yield server
 
 
@@ -103,6 +109,51 @@ def test_a_refused_model_is_an_invalid_plan_naming_the_field(
     assert field in message["message"] and hub.endpoint in message["message"], message
     assert TOKEN not in message["message"] and "hf_wrong" not in message["message"]
     assert not list((tmp_path / "hub-cache").rglob("*.safetensors"))
+
+
+def test_a_private_hub_dataset_is_prepared_by_fetch_then_read_offline(
+    hub: StandInHub, volumes: Path, tmp_path: Path
+) -> None:
+    """spec.data from the hub: fetch prepares the train and eval splits in HF_HOME with the token; the
+    trainer tokenizes and evaluates them with the hub off."""
+    home = tmp_path / "hub-cache"
+    data = {"huggingface": {"name": DATASET_ID, "split": "train"}, "evalSplit": "validation", "evalEverySteps": 2}
+    plan = hub_plan(volumes).data(data).steps(4)
+    code, output, _ = fetch(plan, tmp_path / "fetch", {"HF_ENDPOINT": hub.endpoint, "HF_HOME": str(home),
+                                                        "HF_TOKEN": TOKEN})  # fmt: skip
+    assert code == 0, output[-3000:]
+    assert f"dataset '{DATASET_ID}' split(s) train, validation prepared" in output
+    downloads = [r for r in hub.requests if r.path.startswith(f"/datasets/{DATASET_ID}/resolve/") and r.method == "GET"]
+    assert {r.path.rsplit("/", 1)[-1] for r in downloads} >= {"train.jsonl", "validation.jsonl"}
+    assert all(r.authorized for r in hub.requests if DATASET_ID in r.path)
+
+    before = len(hub.requests)
+    (tmp_path / "train").mkdir()
+    offline = {"HF_ENDPOINT": f"http://127.0.0.1:{_closed_port()}", "HF_HOME": str(home), "HF_HUB_OFFLINE": "1"}
+    run = run_cli(plan, tmp_path / "train", env=offline)
+    assert run.returncode == 0, run.output[-3000:]
+    assert run.termination is not None and run.termination["reason"] == "Completed"
+    assert "eval loss" in run.output
+    assert len(hub.requests) == before
+
+
+@pytest.mark.parametrize(
+    ("data", "field"),
+    [
+        pytest.param({"huggingface": {"name": "memfit-test/no-such-corpus"}}, "spec.data.huggingface.name",
+                     id="unknown dataset"),
+        pytest.param({"huggingface": {"name": DATASET_ID}, "evalSplit": "nope", "evalEverySteps": 2},
+                     "spec.data.evalSplit", id="unknown eval split"),
+    ],
+)  # fmt: skip
+def test_a_refused_dataset_is_an_invalid_plan_naming_the_field(
+    hub: StandInHub, volumes: Path, tmp_path: Path, data: dict[str, Any], field: str
+) -> None:
+    env = {"HF_ENDPOINT": hub.endpoint, "HF_HOME": str(tmp_path / "hub-cache"), "HF_TOKEN": TOKEN}
+    code, output, message = fetch(hub_plan(volumes).data(data), tmp_path, env)
+    assert code == EXIT_INVALID_PLAN, output[-3000:]
+    assert message is not None and message["reason"] == "InvalidPlan" and field in message["message"], message
+    assert TOKEN not in message["message"]
 
 
 def test_an_unreachable_hub_is_a_retryable_error(volumes: Path, tmp_path: Path) -> None:

@@ -1,5 +1,6 @@
-"""`memfit-trainer fetch`: the download step. A training pod's init container downloads the hub model of
-its Plan once into HF_HOME on the job's checkpoint volume; the trainer then loads it with the hub off
+"""`memfit-trainer fetch`: the download step. A training pod's init container downloads the hub model
+and the hub dataset of its Plan once into HF_HOME on the job's checkpoint volume (the dataset is
+prepared by `datasets` there, train and eval splits); the trainer then loads both with the hub off
 (HF_HUB_OFFLINE), so a re-planned attempt or a replaced pod reads the same files without downloading
 again, and a hub that is down or a token that is refused fails here, with a message naming the field.
 
@@ -89,6 +90,38 @@ def fetch(plan: Plan, environ: Mapping[str, str]) -> Path | None:
     return Path(folder)
 
 
+def fetch_dataset(plan: Plan, environ: Mapping[str, str]) -> list[str]:
+    """Download and prepare the Plan's hub dataset (its split and eval split) in the `datasets` cache under
+    HF_HOME, as the trainer will load it; the splits fetched ([] when the data is not on the hub)."""
+    data = plan.data
+    hub = data.huggingface if data is not None else None
+    if data is None or hub is None:
+        return []
+    import datasets
+    from datasets.exceptions import DatasetNotFoundError
+    from huggingface_hub import constants
+
+    token = environ.get("HF_TOKEN") or None
+    splits = [("spec.data.huggingface.split", hub.split)]
+    if data.eval_split:
+        splits.append(("spec.data.evalSplit", data.eval_split))
+    for field, split in splits:
+        try:
+            datasets.load_dataset(hub.name, hub.config, split=split, revision=hub.revision, token=token)
+        except DatasetNotFoundError as error:
+            with_token = "with the token of tokenSecretRef" if token else "without a token (no tokenSecretRef)"
+            raise FetchError(Reason.INVALID_PLAN, f"spec.data.huggingface.name: {hub.name!r} was refused by "
+                             f"{constants.ENDPOINT} {with_token}: no such dataset, or it is private or gated "
+                             f"({_first_line(error)})") from error  # fmt: skip
+        except ValueError as error:  # an unknown split or config
+            raise FetchError(Reason.INVALID_PLAN, f"{field}: {split!r} of {hub.name!r} (config {hub.config!r}): "
+                             f"{_first_line(error)}") from error  # fmt: skip
+        except (ConnectionError, OSError) as error:
+            raise FetchError(Reason.TRAINING_ERROR, f"spec.data.huggingface.name: could not download "
+                             f"{hub.name!r} from {constants.ENDPOINT}: {_first_line(error)}") from error  # fmt: skip
+    return [split for _, split in splits]
+
+
 def _first_line(error: BaseException) -> str:
     text = str(error).strip().splitlines()
     return text[0][:300] if text else type(error).__name__
@@ -106,14 +139,18 @@ def main(plan_path: Path, environ: Mapping[str, str] | None = None) -> int:
         return refuse_invalid(error, rank=None, environ=environ)
     try:
         folder = fetch(plan, environ)
+        splits = fetch_dataset(plan, environ)
     except FetchError as error:
         print(f"memfit-trainer fetch: {error.reason}: {error}", file=sys.stderr)
         message = TerminationMessage(reason=error.reason, message=str(error)[:1024])
         write_termination_message(message, termination_path(dict(environ)))
         return exit_code(error.reason)
-    if folder is None:
-        print("memfit-trainer fetch: nothing to download (the model comes from a volume or a config)")
-    else:
+    if folder is None and not splits:
+        print("memfit-trainer fetch: nothing to download (the model and data come from volumes or a config)")
+    if folder is not None:
         size = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
         print(f"memfit-trainer fetch: {size / 2**20:.1f} MiB in {folder} ({time.monotonic() - started:.1f}s)")
+    if splits:
+        assert plan.data is not None and plan.data.huggingface is not None
+        print(f"memfit-trainer fetch: dataset {plan.data.huggingface.name!r} split(s) {', '.join(splits)} prepared")
     return 0

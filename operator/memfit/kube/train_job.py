@@ -175,17 +175,24 @@ def _source_volumes(
         volumes.append({"name": name, "persistentVolumeClaim": {"claimName": claim, "readOnly": True}})
     env: list[Manifest] = [{"name": "MEMFIT_VOLUMES_DIR", "value": VOLUMES_MOUNT}] if volumes else []
     hf = spec.problem.huggingface
-    hub_data = spec.data is not None and spec.data.huggingface is not None
-    if hf is not None and (hf.hub_weights or hub_data):
+    if hf is not None and needs_download(spec):
         env += hub_env(hf, pod, home=HUB_CACHE)
-    if hf is not None and not hub_data:
-        env.append({"name": "HF_HUB_OFFLINE", "value": "1"})
+    if hf is not None:
+        env.append({"name": "HF_HUB_OFFLINE", "value": "1"})  # the download step fetched what is on the hub
     return mounts, volumes, env
 
 
+def needs_download(spec: MemoryOptimizedTrainingJobSpec) -> bool:
+    """The model's weights or the dataset come from the hub: the training pods start with the download step."""
+    hf = spec.problem.huggingface
+    hub_data = spec.data is not None and spec.data.huggingface is not None
+    return hf is not None and (hf.hub_weights or hub_data)
+
+
 def _fetch_container(spec: MemoryOptimizedTrainingJobSpec, pod: PodSettings) -> Manifest:
-    """The download step: `memfit-trainer fetch` puts the hub model into HF_HOME on the checkpoint volume
-    once (a later attempt or a replaced pod finds it there); the trainer then reads it offline."""
+    """The download step: `memfit-trainer fetch` puts the hub model and dataset into HF_HOME on the
+    checkpoint volume once (a later attempt or a replaced pod finds them there); the trainer then reads
+    them offline."""
     return {
         "name": FETCH_CONTAINER,
         "image": pod.image,
@@ -294,7 +301,7 @@ def build_training_job(
         "volumes": volumes,
         "automountServiceAccountToken": False,
     }
-    if spec.problem.huggingface is not None and spec.problem.huggingface.hub_weights:
+    if needs_download(spec):
         pod_spec["initContainers"] = [_fetch_container(spec, pod)]
     if spec.scheduling.priority_class_name:
         pod_spec["priorityClassName"] = spec.scheduling.priority_class_name
@@ -339,7 +346,7 @@ def build_training_job(
 def _fetch_failure_rule(spec: MemoryOptimizedTrainingJobSpec) -> list[Manifest]:
     """A model the hub refuses (no such repository or revision, a token that may not read it) is not
     retried: the fields are wrong. An unreachable hub is (the Job's backoff)."""
-    if spec.problem.huggingface is None or not spec.problem.huggingface.hub_weights:
+    if not needs_download(spec):
         return []
     rule = {"containerName": FETCH_CONTAINER, "operator": "In", "values": [EXIT_INVALID_PLAN]}
     return [{"action": "FailJob", "onExitCodes": rule}]

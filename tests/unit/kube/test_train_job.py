@@ -220,7 +220,10 @@ def test_hub_model_is_downloaded_once_by_the_fetch_init_container_and_trained_of
         assert "HF_ENDPOINT" not in _env(plain) and _env(plain)["HF_HUB_OFFLINE"] == "1"
 
 
-def test_hub_dataset_keeps_the_trainer_online_with_the_token() -> None:
+def test_a_hub_dataset_is_downloaded_by_the_fetch_init_container_too() -> None:
     spec = make_spec(problem=FINETUNE["problem"], data={"huggingface": {"name": "org/corpus"}})
-    env = _env(build_training_job(owner=OWNER, spec=spec, plan=make_plan(), placement=PLACEMENT, pod=POD))
-    assert "HF_HUB_OFFLINE" not in env and env["HF_HOME"] == "/checkpoints/.hub"
+    job = build_training_job(owner=OWNER, spec=spec, plan=make_plan(), placement=PLACEMENT, pod=POD)
+    [fetch] = job["spec"]["template"]["spec"]["initContainers"]
+    assert fetch["name"] == "fetch-model" and {e["name"] for e in fetch["env"]} == {"HF_HOME"}
+    env = _env(job)
+    assert env["HF_HUB_OFFLINE"] == "1" and env["HF_HOME"] == "/checkpoints/.hub"
