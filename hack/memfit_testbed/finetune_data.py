@@ -51,9 +51,10 @@ def train_tokenizer(corpus: list[str]) -> Any:
     return fast
 
 
-def make_volumes(root: Path, *, seed: int = 0, tied: bool = False) -> Path:
+def make_volumes(root: Path, *, seed: int = 0, tied: bool = False, dtype: str = "float32") -> Path:
     """root/models/tiny-llama (model + tokenizer; input and output embeddings shared when `tied`, as in
-    Llama-3.2-1B) and root/data/{train,eval,chat,numbers}.jsonl; returns root."""
+    Llama-3.2-1B; weights saved in `dtype`, e.g. bfloat16 as on the hub) and
+    root/data/{train,eval,chat,numbers}.jsonl; returns root."""
     import torch
     from transformers import AutoModelForCausalLM, LlamaConfig
 
@@ -66,7 +67,7 @@ def make_volumes(root: Path, *, seed: int = 0, tied: bool = False) -> Path:
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=MAX_POSITIONS,
                          bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
                          pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=tied)
-    AutoModelForCausalLM.from_config(config).save_pretrained(model_dir)
+    AutoModelForCausalLM.from_config(config).to(getattr(torch, dtype)).save_pretrained(model_dir)
     tokenizer.save_pretrained(model_dir)
     data = root / DATA_CLAIM
     data.mkdir(parents=True, exist_ok=True)

@@ -68,6 +68,24 @@ def test_world1_ddp_finetune_saves_a_model_that_learned(volumes: Path, tmp_path:
         document_loss(volumes / MODEL_CLAIM / MODEL_PATH, sentences(24, seed=1)), rel=0.05)
 
 
+def test_bf16_pretrained_weights_are_saved_back_in_bf16(tmp_path_factory: pytest.TempPathFactory,
+                                                        tmp_path: Path) -> None:
+    """Weights published in bf16 (as most hub models are) train with fp32 master weights under DDP and
+    are saved back in bf16, half the size of an fp32 copy, config.json saying so."""
+    from safetensors import safe_open
+
+    volumes = make_volumes(tmp_path_factory.mktemp("bf16"), dtype="bfloat16")
+    result, out = run(finetune_plan().ddp().batch(2, 2), tmp_path, volumes)
+    assert result.returncode == 0, result.output[-3000:]
+    config = json.loads((out / "config.json").read_text())
+    assert config.get("dtype", config.get("torch_dtype")) == "bfloat16", config
+    with safe_open(str(out / "model.safetensors"), framework="pt") as weights:
+        dtypes = {str(weights.get_tensor(k).dtype) for k in weights.keys()}  # noqa: SIM118
+    assert dtypes == {"torch.bfloat16"}, dtypes
+    held_out = sentences(24, seed=1)
+    assert document_loss(out, held_out) < document_loss(volumes / MODEL_CLAIM / MODEL_PATH, held_out) - 0.5
+
+
 def test_world2_ddp_sees_the_same_samples_as_world1(volumes: Path, tmp_path: Path) -> None:
     """Same global batch, other world size and micro-batch: the same samples per step, so the same losses."""
     one, _ = run(finetune_plan().ddp().batch(4, 1), tmp_path / "w1", volumes)

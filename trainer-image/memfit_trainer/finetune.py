@@ -83,17 +83,31 @@ def unwrapped(runner: Any) -> torch.nn.Module:
 def save_model(runner: Any, problem: TrainingProblem, directory: Path, *, rank: int) -> Path | None:
     """Write the model (safetensors, config.json, generation config) and its tokenizer to `directory`
     on rank 0; every rank must call it (consolidation is collective). The folder loads with
-    `AutoModelForCausalLM.from_pretrained`."""
+    `AutoModelForCausalLM.from_pretrained`. Weights trained from a pretrained checkpoint are saved in
+    that checkpoint's dtype (bf16 weights trained with fp32 master copies come back bf16, half the size),
+    and config.json says so."""
     state = consolidated_state(runner)
     if rank != 0 or state is None:
         return None
     directory.mkdir(parents=True, exist_ok=True)
     model = unwrapped(runner)
-    state = {k: v.detach().to("cpu").contiguous() for k, v in state.items()}
+    dtype = problem.saved_dtype
+    state = {k: _in_dtype(v.detach().to("cpu"), dtype).contiguous() for k, v in state.items()}
     model.save_pretrained(str(directory), state_dict=state, safe_serialization=True)  # type: ignore[operator]
+    if dtype is not None:
+        # save_pretrained names the dtype of the live parameters (fp32 master weights): name the saved one.
+        config_path = directory / "config.json"
+        config = json.loads(config_path.read_text(encoding="utf-8"))
+        config.pop("torch_dtype", None)
+        config["dtype"] = str(dtype).removeprefix("torch.")
+        config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     if problem.tokenizer is not None:
         problem.tokenizer.save_pretrained(str(directory))
     return directory
+
+
+def _in_dtype(tensor: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
+    return tensor.to(dtype) if dtype is not None and tensor.is_floating_point() else tensor
 
 
 def write_summary(directory: Path, summary: dict[str, Any]) -> Path:

@@ -71,6 +71,7 @@ class TrainingProblem:
     tokens_per_sample: int = 1
     tokenizer: Any = None  # Hugging Face problems: the model's tokenizer (saved beside the fine-tuned model)
     eval_batches: Callable[[int], list[Batch]] | None = None  # spec.data's eval set, in micro-batches of n
+    saved_dtype: torch.dtype | None = None  # pretrained weights: their checkpoint's dtype (the output keeps it)
     attention_of: Callable[[nn.Module], nn.Module | None] = field(default=default_attention_of)
 
     @property

@@ -193,6 +193,7 @@ def build_huggingface(spec: HuggingFaceProblem, *, depth: int | None = None,
     _check_positions(spec, config)
     if finetune is not None and (spec.volume_claim is not None or spec.initialization == Initialize.PRETRAINED):
         _check_against_inline(spec, config)
+    saved_dtype = checkpoint_dtype(config)  # read before loading: from_pretrained records the load dtype
     if depth is not None:
         _reduce_depth(config, depth, spec.name)
     vocab = int(getattr(config, "vocab_size", 0) or 0)
@@ -241,4 +242,13 @@ def build_huggingface(spec: HuggingFaceProblem, *, depth: int | None = None,
         tokens_per_sample=spec.sequence_length,
         tokenizer=tokenizer,
         eval_batches=eval_batches,
+        saved_dtype=saved_dtype if pretrained else None,
     )
+
+
+def checkpoint_dtype(config: Any) -> torch.dtype | None:
+    """The floating dtype a config.json names (`dtype`, older `torch_dtype`); None when it names none."""
+    value = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+    if isinstance(value, str):
+        value = getattr(torch, value, None)
+    return value if isinstance(value, torch.dtype) and value.is_floating_point else None
