@@ -232,15 +232,17 @@ def test_profiler_builds_a_volume_model_from_its_inline_config_without_the_volum
         build_huggingface(spec, finetune=Finetune(environ={"MEMFIT_VOLUMES_DIR": str(tmp_path / "empty")}))
 
 
-def test_resumed_finetune_continues_the_same_loss_curve(volumes: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("world", [1, 2], ids=["same world", "re-planned to 2 ranks"])
+def test_resumed_finetune_continues_the_same_loss_curve(world: int, volumes: Path, tmp_path: Path) -> None:
     """Stopped after 3 steps and resumed from the checkpoint (pretrained weights overwritten by it), the run
-    draws the same samples at steps 4-6 as an uninterrupted one: same losses."""
+    draws the same samples at steps 4-6 as an uninterrupted one: same losses, also when the re-plan put it
+    on 2 ranks with another micro-batch (the global batch is kept)."""
     whole, _ = run(finetune_plan().ddp().batch(2, 2), tmp_path / "whole", volumes)
     ckpt = tmp_path / "ckpt"
     first, _ = run(finetune_plan().ddp().batch(2, 2).steps(3, every=3).checkpoint_dir(ckpt), tmp_path / "a", volumes)
-    rest, out = run(finetune_plan().ddp().batch(2, 2).steps(STEPS, every=3).checkpoint_dir(ckpt), tmp_path / "b",
-                    volumes)
+    second = finetune_plan().ddp().world(2).batch(1, 2) if world == 2 else finetune_plan().ddp().batch(2, 2)
+    rest, out = run(second.steps(STEPS, every=3).checkpoint_dir(ckpt), tmp_path / "b", volumes)
     assert whole.returncode == first.returncode == rest.returncode == 0, rest.output[-3000:]
     assert rest.reports[0]["resumed_from_step"] == 3
-    assert losses(first.reports[0]) + losses(rest.reports[0]) == pytest.approx(losses(whole.reports[0]), rel=1e-5)
+    assert losses(first.reports[0]) + losses(rest.reports[0]) == pytest.approx(losses(whole.reports[0]), rel=1e-4)
     assert json.loads((out / "memfit_training.json").read_text())["resumed_from_step"] == 3
