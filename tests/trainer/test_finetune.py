@@ -108,12 +108,21 @@ def tied_volumes(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_sharded_world2_finetune_saves_consolidated_weights(engine: str, tied: bool, request: pytest.FixtureRequest,
                                                             tmp_path: Path) -> None:
     """Weights gathered from ZeRO-3 partitions / FSDP2 shards; tied input/output embeddings (Llama-3.2-1B)
-    are saved once and stay tied when loaded."""
+    are saved once and stay tied when loaded. Loading never puts the whole model on every rank: ZeRO-3
+    builds it under zero.Init; under FSDP only rank 0 reads the weights, rank 1 builds on the meta device
+    and receives its shards (and the rotary buffers) from rank 0, and still learns the same model."""
     volumes = request.getfixturevalue("tied_volumes" if tied else "volumes")
     plan = finetune_plan().world(2).batch(1, 2)
     plan = plan.deepspeed(3) if engine == "zero3" else plan.fsdp(3)
     result, out = run(plan, tmp_path, volumes)
     assert result.returncode == 0, result.output[-3000:]
+    if engine == "fsdp3":
+        assert [result.reports[r]["facts"].get("pretrained_from_rank0") for r in (0, 1)] == [True, True]
+        # The step-0 eval loss is the pretrained model's on both ranks (rank 1's shards came from rank 0).
+        initial = [result.reports[r]["eval_losses"][0][1] for r in (0, 1)]
+        assert initial[0] == pytest.approx(initial[1], rel=1e-6)
+        assert initial[0] == pytest.approx(document_loss(volumes / MODEL_CLAIM / MODEL_PATH, sentences(24, seed=1)),
+                                           rel=0.05)
     assert_saved_model_learned(out, volumes)
     from transformers import AutoModelForCausalLM
 

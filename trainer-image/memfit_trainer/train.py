@@ -164,7 +164,9 @@ def run_training(
     meter.start()  # before the model exists, so the CPU counter sees every tensor
     runner: Any = None
     try:
-        problem = build_problem(plan.problem, seed=options.seed, finetune=_finetune(plan, options, device))
+        resuming = options.checkpoint_dir is not None and find_latest(options.checkpoint_dir) is not None
+        finetune = _finetune(plan, options, device, rank=env.rank, world_size=env.world_size, resuming=resuming)
+        problem = build_problem(plan.problem, seed=options.seed, finetune=finetune)
         adapters = apply_peft(problem, method=plan.peft, adapter=plan.adapter, precision=plan.precision, device=device,
                               engine=plan.engine)
         recomputed = apply_activation_checkpointing(problem, plan.activation_checkpointing)
@@ -264,10 +266,12 @@ def _base_model_name(plan: Plan) -> str:
     return ""
 
 
-def _finetune(plan: Plan, options: TrainOptions, device: torch.device) -> Finetune | None:
+def _finetune(plan: Plan, options: TrainOptions, device: torch.device, *, rank: int = 0, world_size: int = 1,
+              resuming: bool = False) -> Finetune | None:
     """Pretrained weights and spec.data for a Hugging Face problem: loaded in fp32 (DDP and FSDP keep fp32
     parameters and compute in 16 bits), or in the 16-bit dtype DeepSpeed trains in (it keeps its own fp32
-    master copy); under ZeRO-3, partitioned while loading."""
+    master copy); under ZeRO-3, partitioned while loading; under FSDP on several ranks, read by rank 0 only
+    and sent shard by shard (not when resuming: the checkpoint has the weights, read the usual way)."""
     assert plan.problem is not None and plan.training is not None
     if plan.problem.huggingface is None:
         return None
@@ -279,8 +283,9 @@ def _finetune(plan: Plan, options: TrainOptions, device: torch.device) -> Finetu
         from memfit_trainer.strategies.deepspeed_config import build_deepspeed_config
 
         zero3 = build_deepspeed_config(plan, cuda=device.type == "cuda")
+    rank0 = plan.engine == Engine.FSDP and world_size > 1 and plan.peft == PeftMethod.NONE and not resuming
     return Finetune(data=plan.data, seed=options.seed, global_batch_size=plan.training.global_batch_size,
-                    dtype=dtype, zero3_config=zero3, environ=dict(os.environ))
+                    dtype=dtype, zero3_config=zero3, environ=dict(os.environ), load_on_rank0=rank0, rank=rank)
 
 
 def _summary(plan: Plan, result: RunResult, problem: TrainingProblem) -> dict[str, Any]:

@@ -72,6 +72,9 @@ class TrainingProblem:
     tokenizer: Any = None  # Hugging Face problems: the model's tokenizer (saved beside the fine-tuned model)
     eval_batches: Callable[[int], list[Batch]] | None = None  # spec.data's eval set, in micro-batches of n
     saved_dtype: torch.dtype | None = None  # pretrained weights: their checkpoint's dtype (the output keeps it)
+    # FSDP: the pretrained weights live whole on rank 0 only (the other ranks built the model on the meta
+    # device); the runner calls this after fully_shard to fill every rank's shards from rank 0.
+    after_shard: Callable[[nn.Module, torch.device], None] | None = None
     attention_of: Callable[[nn.Module], nn.Module | None] = field(default=default_attention_of)
 
     @property

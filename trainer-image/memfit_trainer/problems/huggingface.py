@@ -36,6 +36,10 @@ class Finetune:
     dtype: torch.dtype = torch.float32
     zero3_config: Mapping[str, Any] | None = None  # DeepSpeed ZeRO-3: from_pretrained under zero.Init
     environ: Mapping[str, str] = field(default_factory=dict)
+    # FSDP over several ranks: only rank 0 reads the weights; the others build on the meta device and get
+    # their shards from rank 0 after fully_shard (memfit_trainer.strategies.fsdp_load).
+    load_on_rank0: bool = False
+    rank: int = 0
 
 
 def model_source(spec: HuggingFaceProblem, environ: Mapping[str, str]) -> tuple[str, dict[str, Any]]:
@@ -147,6 +151,11 @@ def _tokenizer(spec: HuggingFaceProblem, transformers: Any, environ: Mapping[str
 
 
 def _pretrained(spec: HuggingFaceProblem, transformers: Any, config: Any, finetune: Finetune) -> Any:
+    if finetune.load_on_rank0 and finetune.rank != 0:
+        # The shapes only: no memory for weights on this rank until its shards arrive from rank 0.
+        with torch.device("meta"):
+            return transformers.AutoModelForCausalLM.from_config(
+                config, dtype=finetune.dtype, attn_implementation="sdpa", trust_remote_code=spec.trust_remote_code)
     source, kwargs = model_source(spec, finetune.environ)
     keep_alive = None
     if finetune.zero3_config is not None:
@@ -243,7 +252,18 @@ def build_huggingface(spec: HuggingFaceProblem, *, depth: int | None = None,
         tokenizer=tokenizer,
         eval_batches=eval_batches,
         saved_dtype=saved_dtype if pretrained else None,
+        after_shard=_rank0_loader(model, finetune) if pretrained and finetune is not None else None,
     )
+
+
+def _rank0_loader(model: Any, finetune: Finetune) -> Any:
+    if not finetune.load_on_rank0:
+        return None
+    from memfit_trainer.strategies.fsdp_load import load_from_rank0
+
+    # Rank 0's full state dict, taken before any wrapping (its names are the model's own).
+    full = model.state_dict() if finetune.rank == 0 else None
+    return lambda sharded, device: load_from_rank0(sharded, full, device)
 
 
 def checkpoint_dtype(config: Any) -> torch.dtype | None:

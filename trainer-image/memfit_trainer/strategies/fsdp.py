@@ -62,6 +62,10 @@ class FsdpRunner:
         for block in problem.blocks:
             fully_shard(block, **settings)
         self.model = fully_shard(problem.model, **settings)
+        self.loaded_from_rank0 = problem.after_shard is not None
+        if problem.after_shard is not None:
+            offloaded = plan.offload == Offload.CPU
+            problem.after_shard(self.model, torch.device("cpu") if offloaded else device)
         self.settings = settings
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer: Any = (
@@ -108,6 +112,7 @@ class FsdpRunner:
             "mp_param_dtype": str(mp.param_dtype) if mp.param_dtype else None,
             "mp_reduce_dtype": str(mp.reduce_dtype) if mp.reduce_dtype else None,
             "offload_policy": type(self.settings["offload_policy"]).__name__,
+            "pretrained_from_rank0": self.loaded_from_rank0,
             "grad_scaler": self.scaler is not None,
             "fsdp_units": 1 + len(self.problem.blocks),
             **parameter_facts(self.model),
