@@ -76,9 +76,9 @@ def test_private_model_is_fetched_with_the_token_then_trained_offline(
     assert code == 0, output[-3000:]
     assert len(hub.file_requests(REPO_ID)) == len(downloads)
 
-    # The trainer reads the cache with the hub off (an endpoint nobody listens on, to be sure).
+    # The trainer reads the cache with the hub off: the stand-in (still up) is asked nothing.
     before = len(hub.requests)
-    offline = {"HF_ENDPOINT": f"http://127.0.0.1:{_closed_port()}", "HF_HOME": str(home), "HF_HUB_OFFLINE": "1",
+    offline = {"HF_ENDPOINT": hub.endpoint, "HF_HOME": str(home), "HF_HUB_OFFLINE": "1",
                "MEMFIT_VOLUMES_DIR": str(volumes)}  # fmt: skip
     (tmp_path / "train").mkdir()
     run = run_cli(plan, tmp_path / "train", env=offline)
@@ -129,7 +129,7 @@ def test_a_private_hub_dataset_is_prepared_by_fetch_then_read_offline(
 
     before = len(hub.requests)
     (tmp_path / "train").mkdir()
-    offline = {"HF_ENDPOINT": f"http://127.0.0.1:{_closed_port()}", "HF_HOME": str(home), "HF_HUB_OFFLINE": "1"}
+    offline = {"HF_ENDPOINT": hub.endpoint, "HF_HOME": str(home), "HF_HUB_OFFLINE": "1"}
     run = run_cli(plan, tmp_path / "train", env=offline)
     assert run.returncode == 0, run.output[-3000:]
     assert run.termination is not None and run.termination["reason"] == "Completed"
@@ -154,6 +154,50 @@ def test_a_refused_dataset_is_an_invalid_plan_naming_the_field(
     assert code == EXIT_INVALID_PLAN, output[-3000:]
     assert message is not None and message["reason"] == "InvalidPlan" and field in message["message"], message
     assert TOKEN not in message["message"]
+
+
+def test_a_random_init_hub_model_fetches_its_config_and_tokenizer_but_no_weights(
+    hub: StandInHub, volumes: Path, tmp_path: Path
+) -> None:
+    """`initialize: random` without an inline config: the trainer needs config.json (the shape) and the
+    tokenizer (real data), not the weights."""
+    home = tmp_path / "hub-cache"
+    problem = {"huggingface": {"model": REPO_ID, "initialize": "random", "sequenceLength": SEQUENCE_LENGTH}}
+    plan = make_plan().problem(problem).data(data()).steps(2)
+    weights_before = len([r for r in hub.file_requests(REPO_ID) if r.path.endswith(".safetensors")])
+    code, output, _ = fetch(plan, tmp_path / "fetch", {"HF_ENDPOINT": hub.endpoint, "HF_HOME": str(home),
+                                                        "HF_TOKEN": TOKEN})  # fmt: skip
+    assert code == 0, output[-3000:]
+    assert not list(home.rglob("*.safetensors")) and list(home.rglob("tokenizer.json"))
+    assert len([r for r in hub.file_requests(REPO_ID) if r.path.endswith(".safetensors")]) == weights_before
+    (tmp_path / "train").mkdir()
+    offline = {"HF_ENDPOINT": hub.endpoint, "HF_HOME": str(home), "HF_HUB_OFFLINE": "1",
+               "MEMFIT_VOLUMES_DIR": str(volumes)}  # fmt: skip
+    run = run_cli(plan, tmp_path / "train", env=offline)
+    assert run.returncode == 0, run.output[-3000:]
+
+
+def test_other_nodes_of_a_shared_cache_wait_for_node_0(hub: StandInHub, volumes: Path, tmp_path: Path) -> None:
+    """On a claim shared by the nodes of a plan, node 1 downloads nothing: it waits for node 0's marker
+    (for this model and data), then starts."""
+    home = tmp_path / "hub-cache"
+    env = {"HF_ENDPOINT": hub.endpoint, "HF_HOME": str(home), "HF_TOKEN": TOKEN, "MEMFIT_FETCH_SHARED": "1"}
+    plan = hub_plan(volumes)
+    plan_path = plan.write(tmp_path / "plan.json")
+    waiting = subprocess.Popen([PYTHON, "-m", "memfit_trainer.cli", "fetch", "--plan", str(plan_path)],
+                               env=subprocess_env(tmp_path, **env, MEMFIT_NODE_RANK="1"), cwd=REPO,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    try:
+        with pytest.raises(subprocess.TimeoutExpired):
+            waiting.wait(timeout=8)  # nothing until node 0 is done
+        before = len(hub.requests)
+        code, output, _ = fetch(plan, tmp_path / "node0", {**env, "MEMFIT_NODE_RANK": "0"})
+        assert code == 0, output[-3000:]
+        assert waiting.wait(timeout=60) == 0
+        assert "node 0 downloaded into" in (waiting.stdout.read() if waiting.stdout else "")
+        assert len(hub.requests) > before and (home / ".memfit-fetched").is_file()
+    finally:
+        waiting.kill()
 
 
 def test_an_unreachable_hub_is_a_retryable_error(volumes: Path, tmp_path: Path) -> None:

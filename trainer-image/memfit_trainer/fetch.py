@@ -10,6 +10,7 @@ The hub is whatever HF_ENDPOINT names (a mirror, or the hub itself); the token c
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
@@ -29,6 +30,10 @@ from memfit_trainer.termination import (
 BASE = "spec.problem.huggingface"
 # Files from_pretrained never reads for a PyTorch model: other frameworks' weights, originals, exports.
 IGNORED = ["*.msgpack", "*.h5", "*.ot", "*.onnx", "*.onnx_data", "*.gguf", "*.tflite", "original/*", "onnx/*"]
+# Without the weights: config.json, the tokenizer's files, chat templates, remote code.
+CONFIG_FILES = ["*.json", "*.txt", "*.model", "*.jinja", "*.tiktoken", "*.py"]
+MARKER = ".memfit-fetched"  # in HF_HOME: what node 0 of a shared cache downloaded (the others wait for it)
+WAIT_SECONDS = 6 * 3600.0  # a node waiting for node 0's download gives up after this long
 
 
 class FetchError(Exception):
@@ -37,36 +42,41 @@ class FetchError(Exception):
         self.reason = reason
 
 
-def hub_model(plan: Plan) -> tuple[str, str | None] | None:
-    """(model id, revision) when the Plan loads pretrained weights from the hub, else None."""
+def hub_model(plan: Plan) -> tuple[str, str | None, str] | None:
+    """(model id, revision, `weights` or `config`) when the trainer needs files of a hub model (its
+    weights; or its config.json and tokenizer), else None."""
     hf = plan.problem.huggingface if plan.problem is not None else None
-    if hf is None or not hf.hub_weights or hf.model is None:
-        return None  # weights from a volume, or random weights from the inline config
-    return hf.model, hf.revision
+    if hf is None or hf.model is None:
+        return None
+    what = hf.hub_files(tokenizer=plan.data is not None and plan.data.real)
+    return (hf.model, hf.revision, what) if what else None
 
 
 def fetch(plan: Plan, environ: Mapping[str, str]) -> Path | None:
-    """Download the Plan's hub model into the hub cache (HF_HOME); the snapshot folder, or None when the
-    Plan has nothing on the hub. Files already in the cache are not downloaded again."""
+    """Download what the trainer needs of the Plan's hub model into the hub cache (HF_HOME); the snapshot
+    folder, or None when nothing is on the hub. Files already in the cache are not downloaded again;
+    `*.bin` weights are skipped when the repository has safetensors (what from_pretrained loads)."""
     found = hub_model(plan)
     if found is None:
         return None
-    model, revision = found
-    from huggingface_hub import constants, snapshot_download
+    model, revision, what = found
+    from huggingface_hub import HfApi, constants, snapshot_download
     from huggingface_hub.errors import (
         GatedRepoError,
         HfHubHTTPError,
-        LocalEntryNotFoundError,
         RepositoryNotFoundError,
         RevisionNotFoundError,
     )
 
     token = environ.get("HF_TOKEN") or None
-    hf = plan.problem.huggingface if plan.problem is not None else None
-    remote_code = ["*.py"] if hf is not None and hf.trust_remote_code else []
     try:
-        folder = snapshot_download(model, revision=revision, token=token,
-                                   ignore_patterns=[p for p in IGNORED if p not in remote_code])  # fmt: skip
+        if what == "config":
+            folder = snapshot_download(model, revision=revision, token=token, allow_patterns=CONFIG_FILES)
+        else:
+            files = HfApi().list_repo_files(model, revision=revision, token=token)
+            safetensors = any(f.endswith(".safetensors") for f in files)
+            ignored = IGNORED + (["*.bin", "*.pth", "*.pt"] if safetensors else [])
+            folder = snapshot_download(model, revision=revision, token=token, ignore_patterns=ignored)
     except RevisionNotFoundError as error:
         raise FetchError(Reason.INVALID_PLAN, f"{BASE}.revision: {revision!r} is not a revision of {model!r} "
                          f"on {constants.ENDPOINT} ({_first_line(error)})") from error  # fmt: skip
@@ -84,7 +94,7 @@ def fetch(plan: Plan, environ: Mapping[str, str]) -> Path | None:
                              f"({_first_line(error)})") from error  # fmt: skip
         raise FetchError(Reason.TRAINING_ERROR, f"{BASE}.model: could not download {model!r} from "
                          f"{constants.ENDPOINT}: {_first_line(error)}") from error  # fmt: skip
-    except (LocalEntryNotFoundError, OSError) as error:
+    except Exception as error:  # connection errors of the HTTP client, a full disk: retryable
         raise FetchError(Reason.TRAINING_ERROR, f"{BASE}.model: could not download {model!r} from "
                          f"{constants.ENDPOINT}: {_first_line(error)}") from error  # fmt: skip
     return Path(folder)
@@ -116,10 +126,49 @@ def fetch_dataset(plan: Plan, environ: Mapping[str, str]) -> list[str]:
         except ValueError as error:  # an unknown split or config
             raise FetchError(Reason.INVALID_PLAN, f"{field}: {split!r} of {hub.name!r} (config {hub.config!r}): "
                              f"{_first_line(error)}") from error  # fmt: skip
-        except (ConnectionError, OSError) as error:
+        except Exception as error:  # connection errors of the HTTP client, a full disk: retryable
             raise FetchError(Reason.TRAINING_ERROR, f"spec.data.huggingface.name: could not download "
                              f"{hub.name!r} from {constants.ENDPOINT}: {_first_line(error)}") from error  # fmt: skip
     return [split for _, split in splits]
+
+
+def _marker_text(plan: Plan) -> str:
+    hf = plan.problem.huggingface if plan.problem is not None else None
+    hub = plan.data.huggingface if plan.data is not None else None
+    return json.dumps({"model": hf.model if hf else None, "revision": hf.revision if hf else None,
+                       "dataset": hub.model_dump(mode="json") if hub else None,
+                       "evalSplit": plan.data.eval_split if plan.data else None}, sort_keys=True)  # fmt: skip
+
+
+def _marker(environ: Mapping[str, str]) -> Path:
+    from huggingface_hub import constants
+
+    return Path(environ.get("HF_HOME") or constants.HF_HOME) / MARKER
+
+
+def _waits_for_node0(environ: Mapping[str, str]) -> bool:
+    return environ.get("MEMFIT_FETCH_SHARED") == "1" and environ.get("MEMFIT_NODE_RANK", "0") not in ("", "0")
+
+
+def _write_marker(plan: Plan, environ: Mapping[str, str]) -> None:
+    marker = _marker(environ)
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    partial = marker.with_suffix(".partial")
+    partial.write_text(_marker_text(plan), encoding="utf-8")
+    partial.replace(marker)  # atomic: a waiting node never reads half a marker
+
+
+def _wait_for_marker(plan: Plan, environ: Mapping[str, str], poll: float = 2.0) -> int:
+    """Another node of a shared cache: wait until node 0 wrote the marker for this Plan's model and data."""
+    marker, wanted = _marker(environ), _marker_text(plan)
+    deadline = time.monotonic() + WAIT_SECONDS
+    while time.monotonic() < deadline:
+        if marker.exists() and marker.read_text(encoding="utf-8") == wanted:
+            print(f"memfit-trainer fetch: node 0 downloaded into {marker.parent}")
+            return 0
+        time.sleep(poll)
+    raise FetchError(Reason.TRAINING_ERROR, f"node 0's download into {marker.parent} did not finish in "
+                     f"{WAIT_SECONDS:.0f}s")  # fmt: skip
 
 
 def _first_line(error: BaseException) -> str:
@@ -138,8 +187,11 @@ def main(plan_path: Path, environ: Mapping[str, str] | None = None) -> int:
     except InvalidPlanError as error:
         return refuse_invalid(error, rank=None, environ=environ)
     try:
+        if _waits_for_node0(environ):
+            return _wait_for_marker(plan, environ)
         folder = fetch(plan, environ)
         splits = fetch_dataset(plan, environ)
+        _write_marker(plan, environ)
     except FetchError as error:
         print(f"memfit-trainer fetch: {error.reason}: {error}", file=sys.stderr)
         message = TerminationMessage(reason=error.reason, message=str(error)[:1024])

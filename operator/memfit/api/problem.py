@@ -140,6 +140,16 @@ class HuggingFaceProblem(ApiModel):
             return Initialize.RANDOM
         return Initialize.PRETRAINED
 
+    def hub_files(self, *, tokenizer: bool) -> str:
+        """What of the hub model the training pods need: `weights` (pretrained from the hub), `config`
+        (config.json and tokenizer files: random weights without an inline config, or a tokenizer for
+        real data), or "" (nothing: a volume model, or an inline config and no tokenizer needed)."""
+        if self.volume_claim is not None or self.model is None:
+            return ""
+        if self.hub_weights:
+            return "weights"
+        return "config" if self.config is None or tokenizer else ""
+
     @property
     def hub_weights(self) -> bool:
         """Pretrained weights downloaded from the hub (`model`, no `volumeClaim`): the download step."""

@@ -164,9 +164,8 @@ def _source_volumes(
     spec: MemoryOptimizedTrainingJobSpec, pod: PodSettings
 ) -> tuple[list[Manifest], list[Manifest], list[Manifest]]:
     """Read-only mounts of the model and data claims at /memfit/volumes/<claim>, and the trainer's
-    environment for them and for the hub: HF_HOME on the checkpoint volume (where the download step put
-    a hub model), HF_HUB_OFFLINE unless a hub dataset is read, HF_TOKEN from the user's Secret (a
-    reference, never the value) and HF_ENDPOINT (a mirror, chart value hub.endpoint)."""
+    environment for them: HF_HOME on the checkpoint volume (where the download step put what comes from
+    the hub) and HF_HUB_OFFLINE (the trainer never reaches the hub, so it never holds the hub token)."""
     mounts: list[Manifest] = []
     volumes: list[Manifest] = []
     for index, claim in enumerate(source_claims(spec)):
@@ -174,19 +173,21 @@ def _source_volumes(
         mounts.append({"name": name, "mountPath": f"{VOLUMES_MOUNT}/{claim}", "readOnly": True})
         volumes.append({"name": name, "persistentVolumeClaim": {"claimName": claim, "readOnly": True}})
     env: list[Manifest] = [{"name": "MEMFIT_VOLUMES_DIR", "value": VOLUMES_MOUNT}] if volumes else []
-    hf = spec.problem.huggingface
-    if hf is not None and needs_download(spec):
-        env += hub_env(hf, pod, home=HUB_CACHE)
-    if hf is not None:
-        env.append({"name": "HF_HUB_OFFLINE", "value": "1"})  # the download step fetched what is on the hub
+    if needs_download(spec):
+        env.append({"name": "HF_HOME", "value": HUB_CACHE})
+    if spec.problem.huggingface is not None:
+        env.append({"name": "HF_HUB_OFFLINE", "value": "1"})
     return mounts, volumes, env
 
 
 def needs_download(spec: MemoryOptimizedTrainingJobSpec) -> bool:
-    """The model's weights or the dataset come from the hub: the training pods start with the download step."""
+    """Something comes from the hub (weights, config and tokenizer, the dataset): the training pods start
+    with the download step."""
     hf = spec.problem.huggingface
-    hub_data = spec.data is not None and spec.data.huggingface is not None
-    return hf is not None and (hf.hub_weights or hub_data)
+    if hf is None:
+        return False
+    real_data = spec.data is not None and spec.data.real
+    return bool(hf.hub_files(tokenizer=real_data)) or (spec.data is not None and spec.data.huggingface is not None)
 
 
 def _fetch_container(spec: MemoryOptimizedTrainingJobSpec, pod: PodSettings) -> Manifest:
@@ -199,8 +200,9 @@ def _fetch_container(spec: MemoryOptimizedTrainingJobSpec, pod: PodSettings) -> 
         "imagePullPolicy": pod.image_pull_policy,
         "command": ["memfit-trainer", "fetch"],
         "args": ["--plan", f"{PLAN_MOUNT}/plan.json"],
-        "env": hub_env(spec.problem.huggingface, pod, home=HUB_CACHE) if spec.problem.huggingface else [],
-        "resources": {"requests": {"cpu": "1", "memory": "1Gi"}},
+        "env": [*(hub_env(spec.problem.huggingface, pod, home=HUB_CACHE) if spec.problem.huggingface else []),
+                *_fetch_rank_env(spec)],
+        # No requests of its own: a ClusterQueue that covers only GPUs must still admit the pod.
         "terminationMessagePath": DEFAULT_TERMINATION_MESSAGE_PATH,
         "terminationMessagePolicy": "File",
         "securityContext": container_security_context(),
@@ -341,6 +343,15 @@ def build_training_job(
             "template": {"metadata": {"labels": pod_labels}, "spec": pod_spec},
         },
     }
+
+
+def _fetch_rank_env(spec: MemoryOptimizedTrainingJobSpec) -> list[Manifest]:
+    """On a checkpoint claim every node of a multi-node plan shares: node 0 downloads, the others wait
+    for its marker (concurrent writers into one hub cache on network storage do not lock reliably)."""
+    if checkpoint_volume(spec, "x").claim is None:
+        return []
+    return [{"name": "MEMFIT_FETCH_SHARED", "value": "1"},
+            {"name": "MEMFIT_NODE_RANK", "valueFrom": {"fieldRef": {"fieldPath": COMPLETION_INDEX}}}]
 
 
 def _fetch_failure_rule(spec: MemoryOptimizedTrainingJobSpec) -> list[Manifest]:

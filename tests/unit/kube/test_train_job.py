@@ -204,14 +204,22 @@ def test_hub_model_is_downloaded_once_by_the_fetch_init_container_and_trained_of
     assert fetch["command"] == ["memfit-trainer", "fetch"] and fetch["args"] == ["--plan", "/etc/memfit/plan.json"]
     fetch_env = {e["name"]: e.get("value", e.get("valueFrom")) for e in fetch["env"]}
     token = {"secretKeyRef": {"name": "hf-token", "key": "token"}}
-    assert fetch_env == {"HF_HOME": "/checkpoints/.hub", "HF_TOKEN": token, "HF_ENDPOINT": "https://hub-mirror.internal"}
+    index = {"fieldRef": {"fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"}}
+    assert fetch_env == {"HF_HOME": "/checkpoints/.hub", "HF_TOKEN": token, "HF_ENDPOINT": "https://hub-mirror.internal",
+                         "MEMFIT_FETCH_SHARED": "1", "MEMFIT_NODE_RANK": index}  # fmt: skip
+    assert "resources" not in fetch  # a ClusterQueue covering only GPUs still admits the pod
     assert {m["name"]: m["mountPath"] for m in fetch["volumeMounts"]}["checkpoints"] == "/checkpoints"
     env = _env(job)
     assert env["HF_HOME"] == "/checkpoints/.hub" and env["HF_HUB_OFFLINE"] == "1"
-    assert env["HF_TOKEN"] == token and "MEMFIT_VOLUMES_DIR" not in env
+    # The trainer never reaches the hub: it holds neither the token nor the endpoint.
+    assert "HF_TOKEN" not in env and "HF_ENDPOINT" not in env and "MEMFIT_VOLUMES_DIR" not in env
     rules = job["spec"]["podFailurePolicy"]["rules"]
     assert {"action": "FailJob", "onExitCodes": {"containerName": "fetch-model", "operator": "In",
                                                  "values": [88]}} in rules  # fmt: skip
+    # A random-init hub model without an inline config still needs its config.json: the download step runs.
+    random = make_spec(problem={"huggingface": {"model": "x/y", "initialize": "random", "sequenceLength": 64}})
+    assert build_training_job(owner=OWNER, spec=random, plan=make_plan(), placement=PLACEMENT,
+                              pod=POD)["spec"]["template"]["spec"]["initContainers"]  # fmt: skip
     # Nothing to download: a volume model, random weights from an inline config.
     for problem in (FINETUNE["problem"], {"huggingface": {"model": "x/y", "config": {"model_type": "llama"}}}):
         plain = build_training_job(owner=OWNER, spec=make_spec(problem=problem), plan=make_plan(),
@@ -224,6 +232,7 @@ def test_a_hub_dataset_is_downloaded_by_the_fetch_init_container_too() -> None:
     spec = make_spec(problem=FINETUNE["problem"], data={"huggingface": {"name": "org/corpus"}})
     job = build_training_job(owner=OWNER, spec=spec, plan=make_plan(), placement=PLACEMENT, pod=POD)
     [fetch] = job["spec"]["template"]["spec"]["initContainers"]
-    assert fetch["name"] == "fetch-model" and {e["name"] for e in fetch["env"]} == {"HF_HOME"}
+    assert fetch["name"] == "fetch-model" and {e["name"] for e in fetch["env"]} >= {"HF_HOME"}
+    assert "HF_TOKEN" not in {e["name"] for e in fetch["env"]}  # no tokenSecretRef
     env = _env(job)
     assert env["HF_HUB_OFFLINE"] == "1" and env["HF_HOME"] == "/checkpoints/.hub"
