@@ -123,8 +123,9 @@ def test_a_private_hub_model_and_dataset_are_downloaded_once_and_fine_tuned(
     assert fetch["name"] == "fetch-model" and fetch["state"]["terminated"]["exitCode"] == 0, fetch
     cache = cluster.workdir / "pod-runner" / "claims" / namespace / status["checkpointClaim"] / ".hub"
     assert list(cache.rglob("model.safetensors")), sorted(str(p) for p in cache.rglob("*"))[:20]
-    log = (cluster.workdir / "pod-runner" / "logs").glob(f"{namespace}_{pod['metadata']['name']}_*.log")
-    assert not any(TOKEN in p.read_text(errors="replace") for p in log)  # the token is never printed
+    logs = sorted((cluster.workdir / "pod-runner" / "logs").glob(f"{namespace}_{pod['metadata']['name']}_*.log"))
+    assert [p.name.rsplit("_", 1)[-1] for p in logs] == ["fetch-model.log", "trainer.log"], logs
+    assert not any(TOKEN in p.read_text(errors="replace") for p in logs)  # the token is never printed
     assert TOKEN not in json.dumps(job) and TOKEN not in operator.read_text(errors="replace")
 
 

@@ -27,6 +27,7 @@ class OperatorSettings:
     checkpoint_access_mode: str = "ReadWriteOnce"  # ReadWriteMany lets plans span nodes
     checkpoint_min_bytes: int = 10 << 30  # the floor under the model-state estimate
     hub_endpoint: str = ""  # HF_ENDPOINT of the training pods (chart hub.endpoint): a hub mirror
+    progress_seconds: float = 15.0  # status.progress refresh: rank 0's metrics read at most this often
 
     @classmethod
     def from_env(cls, **overrides: object) -> OperatorSettings:
@@ -44,10 +45,21 @@ class OperatorSettings:
             checkpoint_access_mode=_access_mode(os.environ.get("MEMFIT_CHECKPOINT_ACCESS_MODE", "ReadWriteOnce")),
             checkpoint_min_bytes=parse_quantity(os.environ.get("MEMFIT_CHECKPOINT_MIN_SIZE", "10Gi")),
             hub_endpoint=_hub_endpoint(os.environ.get("MEMFIT_HUB_ENDPOINT", "")),
+            progress_seconds=_positive("MEMFIT_PROGRESS_SECONDS", os.environ.get("MEMFIT_PROGRESS_SECONDS", "15")),
         )
         values = {name: getattr(base, name) for name in cls.__slots__}  # type: ignore[attr-defined]
         values.update(overrides)
         return cls(**values)  # type: ignore[arg-type]
+
+
+def _positive(name: str, value: str) -> float:
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = -1.0
+    if not seconds > 0:
+        raise ValueError(f"{name} must be a number of seconds above 0; got {value!r}")
+    return seconds
 
 
 def _hub_endpoint(value: str) -> str:

@@ -82,6 +82,7 @@ def launch_settings(settings: OperatorSettings) -> LaunchSettings:
             min_bytes=settings.checkpoint_min_bytes,
         ),
         hub_endpoint=settings.hub_endpoint,
+        progress_seconds=settings.progress_seconds,
     )
 
 
@@ -122,7 +123,7 @@ def observe_snapshot(
     active = monitoring(status)
     if active is not None:
         digest = profile_key(spec, status, snap.settings, None if status.profile else pools.get())
-        children = _attempt_children(api, ref, active.index, progress_due=needs_progress(status, snap.now))
+        children = _attempt_children(api, ref, active.index, progress_due=needs_progress(status, snap.now, snap.settings.progress_seconds))
         quota_due = needs_quota_to_monitor(children.job, status, spec, snap.now)
         world_then = pools.get() if needs_world_to_monitor(children) or status.profile is None or quota_due else None
         if quota_due and world_then is not None and spec.scheduling.kueue_queue:

@@ -16,7 +16,13 @@ from memfit.kube.names import train_job_name
 from memfit.kube.train_job import build_plan_config_map
 from memfit.lifecycle import conditions as c
 from memfit.lifecycle.draft import Draft
-from memfit.lifecycle.images import image_blocked, image_gives_up, image_message
+from memfit.lifecycle.images import (
+    config_blocked,
+    config_message,
+    image_blocked,
+    image_gives_up,
+    image_message,
+)
 from memfit.lifecycle.launch import launch_effects
 from memfit.lifecycle.learning import ALLOCATOR_METERS, learn
 from memfit.lifecycle.observed import JobSummary, PodSummary
@@ -67,7 +73,7 @@ def monitor_step(draft: Draft, snap: Snapshot, spec: MemoryOptimizedTrainingJobS
         _failed(draft, snap, plan, job, measured, digest)
     elif (blocked := image_blocked(job)) is not None:
         _image_blocked(draft, snap, spec, job, blocked)
-    elif (unconfigured := next((p for p in job.pods if p.config_problem), None)) is not None:
+    elif (unconfigured := config_blocked(job)) is not None:
         _config_blocked(draft, snap, spec, job, unconfigured)
     elif job.suspended:
         # Created suspended for Kueue: admission (unsuspend) is Kueue's decision, not a capacity failure;
@@ -210,14 +216,9 @@ def _config_blocked(
     """The kubelet cannot start a container: a Secret or key it names is missing (the hub token's,
     usually). Said in a condition naming the field; the job fails once it lasted capacityTimeoutSeconds
     (the kubelet retries, so creating the Secret in time lets it start)."""
-    message = f"pod {pod.name} cannot start: {pod.config_problem}"
-    hf = spec.problem.huggingface
-    ref = hf.token_secret_ref if hf is not None else None
-    if ref is not None and ref.name in pod.config_problem:
-        message = (f"spec.problem.huggingface.tokenSecretRef: Secret {snap.job.namespace}/{ref.name} with key "
-                   f"{ref.key!r} is needed by the pods; {message}")  # fmt: skip
+    message = config_message(pod, spec, snap.job.namespace)
     timeout = spec.recovery.capacity_timeout_seconds
-    since = job.started_at
+    since = pod.created_at or job.started_at  # this pod's wait (a replacement pod an hour in starts anew)
     if since is not None and (snap.now - since).total_seconds() >= timeout:
         draft.finish_attempt(AttemptOutcome.FAILED, reason=message[:1024])
         draft.fail(c.CONTAINER_CONFIG_ERROR, f"{message} (for {timeout}s, capacityTimeoutSeconds)")

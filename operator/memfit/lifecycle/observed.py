@@ -37,6 +37,7 @@ class PodSummary:
     image: str = ""  # the (first) container's image
     image_problem: str = ""  # why its image cannot run: "<reason>: <kubelet message>", "" when none
     config_problem: str = ""  # CreateContainerConfigError: the kubelet's message (a Secret or key missing)
+    created_at: datetime | None = None  # metadata.creationTimestamp
 
     @property
     def image_permanent(self) -> bool:
@@ -141,6 +142,12 @@ def summarize_pod(pod: Manifest) -> PodSummary:
     containers = (pod.get("spec") or {}).get("containers") or []
     image = str(containers[0].get("image") or "") if containers else ""
     image_problem = ""
+    for cs in status.get("initContainerStatuses") or []:
+        # An init container (the download step) pulls first: while its image fails, the others wait.
+        waiting = (cs.get("state") or {}).get("waiting") or {}
+        if waiting.get("reason") in IMAGE_REASONS and not image_problem:
+            image_problem = f"{waiting['reason']}: {str(waiting.get('message') or '')[:400]}".rstrip(": ")
+            image = str(cs.get("image") or image)
     for cs in status.get("containerStatuses") or []:
         state = cs.get("state") or {}
         if state.get("running"):
@@ -180,6 +187,7 @@ def summarize_pod(pod: Manifest) -> PodSummary:
         image=image,
         image_problem=image_problem,
         config_problem=config_problem,
+        created_at=parse_time((pod.get("metadata") or {}).get("creationTimestamp")),
     )
 
 

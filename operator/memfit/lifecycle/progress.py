@@ -75,7 +75,11 @@ def final_progress(
     time and whole-job rate where the trainer reported them (older trainers: what the last read saw)."""
     final, resumed = done.get("finalLoss"), done.get("resumedFromStep")
     step_seconds, tokens = done.get("stepSeconds"), done.get("tokensPerSecond")
+    if previous is not None and previous.attempt != attempt:
+        previous = None  # an earlier attempt's numbers say nothing about this one
     base = previous or Progress(step=0, max_steps=max_steps, steps="", attempt=attempt, updated_at=now)
+    if done:  # the message says whether the finishing pod resumed; a read of an earlier pod does not
+        base = base.model_copy(update={"resumed_from_step": None})
     return base.model_copy(update={
         "step": max_steps, "steps": f"{max_steps}/{base.max_steps}", "eta_seconds": 0, "eta": "0s",
         "loss": _round(_number(final)) if _number(final) is not None else base.loss,

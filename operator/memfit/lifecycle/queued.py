@@ -28,6 +28,8 @@ def move_if_another_pool_has_quota(
     world, cache = snap.world, snap.profile_cache
     if current is None or current.started_at is None or world is None or world.queue_quota is None or cache is None:
         return False
+    if current.outcome == AttemptOutcome.RUNNING:
+        return False  # it ran, and Kueue evicted it: Kueue re-queues it where it ran, with its checkpoints
     waited = int((snap.now - current.started_at).total_seconds())
     timeout = spec.recovery.capacity_timeout_seconds
     if waited < timeout:
@@ -46,13 +48,16 @@ def move_if_another_pool_has_quota(
         catalog=world.catalog,
         quota=quota,
     )
-    waiting = (f"LocalQueue {job.queue} has not admitted training Job {job.name} on {plan.node_pool} for "
-               f"{waited}s (capacityTimeoutSeconds {timeout}; {quota.describe()})")  # fmt: skip
+    # The condition's message stays the same while nothing changes (no status write per resync).
+    waiting = (f"LocalQueue {job.queue} has not admitted training Job {job.name} on {plan.node_pool} within "
+               f"capacityTimeoutSeconds ({timeout}s; {quota.describe()})")  # fmt: skip
     if outcome.plan is None:
         draft.set(c.RUNNING, False, c.WAITING_FOR_ADMISSION,
                   f"{waiting}; no other pool's quota can hold the job now: it keeps its place in the queue")  # fmt: skip
         return False
-    reason = f"{waiting}; {outcome.plan.node_pool} has quota for {outcome.plan.describe()}"
+    reason = (f"LocalQueue {job.queue} has not admitted training Job {job.name} on {plan.node_pool} for {waited}s "
+              f"(capacityTimeoutSeconds {timeout}; {quota.describe()}); {outcome.plan.node_pool} has quota for "
+              f"{outcome.plan.describe()}")  # fmt: skip
     draft.finish_attempt(AttemptOutcome.NO_CAPACITY, reason=reason)
     draft.set(c.RUNNING, False, c.NO_QUOTA, reason)
     draft.enter(Phase.REPLANNING, f"attempt {plan.attempt}: {reason}; re-planning")

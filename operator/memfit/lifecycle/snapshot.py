@@ -18,6 +18,7 @@ from pydantic import ValidationError
 from memfit.api.common import ConditionStatus
 from memfit.api.job import (
     Attempt,
+    AttemptOutcome,
     MemoryOptimizedTrainingJobSpec,
     MemoryOptimizedTrainingJobStatus,
     Phase,
@@ -53,6 +54,9 @@ class JobRef:
         )
 
 
+PROGRESS_SECONDS = 15  # status.progress is refreshed about this often while the pods run (default)
+
+
 @dataclass(frozen=True, slots=True)
 class LaunchSettings:
     """Operator-wide settings the children are built with (Helm values / flags)."""
@@ -64,6 +68,7 @@ class LaunchSettings:
     pod_group_enabled: bool = False
     checkpoints: CheckpointStorage = field(default_factory=CheckpointStorage)
     hub_endpoint: str = ""  # HF_ENDPOINT of the pods (chart value hub.endpoint: a mirror)
+    progress_seconds: float = PROGRESS_SECONDS  # how often rank 0's metrics are read for status.progress
 
     def pod(self, spec: MemoryOptimizedTrainingJobSpec) -> PodSettings:
         return PodSettings(
@@ -199,6 +204,8 @@ def needs_quota_to_monitor(
     and the profile."""
     if job is None or not job.queue or not job.suspended or job.finished or not status.attempts:
         return False
+    if status.attempts[-1].outcome == AttemptOutcome.RUNNING:
+        return False  # evicted after running: Kueue re-queues it (memfit.lifecycle.queued)
     started = status.attempts[-1].started_at
     return started is not None and (now - started).total_seconds() >= spec.recovery.capacity_timeout_seconds
 
@@ -222,13 +229,15 @@ def needs_profiling_job(
     return not ((profiled is not None and profiled.status == ConditionStatus.TRUE) or spec.profiling.reuse)
 
 
-PROGRESS_SECONDS = 15  # status.progress is refreshed about this often while the pods run
 
 
-def needs_progress(status: MemoryOptimizedTrainingJobStatus, now: datetime) -> bool:
-    """Rank 0's metrics are read when the progress is older than PROGRESS_SECONDS (or missing)."""
+def needs_progress(
+    status: MemoryOptimizedTrainingJobStatus, now: datetime, every: float = PROGRESS_SECONDS
+) -> bool:
+    """Rank 0's metrics are read when the progress is older than `every` seconds (the operator setting
+    progress_seconds, PROGRESS_SECONDS by default) or missing."""
     progress = status.progress
-    return progress is None or (now - progress.updated_at).total_seconds() >= PROGRESS_SECONDS
+    return progress is None or (now - progress.updated_at).total_seconds() >= every
 
 
 def needs_world_to_monitor(children: AttemptChildren) -> bool:

@@ -95,3 +95,54 @@ def test_a_missing_token_secret_is_named_and_fails_after_the_capacity_timeout() 
     h.later(301)
     h.reconcile()
     assert h.stored.phase == Phase.FAILED and h.condition("Failed")[1] == "ContainerConfigError"
+
+
+def test_an_init_container_whose_image_cannot_start_is_seen() -> None:
+    """The download step (init container fetch-model) pulls first; while it cannot, the trainer container
+    only shows PodInitializing: the job must still say why, and fail a permanent cause at once."""
+    h = launched()
+    h.start("j-train-0")
+    init = {"name": "fetch-model", "image": IMAGE, "state": {"waiting": {
+        "reason": "ErrImageNeverPull", "message": f'Container image "{IMAGE}" is not present'}}}  # fmt: skip
+    main = {"name": "trainer", "image": IMAGE, "state": {"waiting": {"reason": "PodInitializing"}}}
+    h.add_pod("j-train-0", phase="Pending", initContainerStatuses=[init], containerStatuses=[main])
+    h.reconcile()
+    assert h.stored.phase == Phase.FAILED
+    _, reason, message = h.condition("Failed")
+    assert reason == "ImageUnavailable" and IMAGE in message and "ErrImageNeverPull" in message
+
+
+def test_a_replacement_pod_missing_its_secret_gets_its_own_timeout() -> None:
+    """Timed from the pod's creation: a replacement pod an hour into the run is not failed at once."""
+    from datetime import timedelta
+
+    from lifecycle_harness import T0
+
+    h = launched(recovery={"capacityTimeoutSeconds": 300})
+    h.start("j-train-0")
+    h.later(3600)
+    init = {"name": "fetch-model", "state": {"waiting": {"reason": "CreateContainerConfigError",
+                                                         "message": 'secret "hf-token" not found'}}}  # fmt: skip
+    pod = h.add_pod("j-train-0", phase="Pending", initContainerStatuses=[init])
+    h.pods[pod]["metadata"]["creationTimestamp"] = (T0 + timedelta(seconds=3590)).isoformat().replace("+00:00", "Z")
+    h.reconcile()
+    assert h.stored.phase != Phase.FAILED and h.condition("Running")[1] == "ContainerConfigError"
+    h.later(300)
+    h.reconcile()
+    assert h.stored.phase == Phase.FAILED
+
+
+def test_a_profiling_pod_missing_the_token_secret_is_named() -> None:
+    problem = {"huggingface": {"model": "org/llama", "tokenSecretRef": {"name": "hf-token"}, "sequenceLength": 64}}
+    h = Harness(spec=quickstart(problem=problem, recovery={"capacityTimeoutSeconds": 300}))
+    h.reconcile()
+    h.start("j-profile")
+    h.add_pod("j-profile", phase="Pending", **{"containerStatuses": [{"name": "profiler", "state": {"waiting": {
+        "reason": "CreateContainerConfigError", "message": 'secret "hf-token" not found'}}}]})  # fmt: skip
+    h.reconcile()
+    status, reason, message = h.condition("Profiled")
+    assert (status, reason) == ("False", "ContainerConfigError") and h.stored.phase != Phase.FAILED
+    assert message.startswith("profiling spec.problem.huggingface.tokenSecretRef: Secret ns/hf-token")
+    h.later(301)
+    h.reconcile()
+    assert h.stored.phase == Phase.FAILED and h.condition("Failed")[1] == "ContainerConfigError"

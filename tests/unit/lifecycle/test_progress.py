@@ -142,6 +142,13 @@ def test_a_job_that_ends_between_two_reads_shows_its_rate_from_the_completed_mes
     assert (progress.loss, progress.step_seconds, progress.tokens_per_second) == (1.25, 0.125, 4096.0)
 
 
+def test_final_progress_of_a_new_attempt_does_not_inherit_the_last_ones_numbers() -> None:
+    earlier = progress_of(trainer_sample(RANK0, attempt=0), max_steps=1000, data_parallel=2, now=T0)  # type: ignore[arg-type]
+    assert earlier.resumed_from_step == 60 and earlier.tokens_per_second is not None
+    final = final_progress(earlier, {"reason": "Completed", "finalLoss": 0.5}, max_steps=1000, attempt=1, now=T0)
+    assert (final.attempt, final.resumed_from_step, final.tokens_per_second, final.loss) == (1, None, None, 0.5)
+
+
 def test_final_progress_keeps_what_an_older_trainer_did_not_report() -> None:
     read = progress_of(trainer_sample(RANK0, attempt=0), max_steps=1000, data_parallel=2, now=T0)  # type: ignore[arg-type]
     final = final_progress(read, {"reason": "Completed", "finalLoss": "nan?"}, max_steps=1000, attempt=0, now=T0)
