@@ -155,3 +155,29 @@ def test_namespace_scoped_podmonitor_selects_only_watched_namespaces(helm: Path)
     rendered, _ = helm_template(helm, "-f", str(values_file("namespace-scoped")), "--set", "podMonitor.enabled=true")
     monitor = rendered.one("PodMonitor")
     assert monitor["spec"]["namespaceSelector"] == {"matchNames": ["ml-team-a", "ml-team-b"]}
+
+
+def test_kueue_flavors_from_pool_values_equal_memfits_own(helm: Path) -> None:
+    """kueue.flavors renders, per gpuNodePools entry, the ResourceFlavor `memfit kueue flavors` builds for
+    that pool (same nodeLabels and tolerations), so memfit's nodeSelector and Kueue's flavor agree."""
+    from e2e_chart import helm_template, values_file
+    from memfit.api.pool import GPUNodePool
+    from memfit.kube.kueue import build_resource_flavor
+
+    args = ["-f", str(values_file("pools")), "--set", "kueue.flavors=true"]
+    rendered, _ = helm_template(helm, *args, "--api-versions", "kueue.x-k8s.io/v1beta2/ResourceFlavor")
+    flavors = rendered.kind("ResourceFlavor")
+    values = load_values("pools")["gpuNodePools"]
+    assert [f["metadata"]["name"] for f in flavors] == [p["name"] for p in values]
+    for flavor, pool in zip(flavors, values, strict=True):
+        model = GPUNodePool.model_validate({"apiVersion": "memfit.dev/v1alpha1", "kind": "GPUNodePool",
+                                            "metadata": {"name": pool["name"]}, "spec": pool["spec"]})  # fmt: skip
+        assert flavor["spec"] == build_resource_flavor(model)["spec"], flavor
+        assert flavor["apiVersion"] == "kueue.x-k8s.io/v1beta2"
+    # Without Kueue's API in the cluster, or without pools, the install fails saying why.
+    _, stderr = helm_template(helm, *args, check=False)
+    assert "kueue.flavors: Kueue's ResourceFlavor API (kueue.x-k8s.io/v1beta2) is not in the cluster" in stderr
+    _, stderr = helm_template(helm, "--set", "kueue.flavors=true", "--api-versions",
+                              "kueue.x-k8s.io/v1beta2/ResourceFlavor", check=False)  # fmt: skip
+    assert "kueue.flavors: gpuNodePools is empty" in stderr
+    assert not render_variant(helm, "pools").kind("ResourceFlavor")  # off by default
