@@ -1,0 +1,114 @@
+"""Gang admission through the real Kueue: a plan over two nodes is admitted whole or not at all.
+
+memfit's training Job for a two-node plan is one Indexed Job (parallelism 2, one pod per node), so Kueue
+sees one Workload with a pod set of count 2 and reserves quota for both pods or neither; memfit asks for
+no partial admission (no `kueue.x-k8s.io/job-min-parallelism`). The pods here are simulated by KWOK (the
+operator runs without the local pod runner): the model is far too large for this machine, and only the
+admission is under test.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kueue_helpers import admitted, delete, gpu_flavor, setup, workload_of
+from memfit_testbed.cluster_helpers import Kube
+from memfit_testbed.kueue import KueueManager
+from memfit_testbed.operator_helpers import apply_pools, create_job, get_job, operator_process, quickstart
+from operator_ready import wait_healthy
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+T4 = {"memfit.dev/pool": "t4-spot"}
+# A 1.3B-parameter GPT: its ZeRO-3 states (~21 GB in fp16 with fp32 master weights and Adam) need the
+# two T4s of t4-spot (15 GB each); with the strategy pinned, no single-GPU plan exists.
+BIG = {"builtin": {"kind": "gpt", "layers": 24, "hidden": 2048, "heads": 16, "vocab": 50304, "sequenceLength": 512}}
+
+
+@pytest.fixture(scope="module")
+def operator(
+    cluster: Any, kube: Kube, kueue: KueueManager, tmp_path_factory: pytest.TempPathFactory,
+    request: pytest.FixtureRequest,
+) -> Iterator[Path]:
+    request.getfixturevalue("install_crds")
+    apply_pools(kube)
+    log = tmp_path_factory.mktemp("operator-kwok") / "operator.log"
+    with operator_process(cluster.kubeconfig, log, pod_runner=False) as (proc, port):
+        wait_healthy(port, log)
+        yield log
+        assert proc.poll() is None, f"operator exited:\n{log.read_text()[-3000:]}"
+
+
+def _cluster_queue(kube: Kube, name: str, patch: dict[str, Any]) -> None:
+    from kubernetes import client
+
+    client.CustomObjectsApi(kube.api_client).patch_cluster_custom_object(
+        "kueue.x-k8s.io", "v1beta2", "clusterqueues", name, patch)
+
+
+def test_a_two_node_plan_is_admitted_whole_or_not_at_all(kube: Kube, namespace: str, operator: Path) -> None:
+    from memfit.controller.kubeapi import KubeApi
+    from memfit_testbed.profiles import seed_profile
+
+    docs = setup(namespace, {"t4-spot": 2})
+    cq = f"cq-{namespace}"
+    try:
+        _cluster_queue(kube, cq, {"spec": {"stopPolicy": "Hold"}})  # memfit plans against 2 free GPUs
+        spec = quickstart("gang", problem=BIG, scheduling={"kueueQueue": "gpu"},
+                          training={"globalBatchSize": 8, "maxSteps": 10},
+                          strategy={"engine": "deepspeed", "zeroStage": 3, "offload": "none", "precision": "fp16"},
+                          placement={"nodePools": ["t4-spot"], "maxNodes": 2,
+                                     "baseline": {"nodePool": "a100-80-ondemand", "nodes": 1}})  # fmt: skip
+        seed_profile(KubeApi.from_client(kube.api_client), namespace, spec)
+        create_job(kube, namespace, spec)
+        train = kube.wait("the training Job", lambda: kube.batch.read_namespaced_job("gang-train-0", namespace)
+                          if any(j.metadata.name == "gang-train-0" for j in kube.batch.list_namespaced_job(
+                              namespace).items) else None, timeout=90)  # fmt: skip
+        plan = get_job(kube, namespace, "gang")["status"]["plan"]
+        assert (plan["nodePool"], plan["nodes"], plan["gpus"]) == ("t4-spot", 2, 2), plan
+        assert train.spec.parallelism == 2 and train.spec.completions == 2
+        annotations = train.metadata.annotations or {}
+        assert "kueue.x-k8s.io/job-min-parallelism" not in annotations  # no partial admission
+
+        # The queue can now hold one of the two GPUs: nothing is admitted, no pod exists.
+        _cluster_queue(kube, cq, {"spec": {"stopPolicy": "None", "resourceGroups": _resource_groups(kube, cq, gpus=1)}})
+        wl = kube.wait("the Workload pending for quota", lambda: _pending(kube, namespace), timeout=60)
+        assert wl["spec"]["podSets"][0]["count"] == 2, wl["spec"]["podSets"]
+        assert kube.batch.read_namespaced_job("gang-train-0", namespace).spec.suspend is True
+        assert not kube.pods(namespace, "job-name=gang-train-0")
+
+        # Quota for both: admitted as one, both pods created on the pool's flavor.
+        _cluster_queue(kube, cq, {"spec": {"resourceGroups": _resource_groups(kube, cq, gpus=2)}})
+        wl = kube.wait("the Workload admitted", lambda: admitted(kube, namespace, "gang-train-0"), timeout=90)
+        assert gpu_flavor(wl) == "t4-spot"
+        assert wl["status"]["admission"]["podSetAssignments"][0]["count"] == 2
+        pods = kube.wait("both pods", lambda: p if len(p := kube.pods(namespace, "job-name=gang-train-0")) == 2
+                         else None, timeout=60)  # fmt: skip
+        assert all(p["spec"]["nodeSelector"] == T4 for p in pods)
+    finally:
+        delete(docs[-2:])
+
+
+def _resource_groups(kube: Kube, cq: str, *, gpus: int) -> list[dict[str, Any]]:
+    from kubernetes import client
+
+    current = client.CustomObjectsApi(kube.api_client).get_cluster_custom_object(
+        "kueue.x-k8s.io", "v1beta2", "clusterqueues", cq)
+    groups: list[dict[str, Any]] = current["spec"]["resourceGroups"]
+    for group in groups:
+        for flavor in group["flavors"]:
+            for res in flavor["resources"]:
+                if res["name"] == "nvidia.com/gpu":
+                    res["nominalQuota"] = gpus if flavor["name"] == "t4-spot" else 0
+    return groups
+
+
+def _pending(kube: Kube, namespace: str) -> dict[str, Any] | None:
+    wl = workload_of(kube, namespace, "gang-train-0")
+    conds = {c["type"]: c for c in ((wl or {}).get("status") or {}).get("conditions") or []}
+    reserved = conds.get("QuotaReserved")
+    if reserved and reserved["status"] == "False" and "insufficient" in reserved.get("message", ""):
+        return wl
+    return None
