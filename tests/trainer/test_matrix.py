@@ -28,6 +28,7 @@ from trainer_support import (
     REPO,
     PlanBuilder,
     case_id,
+    cpu_cannot_run,
     pairwise,
     strategy_plan,
     subprocess_env,
@@ -100,6 +101,8 @@ WORLD1 = [
 @pytest.mark.slow
 @pytest.mark.parametrize("plan", WORLD1, ids=[case_id(p) for p in WORLD1])
 def test_world1_strategy_trains_and_applies(plan: PlanBuilder, train_local: Callable[..., Any]) -> None:
+    if reason := cpu_cannot_run(plan):
+        pytest.skip(reason)
     from dataclasses import asdict
 
     plan = plan.steps(steps_for(plan))
@@ -151,6 +154,8 @@ def test_world2_cases_cover_every_pair() -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("plan", WORLD2, ids=[case_id(p) for p in WORLD2])
 def test_world2_strategy_trains_and_applies(plan: PlanBuilder, world2_reports: dict[str, Any]) -> None:
+    if reason := cpu_cannot_run(plan):
+        pytest.skip(reason)
     reports = world2_reports[case_id(plan)]
     for rank in (0, 1):
         assert "error" not in reports[rank], reports[rank].get("traceback")

@@ -295,3 +295,16 @@ def pairwise(dimensions: list[list[Any]]) -> list[tuple[Any, ...]]:
         chosen.append(best)
         uncovered -= pairs(best)
     return chosen
+
+
+def cpu_cannot_run(plan: PlanBuilder) -> str | None:
+    """Why this CPU cannot run `plan`, or None: DeepSpeed refuses fp16 on a CPU without oneDNN fp16
+    (AVX512-FP16 / AMX-FP16; e.g. AMD EPYC), a capability of the machine like a GPU's presence."""
+    wire = plan.wire()
+    if wire["engine"] != "deepspeed" or wire["precision"] != "fp16":
+        return None
+    import torch
+
+    if torch.cuda.is_available() or torch.ops.mkldnn._is_mkldnn_fp16_supported():
+        return None
+    return "DeepSpeed refuses fp16 on this CPU (no oneDNN fp16: AVX512-FP16/AMX); runs where the CPU has it"
