@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 from memfit_trainer.dist import free_port
-from trainer_support import PlanBuilder, make_plan
+from trainer_support import PlanBuilder, cpu_cannot_run, make_plan
 
 STEPS = 3
 
@@ -39,6 +39,8 @@ def test_engines_and_accumulation_splits_give_the_same_losses(train_local: Calla
 def test_sixteen_bit_engines_agree(precision: str, train_local: Callable[..., Any]) -> None:
     """bf16/fp16 with loss scaling: every engine makes the same SGD updates (SGD, unlike Adam, exposes a
     wrongly scaled gradient). Guards the DeepSpeed ZeRO-0 fp16 workaround (DeepSpeed PR #8393)."""
+    if reason := cpu_cannot_run(make_plan().deepspeed(0).precision(precision)):
+        pytest.skip(reason)
     plans = {
         "ddp": make_plan().ddp(),
         "fsdp3": make_plan().fsdp(3),
