@@ -25,8 +25,13 @@ REPLANS = Counter(
 )
 PROFILING_FAILURES = Counter("memfit_profiling_failures", "Jobs whose profiling failed.", ["namespace"])
 RECONCILE_ERRORS = Counter("memfit_reconcile_errors", "Reconciles that raised, by resource kind.", ["kind"])
-for _kind in ("MemoryOptimizedTrainingJob", "GPUNodePool", "Resync"):
+for _kind in ("MemoryOptimizedTrainingJob", "GPUNodePool", "Resync", "AdmissionCheck"):
     RECONCILE_ERRORS.labels(_kind)
+ADMISSION_CHECKS = Counter(
+    "memfit_admission_checks",
+    "Workloads the memfit.dev/memory-fit AdmissionCheck answered, by state (Ready, Retry, Rejected).",
+    ["state"],
+)
 PROFILE_SECONDS = Histogram(
     "memfit_profile_duration_seconds",
     "Profiling Job wall time.",

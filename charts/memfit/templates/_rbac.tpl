@@ -66,4 +66,22 @@
   resources: [clusterqueues]
   verbs: [get, list, watch]
 {{- end }}
+{{- if .Values.kueue.admissionCheck.enabled }}
+{{- /* The memfit.dev/memory-fit AdmissionCheck controller answers Workloads of every namespace. */}}
+- apiGroups: [kueue.x-k8s.io]
+  resources: [admissionchecks, workloads]
+  verbs: [get, list]
+- apiGroups: [kueue.x-k8s.io]
+  resources: [admissionchecks/status, workloads/status]
+  verbs: [patch]
+- apiGroups: [kueue.x-k8s.io]
+  resources: [resourceflavors, clusterqueues]
+  verbs: [get]
+- apiGroups: [batch]
+  resources: [jobs]
+  verbs: [get]
+- apiGroups: [""]
+  resources: [configmaps]
+  verbs: [get]
+{{- end }}
 {{- end }}

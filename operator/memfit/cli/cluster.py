@@ -84,7 +84,8 @@ def cmd_operator(args: argparse.Namespace) -> int:
     if labels:
         settings = OperatorSettings.from_env(**overrides, extra_pod_labels=settings.extra_pod_labels | labels)
     _load_kube_config()
-    runtime = handlers.Runtime(settings, KubeApi.from_client())
+    api = KubeApi.from_client()
+    runtime = handlers.Runtime(settings, api)
     if args.metrics_port:
         metrics.serve(args.metrics_host, args.metrics_port, runtime.healthy)
     threading.Thread(
@@ -93,6 +94,15 @@ def cmd_operator(args: argparse.Namespace) -> int:
         name="memfit-resync",
         daemon=True,
     ).start()
+    if settings.admission_check_seconds:
+        from memfit.controller.admission_check import MemoryFitController
+
+        threading.Thread(
+            target=MemoryFitController(api).run_forever,
+            args=(runtime.stop, settings.admission_check_seconds),
+            name="memfit-memory-fit",
+            daemon=True,
+        ).start()
     memo = handlers.runtime_memo(runtime)
     if args.namespace:
         kopf.run(standalone=True, namespaces=args.namespace, memo=memo)

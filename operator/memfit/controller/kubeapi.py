@@ -19,6 +19,7 @@ log = logging.getLogger(__name__)
 Manifest = dict[str, Any]
 MOTJ_PLURAL = "memoryoptimizedtrainingjobs"
 POOL_PLURAL = "gpunodepools"
+FIELD_MANAGER = "memfit-memory-fit"  # server-side applies of the AdmissionCheck controller
 CONNECTIONS = 32  # kept-alive connections: every reconcile thread and the resync loop reuse one
 
 
@@ -125,6 +126,46 @@ class KubeApi:
     def get_cluster_queue(self, name: str) -> Manifest | None:
         return self._kueue_get(lambda: self.custom.get_cluster_custom_object(
             "kueue.x-k8s.io", "v1beta2", "clusterqueues", name, _preload_content=False))
+
+    def get_resource_flavor(self, name: str) -> Manifest | None:
+        return self._kueue_get(lambda: self.custom.get_cluster_custom_object(
+            "kueue.x-k8s.io", "v1beta2", "resourceflavors", name, _preload_content=False))
+
+    def list_admission_checks(self) -> list[Manifest]:
+        """Kueue AdmissionChecks (cluster-scoped); none without Kueue or without the read."""
+        return self._kueue_list(lambda: self.custom.list_cluster_custom_object(
+            "kueue.x-k8s.io", "v1beta2", "admissionchecks", _preload_content=False))
+
+    def list_all_workloads(self) -> list[Manifest]:
+        """Every Kueue Workload of the cluster; none without Kueue or without the read."""
+        return self._kueue_list(lambda: self.custom.list_cluster_custom_object(
+            "kueue.x-k8s.io", "v1beta2", "workloads", _preload_content=False))
+
+    def apply_admission_check_status(self, name: str, conditions: list[Manifest]) -> None:
+        """Server-side apply of an AdmissionCheck's status conditions (memfit's field manager)."""
+        body = {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "AdmissionCheck", "metadata": {"name": name},
+                "status": {"conditions": conditions}}
+        self.custom.patch_cluster_custom_object_status(
+            "kueue.x-k8s.io", "v1beta2", "admissionchecks", name, body, field_manager=FIELD_MANAGER, force=True,
+            _content_type="application/apply-patch+yaml")
+
+    def apply_workload_check(self, namespace: str, name: str, check: Manifest) -> None:
+        """Server-side apply of one entry of a Workload's `status.admissionChecks` (a map keyed by
+        name: Kueue's own entries and fields are left alone)."""
+        body = {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "Workload",
+                "metadata": {"name": name, "namespace": namespace}, "status": {"admissionChecks": [check]}}
+        self.custom.patch_namespaced_custom_object_status(
+            "kueue.x-k8s.io", "v1beta2", namespace, "workloads", name, body, field_manager=FIELD_MANAGER,
+            force=True, _content_type="application/apply-patch+yaml")
+
+    @staticmethod
+    def _kueue_list(call: Any) -> list[Manifest]:
+        try:
+            return list(_json(call()).get("items") or [])
+        except ApiException as error:
+            if error.status in (403, 404):
+                return []
+            raise
 
     @staticmethod
     def _kueue_get(call: Any) -> Manifest | None:

@@ -27,6 +27,9 @@ class OperatorSettings:
     checkpoint_access_mode: str = "ReadWriteOnce"  # ReadWriteMany lets plans span nodes
     checkpoint_min_bytes: int = 10 << 30  # the floor under the model-state estimate
     hub_endpoint: str = ""  # HF_ENDPOINT of the training pods (chart hub.endpoint): a hub mirror
+    # The memfit.dev/memory-fit Kueue AdmissionCheck controller (chart kueue.admissionCheck): off, or
+    # the seconds between its passes.
+    admission_check_seconds: float = 0.0
     progress_seconds: float = 15.0  # status.progress refresh: rank 0's metrics read at most this often
 
     @classmethod
@@ -45,6 +48,7 @@ class OperatorSettings:
             checkpoint_access_mode=_access_mode(os.environ.get("MEMFIT_CHECKPOINT_ACCESS_MODE", "ReadWriteOnce")),
             checkpoint_min_bytes=parse_quantity(os.environ.get("MEMFIT_CHECKPOINT_MIN_SIZE", "10Gi")),
             hub_endpoint=_hub_endpoint(os.environ.get("MEMFIT_HUB_ENDPOINT", "")),
+            admission_check_seconds=_admission_check(os.environ.get("MEMFIT_ADMISSION_CHECK_SECONDS", "0")),
             progress_seconds=_positive("MEMFIT_PROGRESS_SECONDS", os.environ.get("MEMFIT_PROGRESS_SECONDS", "15")),
         )
         values = {name: getattr(base, name) for name in cls.__slots__}  # type: ignore[attr-defined]
@@ -60,6 +64,12 @@ def _positive(name: str, value: str) -> float:
     if not seconds > 0:
         raise ValueError(f"{name} must be a number of seconds above 0; got {value!r}")
     return seconds
+
+
+def _admission_check(value: str) -> float:
+    if value.strip() in ("", "0"):
+        return 0.0
+    return _positive("MEMFIT_ADMISSION_CHECK_SECONDS", value)
 
 
 def _hub_endpoint(value: str) -> str:
