@@ -23,7 +23,17 @@ NAMESPACED: Rules = {
 }
 KUEUE: Rules = {("kueue.x-k8s.io", "workloads"): READ, ("kueue.x-k8s.io", "localqueues"): READ}
 KUEUE_CLUSTER: Rules = {("kueue.x-k8s.io", "clusterqueues"): READ}
-PODGROUP: Rules = {("scheduling.x-k8s.io", "podgroups"): frozenset({"create", "get", "delete"})}
+# The memfit.dev/memory-fit AdmissionCheck controller (kueue.admissionCheck): Workloads of every namespace.
+ADMISSION_CHECK: Rules = {
+    ("kueue.x-k8s.io", "admissionchecks"): frozenset({"get", "list"}),
+    ("kueue.x-k8s.io", "workloads"): frozenset({"get", "list"}),
+    ("kueue.x-k8s.io", "admissionchecks/status"): frozenset({"patch"}),
+    ("kueue.x-k8s.io", "workloads/status"): frozenset({"patch"}),
+    ("kueue.x-k8s.io", "resourceflavors"): frozenset({"get"}),
+    ("kueue.x-k8s.io", "clusterqueues"): frozenset({"get"}),
+    ("batch", "jobs"): frozenset({"get"}),
+    ("", "configmaps"): frozenset({"get"}),
+}
 CLUSTER: Rules = {
     ("", "nodes"): READ,
     ("memfit.dev", "gpunodepools"): READ | {"patch", "create"},
@@ -60,8 +70,6 @@ def expected_namespaced(values: Mapping[str, Any]) -> dict[tuple[str, str], froz
     rules = dict(NAMESPACED)
     if values["kueue"]["enabled"]:
         rules |= KUEUE
-    if values["gang"]["podGroup"]["enabled"]:
-        rules |= PODGROUP
     return rules
 
 
@@ -69,6 +77,9 @@ def expected_cluster(values: Mapping[str, Any]) -> dict[tuple[str, str], frozens
     rules = dict(CLUSTER)
     if values["kueue"]["enabled"]:
         rules |= KUEUE_CLUSTER
+    if values["kueue"]["admissionCheck"]["enabled"]:
+        for key, verbs in ADMISSION_CHECK.items():
+            rules[key] = rules.get(key, frozenset()) | verbs
     return rules
 
 

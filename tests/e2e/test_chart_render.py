@@ -54,7 +54,7 @@ def test_operator_deployment(rendered: Rendered, variant: str) -> None:
     assert args[:3] == ["operator", "--metrics-port", "8080"]
     watched = [args[i + 1] for i, a in enumerate(args) if a == "--namespace"]
     assert watched == values["operator"]["watchNamespaces"]
-    assert ("--pod-group" in args) == values["gang"]["podGroup"]["enabled"]
+    assert "--pod-group" not in args  # removed: gang admission is Kueue's (docs/kueue.md)
     env = {e["name"]: e.get("value") for e in container["env"]}
     expected_trainer = ("memfit/trainer:0.1.0" if not values["trainer"]["image"]["digest"]
                         else f"memfit/trainer@{values['trainer']['image']['digest']}")
@@ -181,3 +181,28 @@ def test_kueue_flavors_from_pool_values_equal_memfits_own(helm: Path) -> None:
                               "kueue.x-k8s.io/v1beta2/ResourceFlavor", check=False)  # fmt: skip
     assert "kueue.flavors: gpuNodePools is empty" in stderr
     assert not render_variant(helm, "pools").kind("ResourceFlavor")  # off by default
+
+
+def test_kueue_admission_check_renders_the_check_its_rbac_and_the_interval(helm: Path) -> None:
+    """kueue.admissionCheck renders the memfit.dev/memory-fit AdmissionCheck, turns the controller on
+    (MEMFIT_ADMISSION_CHECK_SECONDS) and grants what it reads and patches, cluster-wide; without Kueue's
+    API the install fails saying why."""
+    from e2e_chart import helm_template
+    from e2e_rbac import ADMISSION_CHECK, grants, grants_of
+
+    args = ["--set", "kueue.admissionCheck.enabled=true", "--set", "kueue.admissionCheck.intervalSeconds=3"]
+    rendered, _ = helm_template(helm, *args, "--api-versions", "kueue.x-k8s.io/v1beta2/AdmissionCheck")
+    (check,) = rendered.kind("AdmissionCheck")
+    assert check["metadata"]["name"] == "memfit-memory-fit"
+    assert check["spec"] == {"controllerName": "memfit.dev/memory-fit"}
+    (deployment,) = rendered.kind("Deployment")
+    env = {e["name"]: e.get("value") for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["MEMFIT_ADMISSION_CHECK_SECONDS"] == "3"
+    (role,) = rendered.kind("ClusterRole")
+    assert grants(ADMISSION_CHECK) <= grants_of(role["rules"])
+    _, stderr = helm_template(helm, *args, check=False)
+    assert "kueue.admissionCheck: Kueue's AdmissionCheck API (kueue.x-k8s.io/v1beta2) is not in the cluster" in stderr
+    default, _ = helm_template(helm)
+    assert not default.kind("AdmissionCheck")
+    env = {e["name"] for e in default.kind("Deployment")[0]["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert "MEMFIT_ADMISSION_CHECK_SECONDS" not in env

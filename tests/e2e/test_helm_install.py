@@ -12,7 +12,7 @@ import pytest
 import yaml
 from e2e_chart import values_file
 from e2e_cluster import Cluster, wait_for
-from e2e_rbac import CLUSTER, DENIED, KUEUE, KUEUE_CLUSTER, NAMESPACED, PODGROUP, can_i_args, matrix
+from e2e_rbac import CLUSTER, DENIED, KUEUE, KUEUE_CLUSTER, NAMESPACED, can_i_args, matrix
 from e2e_tools import CHART
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
@@ -88,7 +88,7 @@ def test_rbac_matrix_cluster_wide(release: Cluster) -> None:
     cases += [(verb, can_i_args(g, r), None, allowed) for g, r, verb, allowed in matrix(NAMESPACED)
               if verb in ("list", "watch")]
     cases += [(verb, [res], ns, False) for verb, res in DENIED for ns in ("ml-anywhere", NS)]
-    cases += [(verb, can_i_args(g, r), "ml-anywhere", False) for g, r, verb, _ in matrix(dict(KUEUE) | PODGROUP)]
+    cases += [(verb, can_i_args(g, r), "ml-anywhere", False) for g, r, verb, _ in matrix(KUEUE)]
     cases += [(verb, can_i_args(g, r), None, False) for g, r, verb, _ in matrix(KUEUE_CLUSTER)]
     check_matrix(release, SA, cases)
 
@@ -102,9 +102,9 @@ def test_rbac_matrix_namespace_scoped(release: Cluster) -> None:
     try:
         dep = release.get("deployment", "memfit-ns", "-n", "memfit-scoped")
         args = dep["spec"]["template"]["spec"]["containers"][0]["args"]
-        assert args[-5:] == ["--pod-group", "--namespace", "ml-team-a", "--namespace", "ml-team-b"]
+        assert args[-4:] == ["--namespace", "ml-team-a", "--namespace", "ml-team-b"]
         user = "system:serviceaccount:memfit-scoped:memfit-ns"
-        namespaced = dict(NAMESPACED) | dict(KUEUE) | dict(PODGROUP)
+        namespaced = dict(NAMESPACED) | dict(KUEUE)
         cases = [(verb, can_i_args(g, r), ns, allowed) for g, r, verb, allowed in matrix(namespaced)
                  for ns in ("ml-team-a", "ml-team-b")]
         # Other namespaces, including its own and the cluster-wide view: nothing namespaced.

@@ -34,11 +34,6 @@
   resources: [workloads, localqueues]
   verbs: [get, list, watch]
 {{- end }}
-{{- if .Values.gang.podGroup.enabled }}
-- apiGroups: [scheduling.x-k8s.io]
-  resources: [podgroups]
-  verbs: [create, get, delete]
-{{- end }}
 {{- end }}
 
 {{/* Rules on cluster-scoped resources (always in the ClusterRole). */}}

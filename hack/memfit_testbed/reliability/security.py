@@ -121,7 +121,6 @@ def valid_specs(draw: st.DrawFn) -> dict[str, Any]:
     )
     spec["scheduling"] = {
         "kueueQueue": draw(st.one_of(st.just(""), label_values)),
-        "podGroup": draw(st.booleans()),
         "priorityClassName": draw(st.one_of(st.just(""), subdomains)),
     }
     claim = draw(st.one_of(st.none(), subdomains))

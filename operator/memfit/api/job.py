@@ -202,12 +202,11 @@ class RecoverySpec(ApiModel):
 
 
 class SchedulingSpec(ApiModel):
-    """Gang scheduling and priority."""
+    """Queue and priority. Gang admission comes from Kueue (a multi-node plan is one Workload)."""
 
     kueue_queue: str = Field(
         default="", max_length=NAME_MAX, description="Kueue LocalQueue; the Job is suspended for Kueue."
     )
-    pod_group: bool = Field(default=False, description="Create a scheduler-plugins PodGroup (gang).")
     priority_class_name: str = Field(default="", max_length=253, description="PriorityClass of the pods.")
 
 

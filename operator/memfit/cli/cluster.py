@@ -31,7 +31,6 @@ def register(sub: Any) -> None:
         help="label added to every profiling/training pod (repeatable)",
     )
     op.add_argument("--resync-seconds", type=float, default=5.0, help="re-check unfinished jobs this often")
-    op.add_argument("--pod-group", action="store_true", help="allow scheduler-plugins PodGroups (gang)")
     op.add_argument("--checkpoint-storage-class", default=None,
                     help="StorageClass of the checkpoint claims memfit creates (env MEMFIT_CHECKPOINT_STORAGE_CLASS; "
                     "empty = the cluster default)")  # fmt: skip
@@ -72,7 +71,6 @@ def cmd_operator(args: argparse.Namespace) -> int:
     overrides: dict[str, Any] = {
         "namespaces": tuple(args.namespace),
         "requeue_seconds": args.resync_seconds,
-        "pod_group_enabled": args.pod_group,
     }
     if args.trainer_image:
         overrides["trainer_image"] = args.trainer_image

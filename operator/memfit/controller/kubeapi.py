@@ -251,11 +251,6 @@ class KubeApi:
         if kind == "PersistentVolumeClaim":
             create_claim = self.core.create_namespaced_persistent_volume_claim
             return _json(create_claim(namespace, manifest, _preload_content=False))  # type: ignore[arg-type]
-        if kind == "PodGroup":
-            result: Manifest = self.custom.create_namespaced_custom_object(
-                "scheduling.x-k8s.io", "v1alpha1", namespace, "podgroups", manifest
-            )
-            return result
         raise ValueError(f"memfit does not create {kind}")
 
     def _read(self, kind: str, namespace: str, name: str) -> Manifest | None:
@@ -269,12 +264,6 @@ class KubeApi:
             )
         if kind == "PersistentVolumeClaim":
             return self.get_claim(namespace, name)
-        if kind == "PodGroup":
-            return _or_none(
-                lambda: self.custom.get_namespaced_custom_object(
-                    "scheduling.x-k8s.io", "v1alpha1", namespace, "podgroups", name
-                )
-            )
         raise ValueError(f"memfit does not read {kind}")
 
 

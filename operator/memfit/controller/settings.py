@@ -17,7 +17,6 @@ class OperatorSettings:
     extra_pod_labels: dict[str, str] = field(default_factory=dict)
     namespaces: tuple[str, ...] = ()  # empty = cluster-wide
     requeue_seconds: float = 5.0
-    pod_group_enabled: bool = False
     trainer_service_account: str = ""
     world_ttl_seconds: float = 1.0  # pools + capacity snapshot shared by the reconciles of this long
     node_ttl_seconds: float = 10.0  # the Node list behind it (nodes change far less often than pods)

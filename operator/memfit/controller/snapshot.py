@@ -75,7 +75,6 @@ def launch_settings(settings: OperatorSettings) -> LaunchSettings:
         image_pull_policy=settings.image_pull_policy,
         extra_pod_labels=dict(settings.extra_pod_labels),
         service_account=settings.trainer_service_account,
-        pod_group_enabled=settings.pod_group_enabled,
         checkpoints=CheckpointStorage(
             storage_class=settings.checkpoint_storage_class,
             access_mode=settings.checkpoint_access_mode,

@@ -310,8 +310,6 @@ def build_training_job(
     if pod.service_account:
         pod_spec["serviceAccountName"] = pod.service_account
     pod_labels = labels | pod.extra_labels
-    if spec.scheduling.pod_group:
-        pod_labels["scheduling.x-k8s.io/pod-group"] = name
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
@@ -363,12 +361,3 @@ def _fetch_failure_rule(spec: MemoryOptimizedTrainingJobSpec) -> list[Manifest]:
     return [{"action": "FailJob", "onExitCodes": rule}]
 
 
-def build_pod_group(*, owner: Owner, plan: Plan) -> Manifest:
-    """scheduler-plugins PodGroup for gang scheduling: all nodes' pods or none."""
-    name = train_job_name(owner.name, plan.attempt)
-    return {
-        "apiVersion": "scheduling.x-k8s.io/v1alpha1",
-        "kind": "PodGroup",
-        "metadata": metadata(name=name, owner=owner, labels=job_labels(owner.name, COMPONENT_TRAINER)),
-        "spec": {"minMember": plan.nodes, "scheduleTimeoutSeconds": 600},
-    }

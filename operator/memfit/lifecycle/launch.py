@@ -25,7 +25,6 @@ from memfit.kube.names import (
 )
 from memfit.kube.train_job import (
     build_plan_config_map,
-    build_pod_group,
     build_service,
     build_training_job,
     plan_json,
@@ -98,7 +97,6 @@ def launch_step(
             summary=summary,
             world=world,
             pod=snap.settings.pod(spec),
-            pod_group=spec.scheduling.pod_group and snap.settings.pod_group_enabled,
             storage=snap.settings.checkpoints,
         )
     )
@@ -212,7 +210,6 @@ def launch_effects(
     summary: PlanSummary | None,
     world: World,
     pod: PodSettings,
-    pod_group: bool,
     storage: CheckpointStorage,
 ) -> list[Effect]:
     """The children of an attempt, in crash-safe order: the plan record first, the training Job last."""
@@ -223,8 +220,6 @@ def launch_effects(
         Ensure(build_plan_config_map(owner=owner, plan=plan, summary=summary), record=True),
         Ensure(build_service(owner=owner)),
     ]
-    if pod_group:
-        effects.append(Ensure(build_pod_group(owner=owner, plan=plan)))
     if checkpoint_volume(spec, owner.name).kind == VolumeKind.CREATED:
         # Before the Job: its pods never wait on a claim nobody creates; owned, so deleted with the job.
         effects.append(Ensure(build_checkpoint_claim(owner=owner, plan=plan, storage=storage)))

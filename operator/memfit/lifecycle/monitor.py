@@ -54,7 +54,6 @@ def monitor_step(draft: Draft, snap: Snapshot, spec: MemoryOptimizedTrainingJobS
                 summary=draft.plan,
                 world=snap.pools(),
                 pod=snap.settings.pod(spec),
-                pod_group=spec.scheduling.pod_group and snap.settings.pod_group_enabled,
                 storage=snap.settings.checkpoints,
             )
         )

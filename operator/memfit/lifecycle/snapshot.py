@@ -65,7 +65,6 @@ class LaunchSettings:
     image_pull_policy: str = "IfNotPresent"
     extra_pod_labels: Mapping[str, str] = field(default_factory=dict)
     service_account: str = ""
-    pod_group_enabled: bool = False
     checkpoints: CheckpointStorage = field(default_factory=CheckpointStorage)
     hub_endpoint: str = ""  # HF_ENDPOINT of the pods (chart value hub.endpoint: a mirror)
     progress_seconds: float = PROGRESS_SECONDS  # how often rank 0's metrics are read for status.progress

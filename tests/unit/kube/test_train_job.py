@@ -5,15 +5,16 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 
+import pytest
 from factories import OWNER, PLACEMENT, POD, make_plan, make_spec
 from memfit.api.common import Offload
 from memfit.api.plan import MemoryBreakdown, Plan
 from memfit.kube.train_job import (
     build_plan_config_map,
-    build_pod_group,
     build_service,
     build_training_job,
 )
+from pydantic import ValidationError
 
 
 def _env(job: dict) -> dict[str, object]:
@@ -84,13 +85,12 @@ def test_kueue_queue_suspends_and_labels_the_job() -> None:
     assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a"
 
 
-def test_pod_group_gang() -> None:
-    spec = make_spec(scheduling={"podGroup": True})
-    plan = make_plan()
-    job = build_training_job(owner=OWNER, spec=spec, plan=plan, placement=PLACEMENT, pod=POD)
-    assert job["spec"]["template"]["metadata"]["labels"]["scheduling.x-k8s.io/pod-group"] == "llama-train-1"
-    group = build_pod_group(owner=OWNER, plan=plan)
-    assert group["spec"]["minMember"] == 2 and group["metadata"]["name"] == "llama-train-1"
+def test_pod_group_is_no_longer_part_of_the_api() -> None:
+    """Gang admission is Kueue's (a multi-node plan is one Workload, docs/kueue.md); the PodGroup path,
+    never run against a scheduler plugin, was removed, and the field is refused by name."""
+    with pytest.raises(ValidationError) as error:
+        make_spec(scheduling={"podGroup": True})
+    assert "podGroup" in str(error.value)
 
 
 def test_checkpoint_claim_and_nvme_offload_mounts() -> None:
