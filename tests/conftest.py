@@ -107,10 +107,11 @@ def install_crds(cluster: testcluster.TestCluster) -> list[str]:
 
 @pytest.fixture(scope="module")
 def kueue(
-    cluster: testcluster.TestCluster, tmp_path_factory: pytest.TempPathFactory
+    cluster: testcluster.TestCluster, tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
 ) -> Iterator[testbed_kueue.KueueManager]:
     """The real Kueue manager (hack/install-testbin.sh builds it) on the session's cluster, for one test
     module; stopping it removes its webhook configurations, so later modules create Jobs as before.
+    A module's `KUEUE_PODS_READY_TIMEOUT` (seconds) turns WaitForPodsReady on.
     Missing Kueue skips (fails with MEMFIT_REQUIRE_CLUSTER=1)."""
     try:
         kueue_dir = testbed_kueue.find_kueue_dir()
@@ -122,7 +123,9 @@ def kueue(
             pytest.fail(f"{why} (MEMFIT_REQUIRE_CLUSTER is set)", pytrace=False)
         pytest.skip(why)
     workdir = tmp_path_factory.mktemp("kueue")
-    with testbed_kueue.running_kueue(cluster.kubeconfig, workdir, kueue_dir=kueue_dir) as manager:
+    timeout = getattr(request.module, "KUEUE_PODS_READY_TIMEOUT", None)
+    with testbed_kueue.running_kueue(cluster.kubeconfig, workdir, kueue_dir=kueue_dir,
+                                     pods_ready_timeout=timeout) as manager:
         yield manager
 
 

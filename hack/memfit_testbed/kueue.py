@@ -75,9 +75,15 @@ def missing_kueue(kueue_dir: Path) -> str | None:
     return None
 
 
-def manager_config(*, webhook_port: int, metrics_port: int, health_port: int, cert_dir: Path) -> dict[str, Any]:
-    """Kueue's Configuration: batch/Job only, everything on 127.0.0.1, no leader election."""
-    return {
+def manager_config(*, webhook_port: int, metrics_port: int, health_port: int, cert_dir: Path,
+                   pods_ready_timeout: int | None = None) -> dict[str, Any]:
+    """Kueue's Configuration: batch/Job only, everything on 127.0.0.1, no leader election; with
+    `pods_ready_timeout`, WaitForPodsReady: a Workload whose pods are not all ready that many seconds
+    after admission is evicted and requeued (back-off 1 s, 2 s, 4 s ... at most 10 s; admission not blocked)."""
+    wait = {} if pods_ready_timeout is None else {"waitForPodsReady": {
+        "timeout": f"{pods_ready_timeout}s", "blockAdmission": False,
+        "requeuingStrategy": {"timestamp": "Eviction", "backoffBaseSeconds": 1, "backoffMaxSeconds": 10}}}
+    return {**wait,
         "apiVersion": "config.kueue.x-k8s.io/v1beta2",
         "kind": "Configuration",
         "namespace": NAMESPACE,
@@ -136,6 +142,7 @@ class KueueManager:
     workdir: Path
     kueue_dir: Path | None = None
     die_with_parent: bool = True
+    pods_ready_timeout: int | None = None  # WaitForPodsReady's timeout (seconds); None: off
     pid: int | None = None
     ports: dict[str, int] = field(default_factory=dict)
 
@@ -156,7 +163,8 @@ class KueueManager:
         cert_dir.mkdir(exist_ok=True)
         self._install(kueue_dir)
         cfg = manager_config(webhook_port=self.ports["webhook"], metrics_port=self.ports["metrics"],
-                             health_port=self.ports["health"], cert_dir=cert_dir)
+                             health_port=self.ports["health"], cert_dir=cert_dir,
+                             pods_ready_timeout=self.pods_ready_timeout)
         cfg_path = self.workdir / "kueue-config.yaml"
         cfg_path.write_text(yaml.safe_dump(cfg))
         cmd = [str(kueue_dir / "bin" / "kueue"), f"--config={cfg_path}", f"--kubeconfig={self.kubeconfig}",

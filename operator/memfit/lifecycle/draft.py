@@ -73,6 +73,13 @@ class Draft:
             return None
         return cond.last_transition_time
 
+    def true_since(self, type_: str) -> datetime | None:
+        """When the condition last became True (None unless it is True now)."""
+        cond = c.find(self.conditions, type_)
+        if cond is None or cond.status != ConditionStatus.TRUE:
+            return None
+        return cond.last_transition_time
+
     def enter(self, phase: Phase, message: str) -> None:
         self.phase = phase
         self.message = message[:MAX_STATUS_MESSAGE]

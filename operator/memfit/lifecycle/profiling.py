@@ -180,7 +180,8 @@ def profile_step(
         return None  # a rescheduled profiling Job is still going away; the next reconcile recreates it
     pool = job.labels.get(LABEL_POOL, placement.pool)
     if queue_step(draft, job, "profiling Job"):
-        _profiling(draft, pool, name, choice)
+        if not _move_queued(draft, snap, spec, job, pool, choice):
+            _profiling(draft, pool, name, choice)
         return None
     if not job.finished and _reschedule(draft, snap, spec, job, pool):
         return None
@@ -250,6 +251,38 @@ def _profiling(draft: Draft, pool: str, name: str, choice: ProfilingChoice) -> N
         draft.enter(Phase.PROFILING, msg)
         draft.set(c.PROFILED, False, c.PROFILING, msg)
         draft.event(c.PROFILING, msg)
+
+
+def _move_queued(
+    draft: Draft, snap: Snapshot, spec: MemoryOptimizedTrainingJobSpec, job: JobSummary, pool: str,
+    choice: ProfilingChoice,
+) -> bool:
+    """A profiling Job Kueue has not admitted for capacityTimeoutSeconds on a pool without free quota
+    moves to the cheapest other allowed pool (where its depth fits) whose quota has a GPU free now: the
+    Job is deleted and the next reconcile creates it there (profiling_placement ranks pools with free
+    quota first). Only with `profiling.nodePool: auto`; otherwise, or when no other pool has quota, it
+    keeps its place in the queue. True when it moved."""
+    world = snap.pools()
+    quota = world.queue_quota
+    since = draft.true_since(c.QUEUED)
+    if quota is None or since is None or spec.profiling.node_pool != "auto" or quota.free(pool) > 0:
+        return False
+    waited = int((snap.now - since).total_seconds())
+    timeout = spec.recovery.capacity_timeout_seconds
+    if waited < timeout:
+        return False
+    others = [p for p in _allowed(spec, world) if p.metadata.name != pool and quota.free(p.metadata.name) > 0
+              and (choice.pool is None or fits(spec, p, choice.depth, world.catalog))]
+    if not others:
+        return False
+    target = _by_price(others)[0].metadata.name
+    msg = (f"LocalQueue {job.queue} has not admitted profiling Job {job.name} on {pool} for {waited}s "
+           f"(capacityTimeoutSeconds {timeout}; {quota.describe()}); profiling on {target}, which has quota")
+    draft.effects.append(Delete(job.name))
+    draft.set(c.QUEUED, False, c.NO_QUOTA, msg)  # the new Job's wait starts afresh
+    draft.set(c.PROFILED, False, c.PROFILING_RESCHEDULED, msg)
+    draft.event(c.NO_QUOTA, msg, warning=True)
+    return True
 
 
 def _reschedule(
@@ -364,8 +397,9 @@ def profiling_placement(
     spec: MemoryOptimizedTrainingJobSpec, world: World, choice: ProfilingChoice | None = None
 ) -> Placement | None:
     """The pool the profiling pod runs on: the one named, else the cheapest allowed pool per GPU with a
-    free GPU now, among those where the chosen depth fits (any node when no pool is allowed); None
-    when the named pool does not exist."""
+    free GPU now, among those where the chosen depth fits (any node when no pool is allowed); for a
+    queued job, pools whose ClusterQueue quota has a GPU free come first. None when the named pool
+    does not exist."""
     if spec.profiling.node_pool != "auto":
         pool = world.pool(spec.profiling.node_pool)
         return placement_of(pool) if pool else None
@@ -375,10 +409,13 @@ def profiling_placement(
     if not allowed:
         return Placement(pool="any", node_selector={})
 
-    def rank(p: GPUNodePool) -> tuple[int, float, str]:
+    quota = world.queue_quota
+
+    def rank(p: GPUNodePool) -> tuple[int, int, float, str]:
         free = world.capacity.get(p.metadata.name)
         price = p.spec.price_per_node_hour or 0.0
-        return (0 if free and free.free_gpus > 0 else 1, price / p.spec.gpu.per_node, p.metadata.name)
+        no_quota = 1 if quota is not None and quota.free(p.metadata.name) == 0 else 0  # Kueue could not admit it
+        return (no_quota, 0 if free and free.free_gpus > 0 else 1, price / p.spec.gpu.per_node, p.metadata.name)
 
     return placement_of(min(allowed, key=rank))
 

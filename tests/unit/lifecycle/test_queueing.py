@@ -178,3 +178,61 @@ def test_a_job_not_admitted_for_the_capacity_timeout_moves_to_a_pool_with_quota(
     job = h.job("j-train-1")
     assert job["spec"]["suspend"] is True and job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a"
     assert job["spec"]["template"]["spec"]["nodeSelector"] == {"memfit.dev/pool": "l4-ondemand"}
+
+
+# --- a queued profiling Job (memfit.lifecycle.profiling) ----------------------------------------------
+def profiling_harness(nominal: dict[str, int], reserved: dict[str, int]) -> Harness:
+    h = Harness(spec=quickstart(scheduling=QUEUE, placement={"maxNodes": 1}))
+    h.objects[("LocalQueue", "team-a")] = {"metadata": {"name": "team-a"}, "spec": {"clusterQueue": "cq"}}
+    h.objects[("ClusterQueue", "cq")] = cluster_queue(nominal, reserved)
+    return h
+
+
+def test_profiling_goes_to_the_cheapest_pool_with_free_quota() -> None:
+    free = profiling_harness({"t4-spot": 1, "l4-ondemand": 4}, {})
+    free.reconcile()
+    assert free.job("j-profile")["spec"]["template"]["spec"]["nodeSelector"] == {"memfit.dev/pool": "t4-spot"}
+    used = profiling_harness({"t4-spot": 1, "l4-ondemand": 4}, {"t4-spot": 1})
+    used.reconcile()
+    assert used.job("j-profile")["spec"]["template"]["spec"]["nodeSelector"] == {"memfit.dev/pool": "l4-ondemand"}
+
+
+def test_a_queued_profiling_job_moves_to_a_pool_with_quota_after_the_capacity_timeout() -> None:
+    """Placed on t4-spot while it had quota; another workload took it. Past capacityTimeoutSeconds, with
+    l4-ondemand quota free, the profiling Job is deleted and made again on l4-ondemand, through the queue.
+    Before that, and while no other pool has quota, it keeps its place."""
+    h = profiling_harness({"t4-spot": 1, "l4-ondemand": 0}, {})
+    h.reconcile()
+    assert h.job("j-profile")["spec"]["template"]["spec"]["nodeSelector"] == {"memfit.dev/pool": "t4-spot"}
+    h.objects[("ClusterQueue", "cq")] = cluster_queue({"t4-spot": 1, "l4-ondemand": 0}, {"t4-spot": 1})
+    workload(h, "j-profile", QuotaReserved=("False", "Pending", NO_QUOTA))
+    h.reconcile()
+    assert h.condition("Queued")[:2] == ("True", "Pending")
+    h.later(700)  # past capacityTimeoutSeconds (600), but no other pool has quota: it keeps its place
+    h.reconcile()
+    assert h.condition("Queued")[:2] == ("True", "Pending") and ("Job", "j-profile") in h.objects
+
+    h.objects[("ClusterQueue", "cq")] = cluster_queue({"t4-spot": 1, "l4-ondemand": 4}, {"t4-spot": 1})
+    decision = h.reconcile()
+    status, reason, message = h.condition("Queued")
+    assert (status, reason) == ("False", "NoQuota")
+    assert message.startswith("LocalQueue team-a has not admitted profiling Job j-profile on t4-spot for 700s")
+    assert message.endswith("profiling on l4-ondemand, which has quota")
+    assert "NoQuota" in decision.reasons() and h.stored.phase == Phase.PROFILING
+    h.reconcile()
+    job = h.job("j-profile")
+    assert job["spec"]["template"]["spec"]["nodeSelector"] == {"memfit.dev/pool": "l4-ondemand"}
+    assert job["spec"]["suspend"] is True and job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a"
+
+
+def test_a_named_profiling_pool_is_never_moved() -> None:
+    h = Harness(spec=quickstart(scheduling=QUEUE, placement={"maxNodes": 1}, profiling={"nodePool": "t4-spot"}))
+    h.objects[("LocalQueue", "team-a")] = {"metadata": {"name": "team-a"}, "spec": {"clusterQueue": "cq"}}
+    h.objects[("ClusterQueue", "cq")] = cluster_queue({"t4-spot": 1, "l4-ondemand": 4}, {"t4-spot": 1})
+    h.reconcile()
+    workload(h, "j-profile", QuotaReserved=("False", "Pending", NO_QUOTA))
+    h.reconcile()
+    h.later(700)
+    h.reconcile()
+    assert h.condition("Queued")[:2] == ("True", "Pending")
+    assert h.job("j-profile")["spec"]["template"]["spec"]["nodeSelector"] == {"memfit.dev/pool": "t4-spot"}
