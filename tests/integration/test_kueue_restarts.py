@@ -16,8 +16,15 @@ import pytest
 from kueue_helpers import admitted, delete, queued_job, setup, workload_of
 from memfit_testbed.cluster_helpers import Kube, condition
 from memfit_testbed.kueue import KueueManager
-from memfit_testbed.operator_helpers import apply_pools, create_job, get_job, quickstart, start_operator, stop_operator
-from memfit_testbed.operator_helpers import wait_phase
+from memfit_testbed.operator_helpers import (
+    apply_pools,
+    create_job,
+    get_job,
+    quickstart,
+    start_operator,
+    stop_operator,
+    wait_phase,
+)
 from operator_ready import wait_healthy
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
