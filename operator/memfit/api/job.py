@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Any, Literal, Self
 
-from pydantic import Field, PlainValidator, WithJsonSchema, model_validator
+from pydantic import Field, PlainValidator, WithJsonSchema, field_validator, model_validator
 
 from memfit.api.common import (
     IMAGE_MAX,
@@ -201,12 +202,27 @@ class RecoverySpec(ApiModel):
     )
 
 
+_QUEUE_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?")
+
+
 class SchedulingSpec(ApiModel):
     """Queue and priority. Gang admission comes from Kueue (a multi-node plan is one Workload)."""
 
     kueue_queue: str = Field(
         default="", max_length=NAME_MAX, description="Kueue LocalQueue; the Job is suspended for Kueue."
     )
+
+    @field_validator("kueue_queue")
+    @classmethod
+    def _queue_is_a_local_queue_name(cls, queue: str) -> str:
+        """A LocalQueue of the job's own namespace, by name: it becomes the children's
+        `kueue.x-k8s.io/queue-name` label (a `namespace/name` would be refused by the API server)."""
+        if queue and not _QUEUE_NAME.fullmatch(queue):
+            where = (" (LocalQueues are namespaced: a job can only use one of its own namespace; create the "
+                     "LocalQueue there, pointing at the ClusterQueue)" if "/" in queue else "")
+            raise ValueError(f"kueueQueue must be the name of a LocalQueue in the job's namespace (lower-case "
+                             f"letters, digits, '-' and '.'); got {queue!r}{where}")
+        return queue
     priority_class_name: str = Field(default="", max_length=253, description="PriorityClass of the pods.")
 
 

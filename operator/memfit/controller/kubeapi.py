@@ -127,6 +127,11 @@ class KubeApi:
         return self._kueue_get(lambda: self.custom.get_cluster_custom_object(
             "kueue.x-k8s.io", "v1beta2", "clusterqueues", name, _preload_content=False))
 
+    def list_cluster_queues(self) -> list[Manifest]:
+        """Every ClusterQueue (a cohort's members lend each other quota); none without Kueue or the read."""
+        return self._kueue_list(lambda: self.custom.list_cluster_custom_object(
+            "kueue.x-k8s.io", "v1beta2", "clusterqueues", _preload_content=False))
+
     def get_resource_flavor(self, name: str) -> Manifest | None:
         return self._kueue_get(lambda: self.custom.get_cluster_custom_object(
             "kueue.x-k8s.io", "v1beta2", "resourceflavors", name, _preload_content=False))

@@ -37,7 +37,7 @@ from memfit.lifecycle.launch import ANNOTATION_PLAN_JSON
 from memfit.lifecycle.observed import LABEL_JOB_UID, JobSummary, pod_selector, summarize_job
 from memfit.lifecycle.profiling import profile_key, profile_keys
 from memfit.lifecycle.progress import trainer_sample
-from memfit.lifecycle.quota import QueueQuota, parse_cluster_queue
+from memfit.lifecycle.quota import QueueQuota, cohort_of, parse_cluster_queue
 from memfit.lifecycle.snapshot import (
     ClaimObserved,
     TrainerSample,
@@ -67,6 +67,7 @@ class ChildReader(Protocol):
     def list_workloads(self, namespace: str, selector: str) -> list[Manifest]: ...
     def get_local_queue(self, namespace: str, name: str) -> Manifest | None: ...
     def get_cluster_queue(self, name: str) -> Manifest | None: ...
+    def list_cluster_queues(self) -> list[Manifest]: ...
 
 
 def launch_settings(settings: OperatorSettings) -> LaunchSettings:
@@ -211,7 +212,10 @@ def _queue_quota(api: ChildReader, namespace: str, queue: str) -> QueueQuota | N
     local = api.get_local_queue(namespace, queue)
     name = ((local or {}).get("spec") or {}).get("clusterQueue")
     cluster = api.get_cluster_queue(str(name)) if name else None
-    return parse_cluster_queue(cluster) if cluster else None
+    if not cluster:
+        return None
+    cohort = api.list_cluster_queues() if cohort_of(cluster) else []  # what it may borrow
+    return parse_cluster_queue(cluster, cohort)
 
 
 def _workload(api: ChildReader, namespace: str, job: Manifest) -> Manifest | None:

@@ -2,16 +2,23 @@
 
 Flavors are matched to pools by name (`memfit kueue flavors` names each flavor after its pool,
 docs/kueue.md). Free quota = nominal quota - reserved (status.flavorsReservation: admitted and
-quota-reserving Workloads); borrowing from a cohort is not counted.
+quota-reserving Workloads), plus what the queue may borrow from its cohort now.
+
+Borrowing follows Kueue's rule for a flat cohort (`spec.cohortName`): a queue may use up to its nominal
+quota plus its `borrowingLimit` (no limit when unset; nothing without a cohort), as long as the cohort as
+a whole has unused quota; each other member lends its nominal quota, or only its `lendingLimit` of it.
+Hierarchical cohorts (the Cohort API's parents and their own quotas) are not modelled: only the
+ClusterQueues that name the cohort count, which can only under-count what Kueue would lend.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 GPU_RESOURCE = "nvidia.com/gpu"
+UNLIMITED = 1 << 30
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,18 +28,32 @@ class QueueQuota:
     cluster_queue: str
     nominal_gpus: Mapping[str, int] = field(default_factory=dict)
     reserved_gpus: Mapping[str, int] = field(default_factory=dict)
+    # Borrowing from the cohort, per flavor: the most the queue may borrow ever (min of its borrowing
+    # limit and what the others lend), and the cohort's unused quota now.
+    borrowable_gpus: Mapping[str, int] = field(default_factory=dict)
+    cohort_unused_gpus: Mapping[str, int] = field(default_factory=dict)
+    cohort: str = ""
 
     def nominal(self, pool: str) -> int:
-        """All the GPUs the queue may ever hold on `pool` (0 when it has no flavor for it)."""
-        return self.nominal_gpus.get(pool, 0)
+        """All the GPUs the queue may ever hold on `pool` (0 when it has no flavor for it): its nominal
+        quota plus what it may borrow."""
+        return self.nominal_gpus.get(pool, 0) + self.borrowable_gpus.get(pool, 0)
 
     def free(self, pool: str) -> int:
-        """GPUs of `pool` the queue can admit now."""
-        return max(0, self.nominal(pool) - self.reserved_gpus.get(pool, 0))
+        """GPUs of `pool` the queue can admit now: up to its ceiling, within the cohort's unused quota."""
+        own_room = self.nominal(pool) - self.reserved_gpus.get(pool, 0)
+        if not self.cohort:
+            return max(0, own_room)
+        return max(0, min(own_room, self.cohort_unused_gpus.get(pool, 0)))
 
     def describe(self) -> str:
-        quotas = ", ".join(f"{p} {self.free(p)}/{n}" for p, n in sorted(self.nominal_gpus.items()))
-        return f"ClusterQueue {self.cluster_queue} GPU quota free/nominal: {quotas or 'none'}"
+        def one(pool: str, nominal: int) -> str:
+            borrow = self.borrowable_gpus.get(pool, 0)
+            return f"{pool} {self.free(pool)}/{nominal}" + (f" (+{borrow} borrowable)" if borrow else "")
+
+        quotas = ", ".join(one(p, n) for p, n in sorted(self.nominal_gpus.items()))
+        cohort = f" (cohort {self.cohort})" if self.cohort else ""
+        return f"ClusterQueue {self.cluster_queue}{cohort} GPU quota free/nominal: {quotas or 'none'}"
 
 
 def _gpus(value: Any) -> int | None:
@@ -41,19 +62,63 @@ def _gpus(value: Any) -> int | None:
     return int(text) if text.isdigit() else None
 
 
-def parse_cluster_queue(cq: Mapping[str, Any]) -> QueueQuota:
-    """The GPU quota of a ClusterQueue manifest (v1beta2): nominal per flavor, reserved per flavor."""
+@dataclass(frozen=True, slots=True)
+class _Gpus:
+    nominal: dict[str, int]
+    reserved: dict[str, int]
+    borrowing_limit: dict[str, int]
+    lending_limit: dict[str, int]
+
+
+def _read(cq: Mapping[str, Any]) -> _Gpus:
     nominal: dict[str, int] = {}
+    borrowing: dict[str, int] = {}
+    lending: dict[str, int] = {}
     for group in (cq.get("spec") or {}).get("resourceGroups") or []:
         for flavor in group.get("flavors") or []:
             for res in flavor.get("resources") or []:
                 gpus = _gpus(res.get("nominalQuota"))
-                if res.get("name") == GPU_RESOURCE and gpus is not None:
-                    nominal[str(flavor.get("name"))] = gpus
+                if res.get("name") != GPU_RESOURCE or gpus is None:
+                    continue
+                name = str(flavor.get("name"))
+                nominal[name] = gpus
+                if (limit := _gpus(res.get("borrowingLimit"))) is not None:
+                    borrowing[name] = limit
+                if (limit := _gpus(res.get("lendingLimit"))) is not None:
+                    lending[name] = limit
     reserved: dict[str, int] = {}
     for flavor in (cq.get("status") or {}).get("flavorsReservation") or []:
         for res in flavor.get("resources") or []:
             gpus = _gpus(res.get("total"))
             if res.get("name") == GPU_RESOURCE and gpus is not None:
                 reserved[str(flavor.get("name"))] = gpus
-    return QueueQuota(str((cq.get("metadata") or {}).get("name", "")), nominal, reserved)
+    return _Gpus(nominal, reserved, borrowing, lending)
+
+
+def cohort_of(cq: Mapping[str, Any]) -> str:
+    return str((cq.get("spec") or {}).get("cohortName") or "")
+
+
+def parse_cluster_queue(cq: Mapping[str, Any], cohort: Sequence[Mapping[str, Any]] = ()) -> QueueQuota:
+    """The GPU quota of a ClusterQueue manifest (v1beta2): nominal and reserved per flavor, and, when
+    it names a cohort, what it may borrow from `cohort` (every ClusterQueue, itself included or not;
+    those of other cohorts are ignored)."""
+    name = str((cq.get("metadata") or {}).get("name", ""))
+    own = _read(cq)
+    cohort_name = cohort_of(cq)
+    if not cohort_name:
+        return QueueQuota(name, own.nominal, own.reserved)
+    peers = [_read(p) for p in cohort
+             if cohort_of(p) == cohort_name and str((p.get("metadata") or {}).get("name", "")) != name]
+    borrowable: dict[str, int] = {}
+    unused: dict[str, int] = {}
+    for flavor, nominal in own.nominal.items():
+        lent = sum(p.lending_limit.get(flavor, p.nominal.get(flavor, 0)) for p in peers)
+        borrowable[flavor] = min(own.borrowing_limit.get(flavor, UNLIMITED), lent)
+        capacity = nominal + lent
+        used = own.reserved.get(flavor, 0) + sum(
+            # what a peer uses beyond the part it keeps for itself comes out of the lent quota
+            max(0, p.reserved.get(flavor, 0) - (p.nominal.get(flavor, 0) - p.lending_limit.get(flavor, p.nominal.get(flavor, 0))))
+            for p in peers)
+        unused[flavor] = max(0, capacity - used)
+    return QueueQuota(name, own.nominal, own.reserved, borrowable, unused, cohort_name)

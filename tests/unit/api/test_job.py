@@ -113,6 +113,16 @@ CASES: dict[str, tuple[dict[str, Any], str, str]] = {
         "spec.placement.nodePools[0]",
         "should match pattern",
     ),
+    "kueue queue of another namespace": (
+        {"scheduling": {"kueueQueue": "team-b/gpu"}},
+        "spec.scheduling.kueueQueue",
+        "LocalQueues are namespaced: a job can only use one of its own namespace",
+    ),
+    "kueue queue not a name": (
+        {"scheduling": {"kueueQueue": "GPU Queue"}},
+        "spec.scheduling.kueueQueue",
+        "must be the name of a LocalQueue in the job's namespace",
+    ),
 }
 
 

@@ -117,6 +117,9 @@ class Harness:
     def get_cluster_queue(self, name: str) -> Manifest | None:
         return copy.deepcopy(self.objects.get(("ClusterQueue", name)))
 
+    def list_cluster_queues(self) -> list[Manifest]:
+        return [copy.deepcopy(o) for (kind, _), o in self.objects.items() if kind == "ClusterQueue"]
+
     # --- one reconcile -------------------------------------------------------------------------------
     def body(self) -> Manifest:
         meta = {

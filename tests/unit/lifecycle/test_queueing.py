@@ -236,3 +236,49 @@ def test_a_named_profiling_pool_is_never_moved() -> None:
     h.reconcile()
     assert h.condition("Queued")[:2] == ("True", "Pending")
     assert h.job("j-profile")["spec"]["template"]["spec"]["nodeSelector"] == {"memfit.dev/pool": "t4-spot"}
+
+
+# --- borrowing from a cohort (memfit.lifecycle.quota) ---------------------------------------------------
+def cohort_queue(name: str, cohort: str, nominal: dict[str, int], reserved: dict[str, int],
+                 **limits: dict[str, int]) -> dict[str, Any]:
+    cq = cluster_queue(nominal, reserved)
+    cq["metadata"]["name"] = name
+    cq["spec"]["cohortName"] = cohort
+    for flavor in cq["spec"]["resourceGroups"][0]["flavors"]:
+        for res in flavor["resources"]:
+            if res["name"] == "nvidia.com/gpu":
+                for key, per_flavor in limits.items():  # borrowingLimit / lendingLimit
+                    if flavor["name"] in per_flavor:
+                        res[key] = per_flavor[flavor["name"]]
+    return cq
+
+
+def test_quota_counts_what_the_cohort_lends() -> None:
+    from memfit.lifecycle.quota import parse_cluster_queue
+
+    mine = cohort_queue("cq", "org", {"t4-spot": 1, "l4-ondemand": 0}, {"t4-spot": 1})
+    idle = cohort_queue("research", "org", {"t4-spot": 2, "l4-ondemand": 4}, {"l4-ondemand": 1})
+    other_cohort = cohort_queue("elsewhere", "other", {"t4-spot": 8}, {})
+    quota = parse_cluster_queue(mine, [mine, idle, other_cohort])
+    # t4-spot: own 1 (used) + 2 lent by research, unused -> 2 free; l4-ondemand: 0 own + 4 lent, 1 used -> 3.
+    assert (quota.free("t4-spot"), quota.free("l4-ondemand")) == (2, 3)
+    assert (quota.nominal("t4-spot"), quota.nominal("l4-ondemand")) == (3, 4)
+    assert quota.describe() == ("ClusterQueue cq (cohort org) GPU quota free/nominal: l4-ondemand 3/0 "
+                                "(+4 borrowable), t4-spot 2/1 (+2 borrowable)")
+    limited = cohort_queue("cq", "org", {"t4-spot": 1, "l4-ondemand": 0}, {"t4-spot": 1},
+                           borrowingLimit={"t4-spot": 1, "l4-ondemand": 0})
+    stingy = cohort_queue("research", "org", {"t4-spot": 2, "l4-ondemand": 4}, {"l4-ondemand": 1},
+                          lendingLimit={"t4-spot": 0})
+    quota = parse_cluster_queue(limited, [limited, stingy])
+    assert (quota.free("t4-spot"), quota.free("l4-ondemand")) == (0, 0)
+    assert parse_cluster_queue(limited, [limited, idle]).free("t4-spot") == 1  # borrowingLimit 1
+    alone = parse_cluster_queue(cluster_queue({"t4-spot": 1}, {}), [idle])  # no cohort: nothing borrowed
+    assert (alone.free("t4-spot"), alone.nominal("t4-spot")) == (1, 1)
+
+
+def test_a_job_plans_onto_quota_its_queue_can_borrow() -> None:
+    h = queued_harness({"t4-spot": 1}, {"t4-spot": 1})
+    h.objects[("ClusterQueue", "cq")] = cohort_queue("cq", "org", {"t4-spot": 1, "l4-ondemand": 0}, {"t4-spot": 1})
+    h.objects[("ClusterQueue", "research")] = cohort_queue("research", "org", {"t4-spot": 0, "l4-ondemand": 4}, {})
+    h.reconcile()
+    assert h.stored.plan is not None and h.stored.plan.node_pool == "l4-ondemand"
