@@ -3,7 +3,7 @@
 The API server validates a Job and its Pod template field by field; a MOTJ value copied there that
 breaks those rules would make every create fail (a job stuck retrying) or leave half of the children
 behind. Checked before any child exists, so the job fails at once as InvalidSpec, naming the field.
-Rules from k8s.io/apimachinery validation: label values (IsValidLabelValue), DNS-1123 subdomains
+Rules from k8s.io/apimachinery validation: DNS-1123 subdomains
 (IsDNS1123Subdomain: PriorityClass and PersistentVolumeClaim names), and container images (no
 leading or trailing whitespace, core/v1 validation).
 """
@@ -14,8 +14,6 @@ import re
 
 from memfit.api.job import MemoryOptimizedTrainingJobSpec
 
-LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
-LABEL_VALUE_MAX = 63
 DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 DNS_SUBDOMAIN_MAX = 253
 
@@ -31,12 +29,7 @@ def child_field_problems(spec: MemoryOptimizedTrainingJobSpec) -> list[str]:
         problems.append(
             "image: a container image must not contain tabs or newlines, nor start or end with spaces"
         )
-    queue = spec.scheduling.kueue_queue
-    if queue and (len(queue) > LABEL_VALUE_MAX or not LABEL_VALUE.match(queue)):
-        problems.append(
-            "scheduling.kueueQueue: must be a label value (the Job's kueue.x-k8s.io/queue-name): at most "
-            "63 letters, digits, '-', '_' or '.', starting and ending with a letter or digit"
-        )
+    # scheduling.kueueQueue is checked by the API model (a LocalQueue name, hence a valid label value).
     priority = spec.scheduling.priority_class_name
     if priority and not _subdomain(priority):
         problems.append(

@@ -118,6 +118,21 @@ CASES: dict[str, tuple[dict[str, Any], str, str]] = {
         "spec.scheduling.kueueQueue",
         "LocalQueues are namespaced: a job can only use one of its own namespace",
     ),
+    "kueue queue in unicode": (
+        {"scheduling": {"kueueQueue": "q\u202eeueu"}},
+        "spec.scheduling.kueueQueue",
+        "must be the name of a LocalQueue in the job's namespace",
+    ),
+    "kueue queue ending in a dash": (
+        {"scheduling": {"kueueQueue": "q-"}},
+        "spec.scheduling.kueueQueue",
+        "must be the name of a LocalQueue in the job's namespace",
+    ),
+    "kueue queue with an underscore (no LocalQueue can have it)": (
+        {"scheduling": {"kueueQueue": "team_a"}},
+        "spec.scheduling.kueueQueue",
+        "must be the name of a LocalQueue in the job's namespace",
+    ),
     "kueue queue not a name": (
         {"scheduling": {"kueueQueue": "GPU Queue"}},
         "spec.scheduling.kueueQueue",
