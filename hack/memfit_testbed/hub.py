@@ -215,3 +215,19 @@ def stand_in_hub(repos: dict[str, HubRepo]) -> Iterator[StandInHub]:
         yield hub
     finally:
         hub.stop()
+
+
+PRIVATE_MODEL = "memfit-test/tiny-llama"
+PRIVATE_DATASET = "memfit-test/corpus"
+
+
+def private_finetune_repos(volumes: Path, corpus: Path, token: str) -> dict[str, HubRepo]:
+    """The fine-tune fixtures (memfit_testbed.finetune_data volumes) as private hub repositories: the tiny
+    Llama as model PRIVATE_MODEL and its corpus as dataset PRIVATE_DATASET (train / validation splits by
+    file name, as on the hub, written into the empty folder `corpus`), both served only with `token`."""
+    from memfit_testbed.finetune_data import MODEL_CLAIM, MODEL_PATH
+
+    (corpus / "train.jsonl").write_bytes((volumes / "data" / "train.jsonl").read_bytes())
+    (corpus / "validation.jsonl").write_bytes((volumes / "data" / "eval.jsonl").read_bytes())
+    return {PRIVATE_MODEL: HubRepo(volumes / MODEL_CLAIM / MODEL_PATH, token=token),
+            f"datasets/{PRIVATE_DATASET}": HubRepo(corpus, token=token)}  # fmt: skip

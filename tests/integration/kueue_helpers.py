@@ -90,3 +90,20 @@ def setup(ns: str, quota: dict[str, int]) -> list[dict[str, Any]]:
                              gpu_quota={p.metadata.name: quota.get(p.metadata.name, 0) for p in pools})
     apply(docs)
     return docs
+
+
+def patch_cluster_queue(kube: Kube, name: str, patch: dict[str, Any]) -> None:
+    _custom(kube).patch_cluster_custom_object("kueue.x-k8s.io", "v1beta2", "clusterqueues", name, patch)
+
+
+def set_gpu_quota(kube: Kube, cq: str, gpus: dict[str, int], **spec: Any) -> None:
+    """Set ClusterQueue `cq`'s nominal nvidia.com/gpu quota per flavor (flavors not named get 0), with
+    other spec fields (`stopPolicy`...) in the same patch."""
+    current = _custom(kube).get_cluster_custom_object("kueue.x-k8s.io", "v1beta2", "clusterqueues", cq)
+    groups = current["spec"]["resourceGroups"]
+    for group in groups:
+        for flavor in group["flavors"]:
+            for res in flavor["resources"]:
+                if res["name"] == "nvidia.com/gpu":
+                    res["nominalQuota"] = gpus.get(flavor["name"], 0)
+    patch_cluster_queue(kube, cq, {"spec": {**spec, "resourceGroups": groups}})

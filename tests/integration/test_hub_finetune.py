@@ -17,15 +17,21 @@ from typing import Any
 import pytest
 import yaml
 from memfit_testbed.cluster_helpers import Kube
-from memfit_testbed.hub import HubRepo, StandInHub, stand_in_hub
+from memfit_testbed.hub import (
+    PRIVATE_DATASET,
+    PRIVATE_MODEL,
+    StandInHub,
+    private_finetune_repos,
+    stand_in_hub,
+)
 from memfit_testbed.operator_helpers import create_job, wait_phase
 from memfit_testbed.paths import REPO
 from operator_ready import module_operator
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 TIMEOUT = 420.0
-REPO_ID = "memfit-test/tiny-llama"
-DATASET_ID = "memfit-test/corpus"
+REPO_ID = PRIVATE_MODEL
+DATASET_ID = PRIVATE_DATASET
 TOKEN = "hf_stand_in_token_5678"  # a fake token for the stand-in
 
 
@@ -39,14 +45,7 @@ def volumes(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def hub(volumes: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[StandInHub]:
-    from memfit_testbed.finetune_data import MODEL_CLAIM, MODEL_PATH
-
-    corpus = tmp_path_factory.mktemp("corpus-repo")  # splits by file name, as on the hub
-    (corpus / "train.jsonl").write_bytes((volumes / "data" / "train.jsonl").read_bytes())
-    (corpus / "validation.jsonl").write_bytes((volumes / "data" / "eval.jsonl").read_bytes())
-    repos = {REPO_ID: HubRepo(volumes / MODEL_CLAIM / MODEL_PATH, token=TOKEN),
-             f"datasets/{DATASET_ID}": HubRepo(corpus, token=TOKEN)}  # fmt: skip
-    with stand_in_hub(repos) as server:
+    with stand_in_hub(private_finetune_repos(volumes, tmp_path_factory.mktemp("corpus-repo"), TOKEN)) as server:
         yield server
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kueue_helpers import admitted, delete, gpu_flavor, setup, workload_of
+from kueue_helpers import admitted, delete, gpu_flavor, patch_cluster_queue, set_gpu_quota, setup, workload_of
 from memfit_testbed.cluster_helpers import Kube
 from memfit_testbed.kueue import KueueManager
 from memfit_testbed.operator_helpers import apply_pools, create_job, get_job, operator_process, quickstart
@@ -44,13 +44,6 @@ def operator(
         assert proc.poll() is None, f"operator exited:\n{log.read_text()[-3000:]}"
 
 
-def _cluster_queue(kube: Kube, name: str, patch: dict[str, Any]) -> None:
-    from kubernetes import client
-
-    client.CustomObjectsApi(kube.api_client).patch_cluster_custom_object(
-        "kueue.x-k8s.io", "v1beta2", "clusterqueues", name, patch)
-
-
 def test_a_two_node_plan_is_admitted_whole_or_not_at_all(kube: Kube, namespace: str, operator: Path) -> None:
     from memfit.controller.kubeapi import KubeApi
     from memfit_testbed.profiles import seed_profile
@@ -58,7 +51,7 @@ def test_a_two_node_plan_is_admitted_whole_or_not_at_all(kube: Kube, namespace: 
     docs = setup(namespace, {"t4-spot": 2})
     cq = f"cq-{namespace}"
     try:
-        _cluster_queue(kube, cq, {"spec": {"stopPolicy": "Hold"}})  # memfit plans against 2 free GPUs
+        patch_cluster_queue(kube, cq, {"spec": {"stopPolicy": "Hold"}})  # memfit plans against 2 free GPUs
         spec = quickstart("gang", problem=BIG, scheduling={"kueueQueue": "gpu"},
                           training={"globalBatchSize": 8, "maxSteps": 10},
                           strategy={"engine": "deepspeed", "zeroStage": 3, "offload": "none", "precision": "fp16"},
@@ -76,14 +69,14 @@ def test_a_two_node_plan_is_admitted_whole_or_not_at_all(kube: Kube, namespace: 
         assert "kueue.x-k8s.io/job-min-parallelism" not in annotations  # no partial admission
 
         # The queue can now hold one of the two GPUs: nothing is admitted, no pod exists.
-        _cluster_queue(kube, cq, {"spec": {"stopPolicy": "None", "resourceGroups": _resource_groups(kube, cq, gpus=1)}})
+        set_gpu_quota(kube, cq, {"t4-spot": 1}, stopPolicy="None")
         wl = kube.wait("the Workload pending for quota", lambda: _pending(kube, namespace), timeout=60)
         assert wl["spec"]["podSets"][0]["count"] == 2, wl["spec"]["podSets"]
         assert kube.batch.read_namespaced_job("gang-train-0", namespace).spec.suspend is True
         assert not kube.pods(namespace, "job-name=gang-train-0")
 
         # Quota for both: admitted as one, both pods created on the pool's flavor.
-        _cluster_queue(kube, cq, {"spec": {"resourceGroups": _resource_groups(kube, cq, gpus=2)}})
+        set_gpu_quota(kube, cq, {"t4-spot": 2})
         wl = kube.wait("the Workload admitted", lambda: admitted(kube, namespace, "gang-train-0"), timeout=90)
         assert gpu_flavor(wl) == "t4-spot"
         assert wl["status"]["admission"]["podSetAssignments"][0]["count"] == 2
@@ -120,7 +113,7 @@ def test_a_gang_whose_pods_are_not_ready_is_requeued_by_kueue_and_memfit_keeps_t
     nodes = sorted(n.metadata.name for n in kube.core.list_node(label_selector="memfit.dev/pool=t4-spot").items)
     assert len(nodes) == 2, nodes
     try:
-        _cluster_queue(kube, cq, {"spec": {"stopPolicy": "Hold"}})
+        patch_cluster_queue(kube, cq, {"spec": {"stopPolicy": "Hold"}})
         spec = quickstart("ready", problem=BIG, scheduling={"kueueQueue": "gpu"},
                           training={"globalBatchSize": 8, "maxSteps": 10},
                           strategy={"engine": "deepspeed", "zeroStage": 3, "offload": "none", "precision": "fp16"},
@@ -133,7 +126,7 @@ def test_a_gang_whose_pods_are_not_ready_is_requeued_by_kueue_and_memfit_keeps_t
                                                if j.metadata.name == "ready-train-0"] or None, timeout=90)
         for node in nodes:
             _cordon(kube, node, True)
-        _cluster_queue(kube, cq, {"spec": {"stopPolicy": "None"}})
+        patch_cluster_queue(kube, cq, {"spec": {"stopPolicy": "None"}})
         kube.wait("the Workload admitted", lambda: admitted(kube, namespace, "ready-train-0"), timeout=60)
         wl = kube.wait("Kueue evicts it for PodsReadyTimeout and requeues it",
                        lambda: _evicted_for_readiness(kube, namespace, "ready-train-0"), timeout=90)
@@ -164,20 +157,6 @@ def test_a_gang_whose_pods_are_not_ready_is_requeued_by_kueue_and_memfit_keeps_t
         for node in nodes:
             _cordon(kube, node, False)
         delete(docs[-2:])
-
-
-def _resource_groups(kube: Kube, cq: str, *, gpus: int) -> list[dict[str, Any]]:
-    from kubernetes import client
-
-    current = client.CustomObjectsApi(kube.api_client).get_cluster_custom_object(
-        "kueue.x-k8s.io", "v1beta2", "clusterqueues", cq)
-    groups: list[dict[str, Any]] = current["spec"]["resourceGroups"]
-    for group in groups:
-        for flavor in group["flavors"]:
-            for res in flavor["resources"]:
-                if res["name"] == "nvidia.com/gpu":
-                    res["nominalQuota"] = gpus if flavor["name"] == "t4-spot" else 0
-    return groups
 
 
 def _pending(kube: Kube, namespace: str) -> dict[str, Any] | None:

@@ -11,7 +11,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kueue_helpers import admitted, delete, gpu_flavor, queued_job, setup, workload_of
+from kueue_helpers import (
+    admitted,
+    delete,
+    gpu_flavor,
+    patch_cluster_queue,
+    queued_job,
+    set_gpu_quota,
+    setup,
+    workload_of,
+)
 from memfit_testbed.cluster_helpers import Kube, condition
 from memfit_testbed.kueue import KueueManager
 from memfit_testbed.operator_helpers import (
@@ -123,16 +132,6 @@ def test_plans_onto_the_pool_whose_quota_is_free(kube: Kube, namespace: str, ope
         delete(docs[-2:])
 
 
-def _custom(kube: Kube) -> Any:
-    from kubernetes import client
-
-    return client.CustomObjectsApi(kube.api_client)
-
-
-def _cluster_queue(kube: Kube, name: str, patch: dict[str, Any]) -> None:
-    _custom(kube).patch_cluster_custom_object("kueue.x-k8s.io", "v1beta2", "clusterqueues", name, patch)
-
-
 def test_a_job_whose_pool_loses_its_quota_moves_to_a_pool_with_quota(
     kube: Kube, namespace: str, operator: Path
 ) -> None:
@@ -146,7 +145,7 @@ def test_a_job_whose_pool_loses_its_quota_moves_to_a_pool_with_quota(
     docs = setup(namespace, {"t4-spot": 1, "l4-ondemand": 0})
     cq = f"cq-{namespace}"
     try:
-        _cluster_queue(kube, cq, {"spec": {"stopPolicy": "Hold"}})
+        patch_cluster_queue(kube, cq, {"spec": {"stopPolicy": "Hold"}})
         spec = quickstart("moved", scheduling={"kueueQueue": "gpu"}, recovery={"capacityTimeoutSeconds": 20},
                           placement={"nodePools": ["t4-spot", "l4-ondemand"], "maxNodes": 1,
                                      "baseline": {"nodePool": "a100-80-ondemand", "nodes": 1}})  # fmt: skip
@@ -156,14 +155,7 @@ def test_a_job_whose_pool_loses_its_quota_moves_to_a_pool_with_quota(
             namespace, label_selector="memfit.dev/job=moved,memfit.dev/component=trainer").items or None, timeout=90)
         first = get_job(kube, namespace, "moved")
         assert first["status"]["plan"]["nodePool"] == "t4-spot", first["status"]
-        groups = _custom(kube).get_cluster_custom_object("kueue.x-k8s.io", "v1beta2", "clusterqueues", cq)[
-            "spec"]["resourceGroups"]  # fmt: skip
-        for group in groups:
-            for flavor in group["flavors"]:
-                for res in flavor["resources"]:
-                    if res["name"] == "nvidia.com/gpu":
-                        res["nominalQuota"] = {"t4-spot": 0, "l4-ondemand": 4}.get(flavor["name"], 0)
-        _cluster_queue(kube, cq, {"spec": {"stopPolicy": "None", "resourceGroups": groups}})
+        set_gpu_quota(kube, cq, {"t4-spot": 0, "l4-ondemand": 4}, stopPolicy="None")
 
         job = wait_phase(kube, namespace, "moved", ("Succeeded", "Failed"), TIMEOUT, operator)
         status = job["status"]

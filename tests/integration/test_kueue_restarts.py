@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kueue_helpers import admitted, delete, queued_job, setup, workload_of
+from kueue_helpers import admitted, delete, patch_cluster_queue, queued_job, setup, workload_of
 from memfit_testbed.cluster_helpers import Kube, condition
 from memfit_testbed.kueue import KueueManager
 from memfit_testbed.operator_helpers import (
@@ -36,13 +36,6 @@ def _queued(kube: Kube, ns: str, name: str, child: str) -> dict[str, Any] | None
     cond = condition(job, "Queued") if job else None
     ok = cond and cond["status"] == "True" and f"Job {child} waits" in cond["message"]
     return cond if ok else None
-
-
-def _cluster_queue(kube: Kube, name: str, patch: dict[str, Any]) -> None:
-    from kubernetes import client
-
-    client.CustomObjectsApi(kube.api_client).patch_cluster_custom_object(
-        "kueue.x-k8s.io", "v1beta2", "clusterqueues", name, patch)
 
 
 def _children(kube: Kube, ns: str, name: str) -> list[str]:
@@ -97,14 +90,14 @@ def test_operator_and_kueue_restarts_mid_admission_leave_no_duplicate_or_stuck_j
         # once profiling ends memfit plans (the quota is free) and its training Job waits in the queue.
         kube.batch.delete_namespaced_job("team-a", namespace, propagation_policy="Background")
         kube.wait("profiling admitted", lambda: admitted(kube, namespace, "rs-profile"), timeout=60)
-        _cluster_queue(kube, f"cq-{namespace}", {"spec": {"stopPolicy": "Hold"}})
+        patch_cluster_queue(kube, f"cq-{namespace}", {"spec": {"stopPolicy": "Hold"}})
         kube.wait("training queued", lambda: _queued(kube, namespace, "rs", "rs-train-0"), timeout=240)
 
         restart_both()
         kube.wait("training still queued after the restarts",
                   lambda: _queued(kube, namespace, "rs", "rs-train-0"), timeout=90)
         assert _children(kube, namespace, "rs") == ["rs-profile", "rs-train-0"]
-        _cluster_queue(kube, f"cq-{namespace}", {"spec": {"stopPolicy": "None"}})
+        patch_cluster_queue(kube, f"cq-{namespace}", {"spec": {"stopPolicy": "None"}})
         job = wait_phase(kube, namespace, "rs", ("Succeeded", "Failed"), 300, log)
         status = job["status"]
         assert status["phase"] == "Succeeded", status

@@ -13,11 +13,17 @@ from typing import Any
 
 import pytest
 from memfit_testbed.finetune_data import MODEL_CLAIM, MODEL_PATH, SEQUENCE_LENGTH, data, make_volumes
-from memfit_testbed.hub import HubRepo, StandInHub, stand_in_hub
+from memfit_testbed.hub import (
+    PRIVATE_DATASET,
+    PRIVATE_MODEL,
+    StandInHub,
+    private_finetune_repos,
+    stand_in_hub,
+)
 from trainer_support import PYTHON, REPO, PlanBuilder, make_plan, run_cli, subprocess_env
 
-REPO_ID = "memfit-test/tiny-llama"
-DATASET_ID = "memfit-test/corpus"
+REPO_ID = PRIVATE_MODEL
+DATASET_ID = PRIVATE_DATASET
 TOKEN = "hf_stand_in_token_1234"  # a fake token for the stand-in; never a real one
 EXIT_INVALID_PLAN = 88
 
@@ -31,12 +37,7 @@ def volumes(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def hub(volumes: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[StandInHub]:
-    corpus = tmp_path_factory.mktemp("corpus-repo")  # train / validation splits by file name, as on the hub
-    (corpus / "train.jsonl").write_bytes((volumes / "data" / "train.jsonl").read_bytes())
-    (corpus / "validation.jsonl").write_bytes((volumes / "data" / "eval.jsonl").read_bytes())
-    repos = {REPO_ID: HubRepo(volumes / MODEL_CLAIM / MODEL_PATH, token=TOKEN),
-             f"datasets/{DATASET_ID}": HubRepo(corpus, token=TOKEN)}  # fmt: skip
-    with stand_in_hub(repos) as server:
+    with stand_in_hub(private_finetune_repos(volumes, tmp_path_factory.mktemp("corpus-repo"), TOKEN)) as server:
         yield server
 
 
