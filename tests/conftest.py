@@ -137,6 +137,10 @@ def pytest_runtest_makereport(
     report = yield
     if report.failed and _STARTED and "cluster" in getattr(item, "fixturenames", ()):
         report.sections.append(("test cluster logs", _STARTED[-1].log_tail(60)))
+    manager = getattr(item, "funcargs", {}).get("kueue")
+    if report.failed and isinstance(manager, testbed_kueue.KueueManager):
+        alive = "running" if manager.running() else "NOT running"
+        report.sections.append((f"kueue log (manager {alive})", manager.log_tail(60)))
     return report
 
 

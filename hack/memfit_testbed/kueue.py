@@ -214,6 +214,10 @@ class KueueManager:
                 with contextlib.suppress(KueueError):  # best effort: the rest of the teardown still runs
                     self._kubectl("patch", "crd", f"{plural}.kueue.x-k8s.io", "--type=merge", "-p", no_conversion)
 
+    def running(self) -> bool:
+        proc = getattr(self, "_proc", None)
+        return proc is not None and proc.poll() is None
+
     def log_tail(self, lines: int = 60) -> str:
         text = self.log.read_text(errors="replace").splitlines()[-lines:] if self.log.exists() else []
         return f"===== {self.log} (last {len(text)} lines) =====\n" + "\n".join(text)

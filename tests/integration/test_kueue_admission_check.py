@@ -53,12 +53,19 @@ def _annotated(name: str, problem: str | None) -> dict[str, Any]:
     return job
 
 
-def _check(kube: Kube, ns: str, job: str, state: str) -> dict[str, Any] | None:
+def _job_event(kube: Kube, ns: str, job: str, reason: str) -> str | None:
+    """The message of memfit's Event `reason` on Job `job` (the check state itself is reset by Kueue on eviction)."""
+    events = kube.core.list_namespaced_event(ns, field_selector=f"involvedObject.name={job}").items
+    return next((e.message for e in events if e.reason == reason and e.involved_object.kind == "Job"), None)
+
+
+def _workload_event(kube: Kube, ns: str, job: str, reason: str) -> str | None:
+    """The message of Kueue's Event `reason` on the Workload of Job `job`."""
     wl = workload_of(kube, ns, job)
-    for check in ((wl or {}).get("status") or {}).get("admissionChecks") or []:
-        if check["state"] == state:
-            return dict(check)
-    return None
+    if wl is None:
+        return None
+    events = kube.core.list_namespaced_event(ns, field_selector=f"involvedObject.name={wl['metadata']['name']}").items
+    return next((e.message for e in events if e.reason == reason), None)
 
 
 def test_memory_fit_check_rejects_what_cannot_fit_and_admits_what_fits(
@@ -90,8 +97,13 @@ def test_memory_fit_check_rejects_what_cannot_fit_and_admits_what_fits(
         kube.batch.create_namespaced_job(namespace, _annotated("unchecked", None))
         kube.batch.create_namespaced_job(namespace, _annotated("no-config", "not-there"))
 
-        rejected = kube.wait("too-big Rejected", lambda: _check(kube, namespace, "too-big", "Rejected"), timeout=90)
-        message = rejected["message"]
+        # memfit answers Rejected; Kueue deactivates the Workload within milliseconds and resets the check
+        # to Pending, so the answer is read where it stays: memfit's Event on the Job and Kueue's on the Workload.
+        message = kube.wait("too-big Rejected",
+                            lambda: _job_event(kube, namespace, "too-big", "MemoryFitRejected"), timeout=90)
+        kueue_says = kube.wait("Kueue's AdmissionCheckRejected event",
+                               lambda: _workload_event(kube, namespace, "too-big", "AdmissionCheckRejected"), timeout=30)
+        assert message in kueue_says, (message, kueue_says)
         assert message.startswith("needs "), message
         assert "(DDP fp16 mbs 1x8 on 1 GPU(s), 1 per pod, incl. 10% headroom)" in message
         assert "flavor t4-spot (Tesla-T4) has 15.0 GiB" in message
@@ -110,13 +122,14 @@ def test_memory_fit_check_rejects_what_cannot_fit_and_admits_what_fits(
                     f"namespace {namespace}") in operator.read_text()
 
         kube.wait("no-config answered Retry", retried, timeout=60)
+        assert "not found in namespace" in (_job_event(kube, namespace, "no-config", "MemoryFitRetry") or "")
 
         # The rejected Job never ran: Kueue deactivated its Workload, the Job stays suspended, no pod.
         time.sleep(3)
         assert kube.batch.read_namespaced_job("too-big", namespace).spec.suspend is True
         assert not kube.pods(namespace, "job-name=too-big")
         wl = workload_of(kube, namespace, "too-big")
-        assert wl is not None
+        assert wl is not None and wl["spec"].get("active") is False, wl
         assert (condition(wl, "Admitted") or {}).get("status") != "True", wl["status"]
     finally:
         for job in ("too-big", "fits", "unchecked", "no-config"):

@@ -110,8 +110,30 @@ class MemoryFitController:
                     "lastTransitionTime": _now()})
             metrics.ADMISSION_CHECKS.labels(verdict.state).inc()
             log.info("memory-fit %s/%s: %s: %s", meta["namespace"], meta["name"], verdict.state, verdict.message)
+            if verdict.state != READY:
+                self._job_event(workload, verdict)
             answered += 1
         return answered
+
+    def _job_event(self, workload: Manifest, verdict: Verdict) -> None:
+        """A Warning Event on the Job (Kueue resets a Rejected or Retry check on eviction; `kubectl describe
+        job` keeps memfit's answer). Best effort."""
+        namespace = workload["metadata"]["namespace"]
+        owner = next((r for r in workload["metadata"].get("ownerReferences") or [] if r.get("kind") == "Job"), None)
+        if owner is None:
+            return
+        stamp = _now()
+        try:
+            self.api.create_event({
+                "apiVersion": "v1", "kind": "Event",
+                "metadata": {"generateName": f"{owner['name']}.", "namespace": namespace},
+                "involvedObject": {"apiVersion": "batch/v1", "kind": "Job", "name": owner["name"],
+                                   "namespace": namespace, "uid": owner.get("uid", "")},
+                "reason": f"MemoryFit{verdict.state}", "message": verdict.message[:1024], "type": "Warning",
+                "source": {"component": "memfit-operator"}, "firstTimestamp": stamp, "lastTimestamp": stamp,
+                "count": 1})
+        except Exception as error:  # an Event never fails the check
+            log.warning("could not post the memory-fit event for Job %s/%s: %s", namespace, owner["name"], error)
 
     def verdict(self, workload: Manifest, pools: list[GPUNodePool]) -> Verdict | None:
         """The answer for one Workload; None to look again on the next pass (its Job not seen yet)."""
