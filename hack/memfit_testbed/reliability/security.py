@@ -98,7 +98,6 @@ def pod_violations(manifest: dict[str, Any], *, namespace: str) -> list[str]:
     return out
 
 
-label_values = st.from_regex(r"\A[a-z0-9]([-a-z0-9_.]{0,20}[a-z0-9])?\Z")
 subdomains = st.from_regex(r"\A[a-z0-9]([-a-z0-9]{0,20}[a-z0-9])?(\.[a-z0-9]{1,8})?\Z")
 STRATEGIES = [
     {},
@@ -120,7 +119,7 @@ def valid_specs(draw: st.DrawFn) -> dict[str, Any]:
         st.sampled_from(["", "trainer:1", "registry.local:5000/ml/trainer@sha256:" + "a" * 64])
     )
     spec["scheduling"] = {
-        "kueueQueue": draw(st.one_of(st.just(""), label_values)),
+        "kueueQueue": draw(st.one_of(st.just(""), subdomains)),  # a LocalQueue name
         "priorityClassName": draw(st.one_of(st.just(""), subdomains)),
     }
     claim = draw(st.one_of(st.none(), subdomains))
