@@ -55,7 +55,7 @@ def test_measured_peaks_move_the_next_run_to_the_cheaper_pool(kube: Kube, namesp
     assert second.price_per_hour < first.price_per_hour
     # The corrected prediction covers what the GPU holds within the plan's 10 % headroom, and the plan
     # with that headroom fits the pool. Not the bare prediction: a training run's CPU allocator counter
-    # varies run to run (frees on gloo/DeepSpeed threads are not subtracted in the step view; the same
+    # varies run to run (one known cause: frees on gloo/DeepSpeed threads are not subtracted in the step view; the same
     # plan measured 671.8 and 712.9 MiB against a 709.0 MiB prediction), and the headroom is what absorbs it.
     assert second.measured_device_mib is not None
     assert second.measured_device_mib <= second.predicted_peak_mib * 1.1 <= second.usable_mib, second
