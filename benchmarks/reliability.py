@@ -318,6 +318,7 @@ def totals(out: dict[str, Any]) -> dict[str, Any]:
         + r.get("orphans_after_delete", 0),
         "status_inconsistent": sum(d.get("status_inconsistent", 0) for d in (c, p, a, r)),
         "unexpected_outcomes": sum(d.get("unexpected_outcome", 0) for d in (c, p, a, r)),
+        "explained_outcomes": sum(d.get("explained_outcome", 0) for d in (c, p, a, r)),
         "hostile_specs": f.get("specs", 0),
         "hostile_specs_refused_naming_the_field": f.get("passed", 0),
         "hostile_spec_children": f.get("children_created", 0),
@@ -366,6 +367,7 @@ def table(out: dict[str, Any]) -> str:
         ("orphans", str(t["orphans"]), "0"),
         ("status inconsistent with children", str(t["status_inconsistent"]), "0"),
         ("unexpected outcomes", str(t["unexpected_outcomes"]), "0"),
+        ("  explained (pool's nodes not Ready while waiting)", str(t["explained_outcomes"]), ""),
         ("children of hostile specs", str(t["hostile_spec_children"]), "0"),
         (
             "operator crashes / logged tracebacks",

@@ -10,6 +10,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -107,6 +108,7 @@ class Report:
     orphans: list[str] = field(default_factory=list)
     inconsistent: list[str] = field(default_factory=list)
     unexpected: list[str] = field(default_factory=list)
+    explained: list[str] = field(default_factory=list)  # off the expected path for a cause found outside memfit
     phases: dict[str, int] = field(default_factory=dict)
 
     @property
@@ -123,6 +125,8 @@ class Report:
             "orphans": len(self.orphans),
             "status_inconsistent": len(self.inconsistent),
             "unexpected_outcome": len(self.unexpected),
+            "explained_outcome": len(self.explained),
+            "explanations": self.explained[:50],
             "violations": (
                 self.stuck
                 + [f"duplicate {k} x{v}" for k, v in self.duplicates.items()]
@@ -173,10 +177,13 @@ def check_world(
     *,
     recorder: JobRecorder | None = None,
     expected: dict[str, tuple[str, list[str]]] | None = None,
+    explain: Callable[[str, dict[str, Any]], str | None] | None = None,
 ) -> Report:
     """Check every invariant on the namespace's current state.
 
     expected: job name -> (phase, attempt outcomes) for jobs whose lifecycle is known in advance.
+    explain: (job name, status) -> why a job left its expected path for a cause outside memfit (the
+    harness's own evidence), or None; an explained job is counted apart, not as unexpected.
     """
     w = world(kube, namespace)
     report = Report(duplicates=recorder.duplicates() if recorder else {})
@@ -208,10 +215,12 @@ def check_world(
             want_phase, want_outcomes = expected[name]
             outcomes = [a.get("outcome") for a in status.get("attempts") or []]
             if phase != want_phase or outcomes != want_outcomes:
-                report.unexpected.append(
-                    f"{name}: {phase} {outcomes}, expected {want_phase} {want_outcomes}: "
-                    f"{status.get('message', '')[:200]}"
-                )
+                seen = f"{name}: {phase} {outcomes}, expected {want_phase} {want_outcomes}"
+                why = explain(name, status) if explain else None
+                if why:
+                    report.explained.append(f"{seen}: {why}")
+                else:
+                    report.unexpected.append(f"{seen}: {status.get('message', '')[:200]}")
     return report
 
 

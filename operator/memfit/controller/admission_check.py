@@ -23,6 +23,7 @@ from pydantic import ValidationError
 from memfit import metrics
 from memfit.api.pool import GPUNodePool
 from memfit.catalog import CATALOG
+from memfit.controller.events import event_manifest
 from memfit.controller.kubeapi import KubeApi
 from memfit.kube.names import LABEL_MANAGED_BY, MANAGED_BY
 from memfit.lifecycle.memory_fit import (
@@ -63,6 +64,11 @@ def _pools(api: KubeApi) -> list[GPUNodePool]:
     return pools
 
 
+def _owner_job(workload: Manifest) -> Manifest | None:
+    """The Workload's ownerReference to its batch Job, if it has one."""
+    return next((r for r in workload["metadata"].get("ownerReferences") or [] if r.get("kind") == "Job"), None)
+
+
 class MemoryFitController:
     def __init__(self, api: KubeApi) -> None:
         self.api = api
@@ -100,7 +106,8 @@ class MemoryFitController:
                 continue
             if pools is None:
                 pools = _pools(self.api)
-            verdict = self.verdict(workload, pools)
+            owner = _owner_job(workload)
+            verdict = self.verdict(workload, pools, owner)
             if verdict is None:
                 continue
             meta = workload["metadata"]
@@ -110,35 +117,26 @@ class MemoryFitController:
                     "lastTransitionTime": _now()})
             metrics.ADMISSION_CHECKS.labels(verdict.state).inc()
             log.info("memory-fit %s/%s: %s: %s", meta["namespace"], meta["name"], verdict.state, verdict.message)
-            if verdict.state != READY:
-                self._job_event(workload, verdict)
+            if verdict.state != READY and owner is not None:
+                self._job_event(meta["namespace"], owner, verdict)
             answered += 1
         return answered
 
-    def _job_event(self, workload: Manifest, verdict: Verdict) -> None:
+    def _job_event(self, namespace: str, owner: Manifest, verdict: Verdict) -> None:
         """A Warning Event on the Job (Kueue resets a Rejected or Retry check on eviction; `kubectl describe
-        job` keeps memfit's answer). Best effort."""
-        namespace = workload["metadata"]["namespace"]
-        owner = next((r for r in workload["metadata"].get("ownerReferences") or [] if r.get("kind") == "Job"), None)
-        if owner is None:
-            return
-        stamp = _now()
+        job` keeps memfit's answer). Best effort; posted from this controller's own thread."""
+        involved = {"apiVersion": "batch/v1", "kind": "Job", "name": owner["name"], "namespace": namespace,
+                    "uid": owner.get("uid", "")}
         try:
-            self.api.create_event({
-                "apiVersion": "v1", "kind": "Event",
-                "metadata": {"generateName": f"{owner['name']}.", "namespace": namespace},
-                "involvedObject": {"apiVersion": "batch/v1", "kind": "Job", "name": owner["name"],
-                                   "namespace": namespace, "uid": owner.get("uid", "")},
-                "reason": f"MemoryFit{verdict.state}", "message": verdict.message[:1024], "type": "Warning",
-                "source": {"component": "memfit-operator"}, "firstTimestamp": stamp, "lastTimestamp": stamp,
-                "count": 1})
+            self.api.create_event(event_manifest(involved, reason=f"MemoryFit{verdict.state}",
+                                                 message=verdict.message, type_="Warning", now=datetime.now(UTC)))
         except Exception as error:  # an Event never fails the check
             log.warning("could not post the memory-fit event for Job %s/%s: %s", namespace, owner["name"], error)
 
-    def verdict(self, workload: Manifest, pools: list[GPUNodePool]) -> Verdict | None:
-        """The answer for one Workload; None to look again on the next pass (its Job not seen yet)."""
+    def verdict(self, workload: Manifest, pools: list[GPUNodePool], owner: Manifest | None) -> Verdict | None:
+        """The answer for one Workload whose owner Job is `owner` (its ownerReference); None to look again
+        on the next pass (the Job not seen yet)."""
         namespace = workload["metadata"]["namespace"]
-        owner = next((r for r in workload["metadata"].get("ownerReferences") or [] if r.get("kind") == "Job"), None)
         if owner is None:
             return Verdict(READY, "not a batch Job: memory fit not checked (memfit checks Jobs only)")
         job = self.api.get_job(namespace, owner["name"])

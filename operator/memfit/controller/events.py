@@ -9,12 +9,32 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+from datetime import UTC, datetime
 from typing import Any
 
 from memfit.controller.kubeapi import KubeApi
 
 log = logging.getLogger(__name__)
 Manifest = dict[str, Any]
+COMPONENT = "memfit-operator"
+
+
+def event_manifest(involved: Manifest, *, reason: str, message: str, type_: str, now: datetime) -> Manifest:
+    """A core/v1 Event about `involved` (apiVersion, kind, name, namespace, uid), in its namespace."""
+    stamp = now.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"generateName": f"{involved['name']}.", "namespace": involved["namespace"]},
+        "involvedObject": {k: involved[k] for k in ("apiVersion", "kind", "name", "namespace", "uid")},
+        "reason": reason,
+        "message": message[:1024],
+        "type": type_,
+        "source": {"component": COMPONENT},
+        "firstTimestamp": stamp,
+        "lastTimestamp": stamp,
+        "count": 1,
+    }
 
 
 class EventPoster:

@@ -12,11 +12,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from memfit import metrics
 from memfit.api.job import MemoryOptimizedTrainingJobStatus
+from memfit.controller.events import event_manifest
 from memfit.controller.kubeapi import KubeApi
 from memfit.controller.settings import OperatorSettings
 from memfit.controller.snapshot import observe_snapshot
@@ -127,26 +128,14 @@ def _post_event(
     post: Callable[[Manifest], None] | None = None,
 ) -> None:
     meta = body["metadata"]
-    stamp = now.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    manifest = {
-        "apiVersion": "v1",
-        "kind": "Event",
-        "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
-        "involvedObject": {
-            "apiVersion": body.get("apiVersion", "memfit.dev/v1alpha1"),
-            "kind": body.get("kind", "MemoryOptimizedTrainingJob"),
-            "name": meta["name"],
-            "namespace": meta["namespace"],
-            "uid": meta["uid"],
-        },
-        "reason": event.reason,
-        "message": event.message[:1024],
-        "type": event.type.value,
-        "source": {"component": "memfit-operator"},
-        "firstTimestamp": stamp,
-        "lastTimestamp": stamp,
-        "count": 1,
+    involved = {
+        "apiVersion": body.get("apiVersion", "memfit.dev/v1alpha1"),
+        "kind": body.get("kind", "MemoryOptimizedTrainingJob"),
+        "name": meta["name"],
+        "namespace": meta["namespace"],
+        "uid": meta["uid"],
     }
+    manifest = event_manifest(involved, reason=event.reason, message=event.message, type_=event.type.value, now=now)
     try:
         (post or api.create_event)(manifest)
     except Exception as error:  # events are best effort; never fail a reconcile over one

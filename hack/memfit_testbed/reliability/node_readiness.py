@@ -1,0 +1,92 @@
+"""When each pool's nodes were not Ready, seen by polling the Nodes (API outages included).
+
+The API server outages of the reliability campaign can outlast the node controller's grace period:
+KWOK cannot renew the node leases while the API server is down, so kube-controller-manager marks
+the nodes NotReady when it is back ("all Nodes are not-Ready. Entering master disruption mode") and
+the scheduler places nothing on them until KWOK's next heartbeat. A job whose pods waited through
+such a window longer than its `capacityTimeoutSeconds` is re-planned with outcome NoCapacity, as
+documented; `NodeReadiness` lets the harness tell that from a wrong re-plan.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from kubernetes import client
+
+from memfit_testbed.cluster_helpers import Kube
+from memfit_testbed.kwok_pools import POOL_LABEL
+
+
+def _ready(node: client.V1Node) -> bool:
+    conditions = (node.status.conditions if node.status else None) or []
+    return any(c.type == "Ready" and c.status == "True" for c in conditions)
+
+
+@dataclass
+class NodeReadiness:
+    """Polls every `interval` seconds; a pool is disrupted from the first poll that sees one of its
+    nodes not Ready (or unschedulable) to the first that sees all of them Ready again."""
+
+    kube: Kube
+    interval: float = 0.5
+    windows: dict[str, list[tuple[datetime, datetime | None]]] = field(default_factory=dict)
+    polls: int = 0
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def start(self) -> NodeReadiness:
+        self._thread = threading.Thread(target=self._run, name="node-readiness", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread:
+            self._thread.join(timeout=30)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                nodes = self.kube.core.list_node(_request_timeout=5).items
+            except Exception:  # the API server is down: nothing to see until it is back
+                continue
+            self.observe(nodes, datetime.now(UTC))
+
+    def observe(self, nodes: list[client.V1Node], now: datetime) -> None:
+        down: set[str] = set()
+        pools: set[str] = set()
+        for node in nodes:
+            pool = (node.metadata.labels or {}).get(POOL_LABEL)
+            if not pool:
+                continue
+            pools.add(pool)
+            if not _ready(node) or (node.spec and node.spec.unschedulable):
+                down.add(pool)
+        with self._lock:
+            self.polls += 1
+            for pool in pools:
+                spans = self.windows.setdefault(pool, [])
+                open_span = bool(spans) and spans[-1][1] is None
+                if pool in down and not open_span:
+                    spans.append((now, None))
+                elif pool not in down and open_span:
+                    spans[-1] = (spans[-1][0], now)
+
+    def disrupted(self, pool: str, start: datetime, end: datetime) -> bool:
+        """Whether some node of `pool` was seen not Ready between `start` and `end`."""
+        with self._lock:
+            spans = list(self.windows.get(pool, []))
+        return any(s <= end and (e is None or e >= start) for s, e in spans)
+
+    def summary(self) -> dict[str, list[list[str]]]:
+        """pool -> [[from, to], ...] in UTC (to: "" while still not Ready)."""
+        with self._lock:
+            return {
+                pool: [[s.strftime("%H:%M:%S"), e.strftime("%H:%M:%S") if e else ""] for s, e in spans]
+                for pool, spans in sorted(self.windows.items())
+                if spans
+            }
