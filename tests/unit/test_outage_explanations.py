@@ -6,18 +6,16 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from kubernetes import client
+from memfit_testbed.kwok_pools import POOL_LABEL
 from memfit_testbed.reliability.node_readiness import NodeReadiness
 from memfit_testbed.reliability.outage import waited_on_unready_nodes
 
 T0 = datetime(2026, 12, 4, 20, 14, 0, tzinfo=UTC)
 
 
-def node(name: str, pool: str, ready: bool) -> client.V1Node:
-    return client.V1Node(
-        metadata=client.V1ObjectMeta(name=name, labels={"memfit.dev/pool": pool}),
-        status=client.V1NodeStatus(conditions=[client.V1NodeCondition(type="Ready", status=str(ready))]),
-    )
+def node(name: str, pool: str, ready: bool) -> dict[str, Any]:
+    return {"metadata": {"name": name, "labels": {POOL_LABEL: pool}},
+            "status": {"conditions": [{"type": "Ready", "status": str(ready)}]}}
 
 
 def at(seconds: float) -> datetime:
@@ -29,7 +27,8 @@ def stamp(seconds: float) -> str:
 
 
 def attempt(pool: str, outcome: str, start: float, end: float) -> dict[str, Any]:
-    return {"nodePool": pool, "outcome": outcome, "startedAt": stamp(start), "finishedAt": stamp(end)}
+    return {"index": 0, "nodes": 1, "nodePool": pool, "outcome": outcome, "startedAt": stamp(start),
+            "finishedAt": stamp(end)}
 
 
 def readiness() -> NodeReadiness:
@@ -53,7 +52,8 @@ def test_windows_open_on_the_first_unready_poll_and_close_when_all_are_ready() -
 
 def test_a_window_still_open_covers_everything_after_it() -> None:
     r = NodeReadiness(kube=None)  # type: ignore[arg-type]
-    r.observe([node("t4-spot-0", "t4-spot", False)], at(10))
+    cordoned = node("t4-spot-0", "t4-spot", True) | {"spec": {"unschedulable": True}}  # memfit counts no capacity
+    r.observe([cordoned], at(10))
     assert r.disrupted("t4-spot", at(500), at(600))
     assert r.summary() == {"t4-spot": [["20:14:10", ""]]}
 

@@ -13,27 +13,23 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import Any
 
-from kubernetes import client
+from memfit.lifecycle.capacity import node_ready
 
 from memfit_testbed.cluster_helpers import Kube
 from memfit_testbed.kwok_pools import POOL_LABEL
 
 
-def _ready(node: client.V1Node) -> bool:
-    conditions = (node.status.conditions if node.status else None) or []
-    return any(c.type == "Ready" and c.status == "True" for c in conditions)
-
-
 @dataclass
 class NodeReadiness:
     """Polls every `interval` seconds; a pool is disrupted from the first poll that sees one of its
-    nodes not Ready (or unschedulable) to the first that sees all of them Ready again."""
+    nodes not ready by memfit's own rule (`node_ready`: Ready and schedulable, what its capacity view
+    counts) to the first that sees all of them ready again."""
 
     kube: Kube
     interval: float = 0.5
     windows: dict[str, list[tuple[datetime, datetime | None]]] = field(default_factory=dict)
-    polls: int = 0
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -51,23 +47,22 @@ class NodeReadiness:
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
             try:
-                nodes = self.kube.core.list_node(_request_timeout=5).items
+                nodes = (Kube.raw(self.kube.core.list_node, _request_timeout=5) or {}).get("items") or []
             except Exception:  # the API server is down: nothing to see until it is back
                 continue
             self.observe(nodes, datetime.now(UTC))
 
-    def observe(self, nodes: list[client.V1Node], now: datetime) -> None:
+    def observe(self, nodes: list[dict[str, Any]], now: datetime) -> None:
         down: set[str] = set()
         pools: set[str] = set()
         for node in nodes:
-            pool = (node.metadata.labels or {}).get(POOL_LABEL)
+            pool = (node["metadata"].get("labels") or {}).get(POOL_LABEL)
             if not pool:
                 continue
             pools.add(pool)
-            if not _ready(node) or (node.spec and node.spec.unschedulable):
+            if not node_ready(node):
                 down.add(pool)
         with self._lock:
-            self.polls += 1
             for pool in pools:
                 spans = self.windows.setdefault(pool, [])
                 open_span = bool(spans) and spans[-1][1] is None

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any
 
 from kubernetes import client
+from memfit.api.job import Attempt, AttemptOutcome
 
 from memfit_testbed.profiles import seed_profile
 from memfit_testbed.reliability.chaos import (
@@ -140,20 +140,15 @@ def run_restarts(
 def waited_on_unready_nodes(readiness: NodeReadiness, status: dict[str, Any]) -> str | None:
     """Why a job that succeeded after NoCapacity re-plans did so, when every such attempt waited while
     nodes of its pool were not Ready; None otherwise."""
-    attempts = status.get("attempts") or []
-    capacity = [a for a in attempts if a.get("outcome") == "NoCapacity"]
+    attempts = [Attempt.model_validate(a) for a in status.get("attempts") or []]
+    capacity = [a for a in attempts if a.outcome == AttemptOutcome.NO_CAPACITY]
     if status.get("phase") != "Succeeded" or not capacity or len(capacity) != len(attempts) - 1:
         return None
     for a in capacity:
-        start, end = a.get("startedAt"), a.get("finishedAt")
-        if not (start and end and readiness.disrupted(a.get("nodePool", ""), _time(start), _time(end))):
+        if not (a.started_at and a.finished_at and readiness.disrupted(a.node_pool, a.started_at, a.finished_at)):
             return None
-    pools = sorted({a.get("nodePool", "") for a in capacity})
+    pools = sorted({a.node_pool for a in capacity})
     return f"pool {', '.join(pools)} had nodes not Ready while the attempt waited (node controller, after the outages)"
-
-
-def _time(stamp: str) -> datetime:
-    return datetime.fromisoformat(stamp.replace("Z", "+00:00"))
 
 
 def _phase(custom: Any, namespace: str, name: str) -> str:
