@@ -37,7 +37,7 @@ from kubernetes import client
 from memfit_testbed.profiles import seed_profile
 from memfit_testbed.reliability import chaos, faults, fuzz, outage, security
 from memfit_testbed.reliability.crash import EXPECTED, Campaign, lifecycle_doc, make_roomy, run_campaign
-from memfit_testbed.reliability.crashpoints import Run, count_writes, crashing, drive
+from memfit_testbed.reliability.crashpoints import Run, count_writes, crashing, drive, write_points
 from memfit_testbed.reliability.invariants import JobRecorder, check_world
 from memfit_testbed.reliability.realnode_campaign import run_real_node_campaign
 from provenance import stamp
@@ -83,11 +83,11 @@ def crash_points(cc: chaos.ChaosCluster) -> dict[str, Any]:
         writes = count_writes(cc, namespace, clean)
         expected[clean["metadata"]["name"]] = EXPECTED[kind]
         points[kind] = len(writes)
-        for k in range(1, len(writes) + 1):
+        for k, point in enumerate(write_points(writes), start=1):
             crashed = json.loads(json.dumps(doc))
             crashed["metadata"]["name"] = f"{kind}-k{k:02d}"
             custom.create_namespaced_custom_object(chaos.GROUP, chaos.VERSION, namespace, chaos.MOTJ, crashed)
-            runs.append(Run(crashed["metadata"]["name"], crashing(cc.api, k)))
+            runs.append(Run(crashed["metadata"]["name"], crashing(cc.api, crashed["metadata"]["name"], point)))
             expected[crashed["metadata"]["name"]] = EXPECTED[kind]
     drive(cc, namespace, runs, timeout=600)
     report = check_world(cc.kube, namespace, recorder=recorder, expected=expected)

@@ -1,10 +1,15 @@
 """Crash at every write: drive the reconcile in-process and "die" right after its k-th API write.
 
 Random SIGKILLs rarely land between two particular writes; this enumerates them. A clean run of a
-lifecycle counts its writes W; then, for each k in 1..W, a fresh job is reconciled with an API whose
-k-th write is followed by `Crash` (what a SIGKILL at that instant leaves behind), and a fresh API (the
-restarted operator) finishes the job. Every job must end as the clean run did, with one Job per
-attempt and status consistent with the children.
+lifecycle records its writes; then, for each of them, a fresh job is reconciled with an API that raises
+`Crash` (what a SIGKILL at that instant leaves behind) right after the same write (the same
+description, the same occurrence of it), and a fresh API (the restarted operator) finishes the job.
+Every job must end as the clean run did, with one Job per attempt and status consistent with the
+children.
+
+A point is named by the write, not by its index: runs differ in timing (a KWOK pod may finish before a
+pass sees it Running, a profiling lifecycle repeats ensures while it waits), so the k-th write of one
+run is not the k-th write of another, while "the first `status Succeeded`" is the same point in both.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from memfit_testbed.reliability.chaos import GROUP, MOTJ, VERSION, ChaosCluster
 
 SETTINGS = OperatorSettings(trainer_image="memfit-trainer:test")
 TERMINAL = ("Succeeded", "Failed")
+JOB = "<job>"
 
 
 class Crash(BaseException):
@@ -30,14 +36,17 @@ class Crash(BaseException):
 
 @dataclass
 class CrashingApi(KubeApi):
-    """KubeApi that counts its writes and raises `Crash` right after write number `crash_after`."""
+    """KubeApi that records its writes (the job's name shown as `<job>`) and raises `Crash` right after
+    the write `crash_at` names: (description, occurrence), occurrence counting from 1."""
 
-    crash_after: int | None = None
+    job: str = ""
+    crash_at: tuple[str, int] | None = None
     writes: list[str] = field(default_factory=list)
 
     def _wrote(self, what: str) -> None:
+        what = what.replace(self.job, JOB) if self.job else what
         self.writes.append(what)
-        if self.crash_after is not None and len(self.writes) == self.crash_after:
+        if self.crash_at is not None and self.crash_at == (what, self.writes.count(what)):
             raise Crash(what)
 
     def ensure(self, manifest: dict[str, Any]) -> tuple[dict[str, Any], bool]:
@@ -65,8 +74,13 @@ class CrashingApi(KubeApi):
         self._wrote(f"event {event.get('reason')}")
 
 
-def crashing(api: KubeApi, crash_after: int | None) -> CrashingApi:
-    return CrashingApi(api.core, api.batch, api.custom, crash_after=crash_after)
+def crashing(api: KubeApi, job: str, crash_at: tuple[str, int] | None = None) -> CrashingApi:
+    return CrashingApi(api.core, api.batch, api.custom, job=job, crash_at=crash_at)
+
+
+def write_points(writes: list[str]) -> list[tuple[str, int]]:
+    """Each write of a clean run as (description, occurrence): the points to crash after."""
+    return [(what, writes[: i + 1].count(what)) for i, what in enumerate(writes)]
 
 
 @dataclass
@@ -95,7 +109,7 @@ def drive(cc: ChaosCluster, namespace: str, runs: list[Run], timeout: float) -> 
                 reconcile_job(run.api, body, settings=SETTINGS)
             except Crash as crash:
                 run.crashed_at = str(crash)
-                run.api = crashing(run.api, None)  # the restarted operator
+                run.api = crashing(run.api, run.name)  # the restarted operator
             except client.exceptions.ApiException as error:
                 if error.status != 409:  # a concurrent write: the next round retries, like the operator
                     raise
@@ -103,9 +117,9 @@ def drive(cc: ChaosCluster, namespace: str, runs: list[Run], timeout: float) -> 
 
 
 def count_writes(cc: ChaosCluster, namespace: str, doc: dict[str, Any], timeout: float = 120.0) -> list[str]:
-    """The writes of a clean run of `doc` (created under its own name)."""
+    """The writes of a clean run of `doc` (created under its own name, shown as `<job>`)."""
     custom = client.CustomObjectsApi(cc.kube.api_client)
     custom.create_namespaced_custom_object(GROUP, VERSION, namespace, MOTJ, doc)
-    run = Run(doc["metadata"]["name"], crashing(cc.api, None))
+    run = Run(doc["metadata"]["name"], crashing(cc.api, doc["metadata"]["name"]))
     drive(cc, namespace, [run], timeout)
     return run.api.writes
