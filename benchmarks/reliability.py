@@ -33,11 +33,10 @@ from pathlib import Path
 from typing import Any
 
 from hypothesis import HealthCheck, given, settings
-from kubernetes import client
 from memfit_testbed.profiles import seed_profile
 from memfit_testbed.reliability import chaos, faults, fuzz, outage, security
 from memfit_testbed.reliability.crash import EXPECTED, Campaign, lifecycle_doc, make_roomy, run_campaign
-from memfit_testbed.reliability.crashpoints import Run, count_writes, crashing, drive, write_points
+from memfit_testbed.reliability.crashpoints import Run, count_writes, drive, start_crash_runs
 from memfit_testbed.reliability.invariants import JobRecorder, check_world
 from memfit_testbed.reliability.realnode_campaign import run_real_node_campaign
 from provenance import stamp
@@ -71,7 +70,6 @@ def crash_points(cc: chaos.ChaosCluster) -> dict[str, Any]:
     namespace = chaos.new_namespace(cc, "crashpoints")
     make_roomy(cc)
     recorder = JobRecorder(cc.kube, namespace).start()
-    custom = client.CustomObjectsApi(cc.kube.api_client)
     expected: dict[str, tuple[str, list[str]]] = {}
     points: dict[str, int] = {}
     runs: list[Run] = []
@@ -83,12 +81,9 @@ def crash_points(cc: chaos.ChaosCluster) -> dict[str, Any]:
         writes = count_writes(cc, namespace, clean)
         expected[clean["metadata"]["name"]] = EXPECTED[kind]
         points[kind] = len(writes)
-        for k, point in enumerate(write_points(writes), start=1):
-            crashed = json.loads(json.dumps(doc))
-            crashed["metadata"]["name"] = f"{kind}-k{k:02d}"
-            custom.create_namespaced_custom_object(chaos.GROUP, chaos.VERSION, namespace, chaos.MOTJ, crashed)
-            runs.append(Run(crashed["metadata"]["name"], crashing(cc.api, crashed["metadata"]["name"], point)))
-            expected[crashed["metadata"]["name"]] = EXPECTED[kind]
+        kind_runs = start_crash_runs(cc, namespace, doc, kind, writes)
+        expected.update({r.name: EXPECTED[kind] for r in kind_runs})
+        runs += kind_runs
     drive(cc, namespace, runs, timeout=600)
     report = check_world(cc.kube, namespace, recorder=recorder, expected=expected)
     recorder.stop()

@@ -7,11 +7,10 @@ import copy
 from pathlib import Path
 
 import pytest
-from kubernetes import client
 from memfit_testbed.profiles import seed_profile
-from memfit_testbed.reliability.chaos import GROUP, MOTJ, VERSION, ChaosCluster, new_namespace
+from memfit_testbed.reliability.chaos import ChaosCluster, new_namespace
 from memfit_testbed.reliability.crash import EXPECTED, Campaign, lifecycle_doc, make_roomy, run_campaign
-from memfit_testbed.reliability.crashpoints import Run, count_writes, crashing, drive, write_points
+from memfit_testbed.reliability.crashpoints import count_writes, drive, start_crash_runs
 from memfit_testbed.reliability.invariants import JobRecorder, check_world
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
@@ -41,14 +40,8 @@ def test_crash_after_every_write_ends_like_a_clean_run(chaos_cluster: ChaosClust
     clean["metadata"]["name"] = f"clean-{kind}"
     writes = count_writes(chaos_cluster, namespace, clean)
     assert len(writes) >= 8, writes
-    custom = client.CustomObjectsApi(chaos_cluster.kube.api_client)
-    runs, expected = [], {clean["metadata"]["name"]: EXPECTED[kind]}
-    for k, point in enumerate(write_points(writes), start=1):
-        crashed = copy.deepcopy(doc)
-        crashed["metadata"]["name"] = f"{kind}-k{k:02d}"
-        custom.create_namespaced_custom_object(GROUP, VERSION, namespace, MOTJ, crashed)
-        runs.append(Run(crashed["metadata"]["name"], crashing(chaos_cluster.api, crashed["metadata"]["name"], point)))
-        expected[crashed["metadata"]["name"]] = EXPECTED[kind]
+    runs = start_crash_runs(chaos_cluster, namespace, doc, kind, writes)
+    expected = {name: EXPECTED[kind] for name in [clean["metadata"]["name"], *(r.name for r in runs)]}
     drive(chaos_cluster, namespace, runs, timeout=240)
     # Every distinct write was crashed after. A run that never makes its write finishes uncrashed: KWOK
     # pods may finish before a pass sees them Running, and a profiling lifecycle repeats ensures a

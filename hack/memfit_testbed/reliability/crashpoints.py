@@ -14,7 +14,9 @@ run is not the k-th write of another, while "the first `status Succeeded`" is th
 
 from __future__ import annotations
 
+import copy
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,12 +41,12 @@ class CrashingApi(KubeApi):
     """KubeApi that records its writes (the job's name shown as `<job>`) and raises `Crash` right after
     the write `crash_at` names: (description, occurrence), occurrence counting from 1."""
 
-    job: str = ""
+    job: str
     crash_at: tuple[str, int] | None = None
     writes: list[str] = field(default_factory=list)
 
     def _wrote(self, what: str) -> None:
-        what = what.replace(self.job, JOB) if self.job else what
+        what = what.replace(self.job, JOB)
         self.writes.append(what)
         if self.crash_at is not None and self.crash_at == (what, self.writes.count(what)):
             raise Crash(what)
@@ -80,7 +82,25 @@ def crashing(api: KubeApi, job: str, crash_at: tuple[str, int] | None = None) ->
 
 def write_points(writes: list[str]) -> list[tuple[str, int]]:
     """Each write of a clean run as (description, occurrence): the points to crash after."""
-    return [(what, writes[: i + 1].count(what)) for i, what in enumerate(writes)]
+    seen: Counter[str] = Counter()
+    points = []
+    for what in writes:
+        seen[what] += 1
+        points.append((what, seen[what]))
+    return points
+
+
+def start_crash_runs(cc: ChaosCluster, namespace: str, doc: dict[str, Any], kind: str,
+                     writes: list[str]) -> list[Run]:
+    """One copy of `doc` per write of its clean run (`<kind>-kNN`), created, each set to crash after it."""
+    custom = client.CustomObjectsApi(cc.kube.api_client)
+    runs = []
+    for k, point in enumerate(write_points(writes), start=1):
+        crashed = copy.deepcopy(doc)
+        name = crashed["metadata"]["name"] = f"{kind}-k{k:02d}"
+        custom.create_namespaced_custom_object(GROUP, VERSION, namespace, MOTJ, crashed)
+        runs.append(Run(name, crashing(cc.api, name, point)))
+    return runs
 
 
 @dataclass
