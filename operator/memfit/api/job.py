@@ -394,6 +394,9 @@ class Progress(ApiModel):
         description="The checkpoint step the running pod resumed from (after a re-plan or a replaced pod).",
     )
     attempt: int = Field(ge=0, description="The attempt the numbers come from.")
+    pod: str | None = Field(
+        default=None, max_length=253, description="The rank-0 pod the numbers come from (a new one after a replacement)."
+    )
     updated_at: datetime = Field(description="When the operator read them.")
 
 

@@ -28,7 +28,7 @@ from memfit.api.job import AttemptOutcome, Phase
 from memfit.controller.events import EventPoster
 from memfit.controller.kubeapi import MOTJ_PLURAL, ForeignObjectError, KubeApi
 from memfit.controller.pool_status import reconcile_pools
-from memfit.controller.reconcile import Applied, RecordConflict, reconcile_job
+from memfit.controller.reconcile import RecordConflict, reconcile_job
 from memfit.controller.settings import OperatorSettings
 from memfit.controller.workqueue import Key, WorkQueue
 from memfit.controller.world import WorldCache
@@ -136,9 +136,9 @@ def start_workers(runtime: Runtime, count: int) -> list[threading.Thread]:
 
 
 def _reconcile_once(runtime: Runtime, api: KubeApi, namespace: str, name: str) -> bool:
-    """One reconcile pass; errors are logged and counted, never crash the operator. True when it
-    stored a finished attempt whose re-plan should run now (the event of our own status patch is
-    skipped, so nothing else would trigger it before the resync)."""
+    """One reconcile pass; errors are logged and counted, never crash the operator. True when the
+    decision asks for another pass now (a re-plan, or releasing a failed job's GPUs): the event of our
+    own status patch is skipped, so nothing else would trigger it before the resync."""
     try:
         body = api.get_motj(namespace, name)
         if body is None:
@@ -160,7 +160,7 @@ def _reconcile_once(runtime: Runtime, api: KubeApi, namespace: str, name: str) -
         if applied:
             _count(namespace, applied.events)
             log.debug("reconciled %s/%s in %.3fs", namespace, name, time.perf_counter() - started)
-        return applied is not None and _replan_pending(applied)
+        return applied is not None and applied.decision.requeue
     except ApiException as error:
         if error.status == 409:  # a concurrent write; the next event or resync retries
             return False
@@ -179,12 +179,6 @@ def _reconcile_once(runtime: Runtime, api: KubeApi, namespace: str, name: str) -
         metrics.RECONCILE_ERRORS.labels("MemoryOptimizedTrainingJob").inc()
         log.exception("reconcile %s/%s failed", namespace, name)
     return False
-
-
-def _replan_pending(applied: Applied) -> bool:
-    status = applied.decision.status
-    attempts = status.attempts
-    return status.phase not in TERMINAL and bool(attempts) and attempts[-1].outcome.replans
 
 
 def _count(namespace: str, events: list[tuple[str, str, str]]) -> None:

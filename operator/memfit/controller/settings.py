@@ -6,6 +6,7 @@ import os
 from dataclasses import dataclass, field
 
 from memfit.kube.checkpoints import ACCESS_MODES, parse_quantity
+from memfit.kube.common import FS_GROUP_CHANGE_POLICIES, RUN_AS_USER
 
 DEFAULT_TRAINER_IMAGE = "memfit-trainer:0.1.0"  # set your registry's copy with --trainer-image / Helm
 
@@ -29,6 +30,8 @@ class OperatorSettings:
     # The memfit.dev/memory-fit Kueue AdmissionCheck controller (chart kueue.admissionCheck): off, or
     # the seconds between its passes.
     admission_check_seconds: float = 0.0
+    pod_fs_group: int = RUN_AS_USER  # fsGroup of profiling and training pods (chart trainer.fsGroup)
+    pod_fs_group_change_policy: str = "OnRootMismatch"  # chart trainer.fsGroupChangePolicy
     progress_seconds: float = 15.0  # status.progress refresh: rank 0's metrics read at most this often
 
     @classmethod
@@ -48,6 +51,8 @@ class OperatorSettings:
             checkpoint_min_bytes=parse_quantity(os.environ.get("MEMFIT_CHECKPOINT_MIN_SIZE", "10Gi")),
             hub_endpoint=_hub_endpoint(os.environ.get("MEMFIT_HUB_ENDPOINT", "")),
             admission_check_seconds=_admission_check(os.environ.get("MEMFIT_ADMISSION_CHECK_SECONDS", "0")),
+            pod_fs_group=_fs_group(os.environ.get("MEMFIT_POD_FS_GROUP", str(RUN_AS_USER))),
+            pod_fs_group_change_policy=_change_policy(os.environ.get("MEMFIT_POD_FS_GROUP_CHANGE_POLICY", "OnRootMismatch")),
             progress_seconds=_positive("MEMFIT_PROGRESS_SECONDS", os.environ.get("MEMFIT_PROGRESS_SECONDS", "15")),
         )
         values = {name: getattr(base, name) for name in cls.__slots__}  # type: ignore[attr-defined]
@@ -82,4 +87,23 @@ def _access_mode(value: str) -> str:
     if value not in ACCESS_MODES:
         raise ValueError(f"MEMFIT_CHECKPOINT_ACCESS_MODE (checkpoints.accessMode) must be one of "
                          f"{', '.join(ACCESS_MODES)}; got {value!r}")
+    return value
+
+
+def _fs_group(value: str) -> int:
+    try:
+        group = int(value)
+    except ValueError:
+        group = 0
+    if not 0 < group < 2**31:
+        raise ValueError(f"MEMFIT_POD_FS_GROUP (trainer.fsGroup) must be a group ID from 1 to {2**31 - 1}; got {value!r}")
+    return group
+
+
+def _change_policy(value: str) -> str:
+    if value not in FS_GROUP_CHANGE_POLICIES:
+        raise ValueError(
+            f"MEMFIT_POD_FS_GROUP_CHANGE_POLICY (trainer.fsGroupChangePolicy) must be one of "
+            f"{', '.join(FS_GROUP_CHANGE_POLICIES)}; got {value!r}"
+        )
     return value

@@ -24,6 +24,7 @@ from memfit.kube.names import (
     COMPLETION_INDEX_ANNOTATION,
     COMPONENT_PROFILER,
     COMPONENT_TRAINER,
+    LABEL_ATTEMPT,
     METRICS_PORT,
     plan_config_map_name,
     profile_cache_name,
@@ -38,6 +39,7 @@ from memfit.lifecycle.observed import LABEL_JOB_UID, JobSummary, pod_selector, s
 from memfit.lifecycle.profiling import profile_key, profile_keys
 from memfit.lifecycle.progress import trainer_sample
 from memfit.lifecycle.quota import QueueQuota, cohort_of, parse_cluster_queue
+from memfit.lifecycle.release import release_candidates
 from memfit.lifecycle.snapshot import (
     ClaimObserved,
     TrainerSample,
@@ -82,6 +84,8 @@ def launch_settings(settings: OperatorSettings) -> LaunchSettings:
             min_bytes=settings.checkpoint_min_bytes,
         ),
         hub_endpoint=settings.hub_endpoint,
+        fs_group=settings.pod_fs_group,
+        fs_group_change_policy=settings.pod_fs_group_change_policy,
         progress_seconds=settings.progress_seconds,
     )
 
@@ -117,7 +121,9 @@ def observe_snapshot(
         now=(now or datetime.now(UTC)).replace(microsecond=0),
         settings=launch_settings(settings),
     )
-    if spec is None or problems or is_terminal(status):
+    if is_terminal(status):
+        return replace(snap, leftovers=_leftovers(api, ref, status))
+    if spec is None or problems:
         return snap
     pools = _Pools(api, world, world_source)
     active = monitoring(status)
@@ -157,6 +163,21 @@ def observe_snapshot(
         checkpoint_claim=_checkpoint_claim(api, ref, spec),
         missing_claims=tuple((f, claim) for f, claim in named_claims(spec) if api.get_claim(ref.namespace, claim) is None),
     )
+
+
+def _leftovers(api: ChildReader, ref: JobRef, status: MemoryOptimizedTrainingJobStatus) -> tuple[JobSummary, ...]:
+    """The child Jobs of a Failed job that may still hold or wait for GPUs, with their pods."""
+    found = []
+    for name in release_candidates(ref.name, status):
+        job = api.get_job(ref.namespace, name)
+        if job is None:
+            continue
+        labels = (job.get("metadata") or {}).get("labels") or {}
+        attempt = labels.get(LABEL_ATTEMPT)
+        component = COMPONENT_PROFILER if name == profile_job_name(ref.name) else COMPONENT_TRAINER
+        selector = pod_selector(ref.name, component, int(attempt) if attempt and attempt.isdigit() else None)
+        found.append(summarize_job(job, api.list_pods(ref.namespace, selector), name, None))
+    return tuple(found)
 
 
 def _checkpoint_claim(api: ChildReader, ref: JobRef, spec: MemoryOptimizedTrainingJobSpec) -> ClaimObserved | None:
@@ -256,7 +277,7 @@ def _trainer_sample(api: ChildReader, ref: JobRef, index: int, pods: list[Manife
         if index_annotation != "0" or status.get("phase") != "Running" or not status.get("podIP"):
             continue
         values = api.trainer_metrics(status["podIP"], METRICS_PORT, job=ref.name)
-        return trainer_sample(values, attempt=index) if values else None
+        return trainer_sample(values, attempt=index, pod=str(meta.get("name", ""))) if values else None
     return None
 
 

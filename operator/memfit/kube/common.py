@@ -54,6 +54,8 @@ class PodSettings:
     extra_labels: dict[str, str] = field(default_factory=dict)
     service_account: str = ""
     hub_endpoint: str = ""  # HF_ENDPOINT for the pods (a hub mirror); "" = the hub itself
+    fs_group: int = RUN_AS_USER  # the group volumes are made readable by (chart trainer.fsGroup)
+    fs_group_change_policy: str = "OnRootMismatch"  # chart trainer.fsGroupChangePolicy
 
 
 def metadata(
@@ -70,13 +72,19 @@ def metadata(
     return meta
 
 
-def pod_security_context() -> Manifest:
-    """Pod Security Standard `restricted`: non-root, seccomp RuntimeDefault."""
+FS_GROUP_CHANGE_POLICIES = ("OnRootMismatch", "Always")
+
+
+def pod_security_context(pod: PodSettings) -> Manifest:
+    """Pod Security Standard `restricted`: non-root, seccomp RuntimeDefault. The fsGroup makes the files
+    of volumes with ownership management (most CSI drivers, emptyDir) group-readable by the trainer;
+    OnRootMismatch skips the recursive change when the volume's root already matches (large models)."""
     return {
         "runAsNonRoot": True,
         "runAsUser": RUN_AS_USER,
         "runAsGroup": RUN_AS_USER,
-        "fsGroup": RUN_AS_USER,
+        "fsGroup": pod.fs_group,
+        "fsGroupChangePolicy": pod.fs_group_change_policy,
         "seccompProfile": {"type": "RuntimeDefault"},
     }
 

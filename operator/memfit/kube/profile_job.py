@@ -108,7 +108,7 @@ def build_profile_job(
     }
     pod_spec: Manifest = {
         "restartPolicy": "Never",
-        "securityContext": pod_security_context(),
+        "securityContext": pod_security_context(pod),
         "nodeSelector": dict(placement.node_selector),
         "tolerations": tolerations(placement),
         "containers": [container],

@@ -296,7 +296,7 @@ def build_training_job(
     pod_spec: Manifest = {
         "restartPolicy": "Never",
         "subdomain": service_name(owner.name),
-        "securityContext": pod_security_context(),
+        "securityContext": pod_security_context(pod),
         "nodeSelector": dict(placement.node_selector),
         "tolerations": tolerations(placement),
         "containers": [container],

@@ -53,6 +53,7 @@ SHARED_VOLUME = "SharedVolume"  # ReadWriteMany: every node of a multi-node plan
 SINGLE_NODE_VOLUME = "SingleNodeVolume"  # ReadWriteOnce: plans are kept to one node
 EPHEMERAL_CHECKPOINTS = "EphemeralCheckpoints"  # emptyDir, asked for: no resume across pods
 CHECKPOINT_CLAIM_MISSING = "CheckpointClaimMissing"  # the named claim does not exist (yet)
+GPUS_RELEASED = "GPUsReleased"  # a Failed job's unfinished child Jobs were deleted (lifecycle.release)
 INPUT_CLAIM_MISSING = "VolumeClaimMissing"  # a model, data or output claim the job names does not exist (yet)
 
 MAX_MESSAGE = 32768

@@ -16,6 +16,7 @@ from memfit.lifecycle.draft import Draft
 from memfit.lifecycle.launch import Timer, launch_step
 from memfit.lifecycle.monitor import monitor_step
 from memfit.lifecycle.profiling import profile_key, profile_step
+from memfit.lifecycle.release import release_step
 from memfit.lifecycle.result import Decision, Delete
 from memfit.lifecycle.snapshot import Snapshot, is_terminal
 
@@ -29,8 +30,10 @@ def decide(snap: Snapshot, *, timer: Timer = nullcontext) -> Decision:
     spec = snap.spec
     if spec is None or snap.spec_problems:
         draft.fail(c.INVALID_SPEC, "; ".join(snap.spec_problems))
-    elif not is_terminal(snap.status):  # terminal: children are kept for inspection; GC removes them
+    elif not is_terminal(snap.status):
         _advance(draft, snap, spec, timer)
+    if is_terminal(snap.status):  # finished children stay for inspection; unfinished ones hold GPUs
+        release_step(draft, snap)
     return draft.decision()
 
 

@@ -32,6 +32,7 @@ class Draft:
         self.generation = generation
         self.now = now
         self.phase: Phase = status.phase
+        self.stored_phase: Phase = status.phase
         self.message = status.message
         self.conditions: list[Condition] = list(status.conditions) or c.initial_conditions(generation, now)
         self.profile: ProfileSummary | None = status.profile
@@ -138,4 +139,14 @@ class Draft:
             effects=tuple(self.effects),
             events=tuple(self.events),
             profile_seconds=self.profile_seconds,
+            requeue=self._requeue(),
         )
+
+    def _requeue(self) -> bool:
+        """Reconcile again at once (the echo of our own status patch is skipped): a finished attempt
+        whose re-plan is due, or a job that just failed, whose unfinished children the next pass
+        deletes (lifecycle.release) once Failed is stored."""
+        if self.phase == Phase.FAILED:
+            return self.stored_phase != Phase.FAILED
+        terminal = self.phase == Phase.SUCCEEDED
+        return not terminal and bool(self.attempts) and self.attempts[-1].outcome.replans

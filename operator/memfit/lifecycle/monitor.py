@@ -26,11 +26,11 @@ from memfit.lifecycle.images import (
 from memfit.lifecycle.launch import launch_effects
 from memfit.lifecycle.learning import ALLOCATOR_METERS, learn
 from memfit.lifecycle.observed import JobSummary, PodSummary
-from memfit.lifecycle.progress import final_progress, progress_of
+from memfit.lifecycle.progress import final_progress, pod_changes, progress_of, still_starting
 from memfit.lifecycle.queued import move_if_another_pool_has_quota
 from memfit.lifecycle.queueing import queue_step
 from memfit.lifecycle.result import Ensure
-from memfit.lifecycle.snapshot import Snapshot
+from memfit.lifecycle.snapshot import Snapshot, TrainerSample
 
 
 def monitor_step(draft: Draft, snap: Snapshot, spec: MemoryOptimizedTrainingJobSpec, digest: str) -> None:
@@ -77,9 +77,8 @@ def monitor_step(draft: Draft, snap: Snapshot, spec: MemoryOptimizedTrainingJobS
     elif job.suspended:
         # Created suspended for Kueue: admission (unsuspend) is Kueue's decision, not a capacity failure;
         # after capacityTimeoutSeconds the job moves to another pool only if that one's quota fits it now.
-        draft.set(
-            c.RUNNING,
-            False,
+        _block(
+            draft,
             c.WAITING_FOR_ADMISSION,
             f"training Job {name} is suspended until Kueue admits it (LocalQueue {spec.scheduling.kueue_queue})",
         )
@@ -87,18 +86,48 @@ def monitor_step(draft: Draft, snap: Snapshot, spec: MemoryOptimizedTrainingJobS
     elif any(p.unschedulable_since is not None for p in job.pods):
         _unschedulable(draft, snap, spec, plan, job)
     elif not _pods_not_created(draft, snap, spec, job):
+        _unblock(draft)
         running = [p for p in job.pods if p.running]
         current = draft.current
         if children.trainer is not None and children.trainer.attempt == index:
-            draft.progress = progress_of(
-                children.trainer, max_steps=spec.training.max_steps, data_parallel=plan.world_size, now=snap.now
-            )
+            _read_progress(draft, snap, spec, plan, children.trainer)
         if len(running) >= plan.nodes and current is not None and current.outcome != AttemptOutcome.RUNNING:
             draft.update_current(outcome=AttemptOutcome.RUNNING)
             msg = f"{len(running)} training pod(s) running on {plan.node_pool}: {plan.describe()}"
             draft.set(c.RUNNING, True, c.PODS_RUNNING, msg)
             draft.enter(Phase.RUNNING, msg)
             draft.event(c.PODS_RUNNING, msg)
+
+
+def _read_progress(
+    draft: Draft, snap: Snapshot, spec: MemoryOptimizedTrainingJobSpec, plan: Plan, sample: TrainerSample
+) -> None:
+    """status.progress from rank 0's sample: never back to 0 while a replacement pod starts; an Event
+    for a replaced pod and for a resume (from which step)."""
+    previous = draft.progress
+    if still_starting(sample, previous):
+        return
+    for reason, message, warning in pod_changes(sample, previous):
+        draft.event(reason, message, warning=warning)
+    draft.progress = progress_of(sample, max_steps=spec.training.max_steps, data_parallel=plan.world_size, now=snap.now)
+
+
+BLOCKING = (c.IMAGE_PULL_FAILING, c.CONTAINER_CONFIG_ERROR, c.PODS_PENDING, c.WAITING_FOR_ADMISSION)
+
+
+def _block(draft: Draft, reason: str, message: str) -> None:
+    """Something keeps the pods from running: the Running condition and the MESSAGE column say what."""
+    draft.set(c.RUNNING, False, reason, message)
+    draft.enter(draft.phase, f"{reason}: {message}")
+
+
+def _unblock(draft: Draft) -> None:
+    """Nothing blocks any more: the MESSAGE column shows the plan again (the Planned condition's message)
+    until the pods run."""
+    planned = c.find(draft.conditions, c.PLANNED)
+    if draft.condition_reason(c.RUNNING) in BLOCKING and planned is not None and planned.message:
+        draft.set(c.RUNNING, False, c.LAUNCHING, "the training pods are starting")
+        draft.enter(draft.phase, planned.message)
 
 
 def _restore_summary(draft: Draft, plan: Plan) -> None:
@@ -206,7 +235,7 @@ def _image_blocked(
         return
     if draft.condition_reason(c.RUNNING) != c.IMAGE_PULL_FAILING:
         draft.event(c.IMAGE_PULL_FAILING, message, warning=True)
-    draft.set(c.RUNNING, False, c.IMAGE_PULL_FAILING, f"{message} (gives up after {timeout}s)")
+    _block(draft, c.IMAGE_PULL_FAILING, f"{message} (gives up after {timeout}s)")
 
 
 def _config_blocked(
@@ -224,7 +253,7 @@ def _config_blocked(
         return
     if draft.condition_reason(c.RUNNING) != c.CONTAINER_CONFIG_ERROR:
         draft.event(c.CONTAINER_CONFIG_ERROR, message, warning=True)
-    draft.set(c.RUNNING, False, c.CONTAINER_CONFIG_ERROR, f"{message} (gives up after {timeout}s)")
+    _block(draft, c.CONTAINER_CONFIG_ERROR, f"{message} (gives up after {timeout}s)")
 
 
 def _unschedulable(
@@ -244,12 +273,7 @@ def _unschedulable(
         draft.enter(Phase.REPLANNING, f"attempt {plan.attempt}: {reason}; re-planning without it")
         draft.event(c.NO_CAPACITY, reason, warning=True)
         return
-    draft.set(
-        c.RUNNING,
-        False,
-        c.PODS_PENDING,
-        f"{len(stuck)} pod(s) unschedulable for {int(waited)}s on {plan.node_pool}",
-    )
+    _block(draft, c.PODS_PENDING, f"{len(stuck)} pod(s) unschedulable for {int(waited)}s on {plan.node_pool}")
 
 
 def _pods_not_created(

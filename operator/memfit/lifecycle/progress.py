@@ -17,10 +17,12 @@ TOKENS_PER_SECOND = "memfit_trainer_tokens_per_second"
 STEP_SECONDS_SUM = "memfit_trainer_step_seconds_sum"
 STEP_SECONDS_COUNT = "memfit_trainer_step_seconds_count"
 RESUMED_FROM_STEP = "memfit_trainer_resumed_from_step"
+POD_REPLACED = "PodReplaced"  # Event reasons
+RESUMED = "Resumed"
 SERIES = (STEP, LOSS, EVAL_LOSS, TOKENS_PER_SECOND, STEP_SECONDS_SUM, STEP_SECONDS_COUNT, RESUMED_FROM_STEP)
 
 
-def trainer_sample(values: Mapping[str, float], *, attempt: int) -> TrainerSample | None:
+def trainer_sample(values: Mapping[str, float], *, attempt: int, pod: str = "") -> TrainerSample | None:
     """The sample from rank 0's series (name -> value); None without a step (not a memfit trainer)."""
     step = _finite(values.get(STEP))
     if step is None or step < 0:
@@ -39,6 +41,7 @@ def trainer_sample(values: Mapping[str, float], *, attempt: int) -> TrainerSampl
         step_seconds_sum=_finite(values.get(STEP_SECONDS_SUM)) or 0.0,
         step_count=timed,
         resumed_from_step=resumed_from,
+        pod=pod,
     )
 
 
@@ -63,8 +66,38 @@ def progress_of(sample: TrainerSample, *, max_steps: int, data_parallel: int, no
         eta=format_eta(eta_seconds) if eta_seconds is not None else None,
         resumed_from_step=sample.resumed_from_step,
         attempt=sample.attempt,
+        pod=sample.pod or None,
         updated_at=now,
     )
+
+
+def still_starting(sample: TrainerSample, previous: Progress | None) -> bool:
+    """A new pod (a replacement, or a re-planned attempt's) that has neither loaded a checkpoint nor run a
+    step: its step reads 0, which is not where the job stands; the last progress stays until it has one."""
+    return (
+        previous is not None
+        and sample.step_count == 0
+        and sample.resumed_from_step is None
+        and sample.step < previous.step
+    )
+
+
+def pod_changes(sample: TrainerSample, previous: Progress | None) -> list[tuple[str, str, bool]]:
+    """(reason, message, warning) of the Events a new rank-0 pod deserves: `PodReplaced` when the same
+    attempt's pod changed, `Resumed` when a new pod (replacement or a new attempt's) loaded a checkpoint."""
+    same_attempt = previous is not None and previous.attempt == sample.attempt
+    new_pod = not same_attempt or (previous is not None and previous.pod is not None and previous.pod != sample.pod)
+    out: list[tuple[str, str, bool]] = []
+    resumed = sample.resumed_from_step
+    if same_attempt and new_pod and previous is not None:
+        then = (f"resumes from the checkpoint at step {resumed}" if resumed is not None
+                else "no checkpoint to resume from: it starts again at step 0")
+        out.append((POD_REPLACED, f"attempt {sample.attempt}: rank-0 pod {previous.pod} (at step {previous.step}) "
+                                  f"was replaced by {sample.pod}, which {then}", True))
+    if new_pod and resumed is not None:
+        out.append((RESUMED, f"attempt {sample.attempt}: pod {sample.pod} resumed from the checkpoint at step "
+                             f"{resumed}", False))
+    return out
 
 
 def final_progress(
@@ -73,7 +106,7 @@ def final_progress(
     """status.progress of a finished job from rank 0's Completed message, also when the job ended before
     any read (a short run between two reads): every step done, the final loss, and the run's mean step
     time and whole-job rate where the trainer reported them (older trainers: what the last read saw)."""
-    final, resumed = done.get("finalLoss"), done.get("resumedFromStep")
+    final, resumed, evaluated = done.get("finalLoss"), done.get("resumedFromStep"), done.get("evalLoss")
     step_seconds, tokens = done.get("stepSeconds"), done.get("tokensPerSecond")
     if previous is not None and previous.attempt != attempt:
         previous = None  # an earlier attempt's numbers say nothing about this one
@@ -83,6 +116,7 @@ def final_progress(
     return base.model_copy(update={
         "step": max_steps, "steps": f"{max_steps}/{base.max_steps}", "eta_seconds": 0, "eta": "0s",
         "loss": _round(_number(final)) if _number(final) is not None else base.loss,
+        "eval_loss": _round(_number(evaluated)) if _number(evaluated) is not None else base.eval_loss,
         "step_seconds": _round(_number(step_seconds), 4) if _number(step_seconds) is not None else base.step_seconds,
         "tokens_per_second": _round(_number(tokens), 1) if _number(tokens) is not None else base.tokens_per_second,
         "resumed_from_step": resumed if isinstance(resumed, int) else base.resumed_from_step,

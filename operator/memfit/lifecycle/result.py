@@ -68,6 +68,7 @@ class Decision:
     effects: tuple[Effect, ...] = ()
     events: tuple[Event, ...] = ()
     profile_seconds: float | None = None  # the profiler's wall time, when this decision read its result
+    requeue: bool = False  # reconcile again right after this one is stored (a re-plan or a release is due)
 
     def changed(self, old: MemoryOptimizedTrainingJobStatus | None) -> bool:
         return old != self.status

@@ -28,7 +28,7 @@ from memfit.api.plan import Plan
 from memfit.api.validation import violations_from
 from memfit.kube.checkpoints import CheckpointStorage
 from memfit.kube.child_fields import child_field_problems
-from memfit.kube.common import Owner, PodSettings
+from memfit.kube.common import RUN_AS_USER, Owner, PodSettings
 from memfit.kube.names import MAX_JOB_NAME
 from memfit.kube.profile_cache import CachedProfile
 from memfit.lifecycle.conditions import PROFILED, find
@@ -67,6 +67,8 @@ class LaunchSettings:
     service_account: str = ""
     checkpoints: CheckpointStorage = field(default_factory=CheckpointStorage)
     hub_endpoint: str = ""  # HF_ENDPOINT of the pods (chart value hub.endpoint: a mirror)
+    fs_group: int = RUN_AS_USER  # chart value trainer.fsGroup
+    fs_group_change_policy: str = "OnRootMismatch"  # chart value trainer.fsGroupChangePolicy
     progress_seconds: float = PROGRESS_SECONDS  # how often rank 0's metrics are read for status.progress
 
     def pod(self, spec: MemoryOptimizedTrainingJobSpec) -> PodSettings:
@@ -76,6 +78,8 @@ class LaunchSettings:
             extra_labels=dict(self.extra_pod_labels),
             service_account=self.service_account,
             hub_endpoint=self.hub_endpoint,
+            fs_group=self.fs_group,
+            fs_group_change_policy=self.fs_group_change_policy,
         )
 
 
@@ -100,6 +104,7 @@ class TrainerSample:
     step_seconds_sum: float = 0.0
     step_count: int = 0  # steps this pod timed (a resumed pod starts again at 0)
     resumed_from_step: int | None = None
+    pod: str = ""  # the rank-0 pod that served it
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,6 +147,8 @@ class Snapshot:
     # (field, claim) of the model, data and output claims the job names that do not exist (read before
     # profiling and launching; empty when all exist or none are named)
     missing_claims: tuple[tuple[str, str], ...] = ()
+    # A Failed job's child Jobs that may still hold or wait for GPUs (lifecycle.release); read only then
+    leftovers: tuple[JobSummary, ...] = ()
 
     def pools(self) -> World:
         """The world; a decision that needs it on a snapshot read without it is a reader bug."""

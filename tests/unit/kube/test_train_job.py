@@ -236,3 +236,14 @@ def test_a_hub_dataset_is_downloaded_by_the_fetch_init_container_too() -> None:
     assert "HF_TOKEN" not in {e["name"] for e in fetch["env"]}  # no tokenSecretRef
     env = _env(job)
     assert env["HF_HUB_OFFLINE"] == "1" and env["HF_HOME"] == "/checkpoints/.hub"
+
+
+def test_fs_group_comes_from_the_settings() -> None:
+    """The chart's trainer.fsGroup: volumes are made group-readable by it (docs/operator.md)."""
+    default = build_training_job(owner=OWNER, spec=make_spec(), plan=make_plan(), placement=PLACEMENT, pod=POD)
+    context = default["spec"]["template"]["spec"]["securityContext"]
+    assert (context["fsGroup"], context["fsGroupChangePolicy"]) == (1000, "OnRootMismatch")
+    pod = replace(POD, fs_group=2000, fs_group_change_policy="Always")
+    job = build_training_job(owner=OWNER, spec=make_spec(), plan=make_plan(), placement=PLACEMENT, pod=pod)
+    context = job["spec"]["template"]["spec"]["securityContext"]
+    assert (context["fsGroup"], context["fsGroupChangePolicy"], context["runAsUser"]) == (2000, "Always", 1000)

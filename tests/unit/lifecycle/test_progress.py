@@ -9,7 +9,14 @@ from datetime import timedelta
 import pytest
 from lifecycle_harness import T0, Harness, quickstart, terminated
 from memfit.api.job import Phase
-from memfit.lifecycle.progress import final_progress, format_eta, progress_of, trainer_sample
+from memfit.lifecycle.progress import (
+    final_progress,
+    format_eta,
+    pod_changes,
+    progress_of,
+    still_starting,
+    trainer_sample,
+)
 from memfit.lifecycle.snapshot import PROGRESS_SECONDS, TrainerSample
 
 RANK0 = {
@@ -223,3 +230,57 @@ def test_a_missing_model_data_or_output_claim_creates_nothing_and_says_which_fie
     h.reconcile()
     assert any(kind == "Job" for kind, _ in h.objects), list(h.objects)  # profiling (or training) starts
     assert h.condition("Planned")[1] != "VolumeClaimMissing"
+
+
+# --- a replaced pod and a resume ---------------------------------------------------------------------
+def test_a_replacement_pod_never_shows_step_0_and_its_resume_is_an_event() -> None:
+    h = Harness(spec=quickstart(training={"globalBatchSize": 8, "maxSteps": 3000}))
+    pod = _running(h)
+    h.metrics = RANK0 | {"memfit_trainer_resumed_from_step": -1.0}
+    h.reconcile()
+    assert h.stored.progress is not None and h.stored.progress.steps == "120/3000"
+    assert h.stored.progress.pod == pod
+    # The pod is replaced; the new one serves step 0 before it loaded the checkpoint.
+    del h.pods[pod]
+    h.add_pod("j-train-0", 0, podIP="10.1.2.4")
+    h.pods["j-train-0-0"]["metadata"].update(name="j-train-0-0-b",
+                                             annotations={"batch.kubernetes.io/job-completion-index": "0"})
+    h.pods["j-train-0-0-b"] = h.pods.pop("j-train-0-0")
+    h.metrics = {"memfit_trainer_step": 0.0, "memfit_trainer_loss": 0.0, "memfit_trainer_step_seconds_count": 0.0,
+                 "memfit_trainer_resumed_from_step": -1.0}  # fmt: skip
+    h.later(PROGRESS_SECONDS)
+    quiet = h.reconcile()
+    assert h.stored.progress is not None and h.stored.progress.steps == "120/3000", "never back to 0"
+    assert quiet.events == ()
+    # It loaded the checkpoint at step 100: one PodReplaced (warning) and one Resumed event, with the step.
+    h.metrics = {"memfit_trainer_step": 100.0, "memfit_trainer_step_seconds_count": 0.0,
+                 "memfit_trainer_resumed_from_step": 100.0}  # fmt: skip
+    h.later(PROGRESS_SECONDS)
+    decision = h.reconcile()
+    assert decision.reasons() == ["PodReplaced", "Resumed"]
+    replaced, resumed = decision.events
+    assert replaced.type.value == "Warning" and pod in replaced.message and "j-train-0-0-b" in replaced.message
+    assert "step 100" in replaced.message and "at step 120" in replaced.message
+    assert "resumed from the checkpoint at step 100" in resumed.message
+    progress = h.stored.progress
+    assert progress is not None and (progress.steps, progress.resumed_from_step) == ("100/3000", 100)
+    h.later(PROGRESS_SECONDS)
+    assert h.reconcile().events == (), "said once"
+
+
+def test_a_replacement_without_a_checkpoint_says_it_starts_again() -> None:
+    previous = progress_of(trainer_sample(RANK0, attempt=0, pod="a"), max_steps=1000, data_parallel=1, now=T0)  # type: ignore[arg-type]
+    fresh = trainer_sample({"memfit_trainer_step": 1.0, "memfit_trainer_step_seconds_count": 1.0}, attempt=0, pod="b")
+    assert fresh is not None and not still_starting(fresh, previous)
+    (reason, message, warning), = pod_changes(fresh, previous)
+    assert (reason, warning) == ("PodReplaced", True) and "starts again at step 0" in message
+
+
+def test_the_final_status_has_the_final_eval_loss_from_the_completed_message() -> None:
+    read = progress_of(trainer_sample(RANK0 | {"memfit_trainer_eval_loss": 3.0}, attempt=0),  # type: ignore[arg-type]
+                       max_steps=1000, data_parallel=1, now=T0)
+    final = final_progress(read, {"reason": "Completed", "finalLoss": 1.0, "evalLoss": 1.5}, max_steps=1000,
+                           attempt=0, now=T0)  # fmt: skip
+    assert final.eval_loss == 1.5
+    kept = final_progress(read, {"reason": "Completed", "finalLoss": 1.0}, max_steps=1000, attempt=0, now=T0)
+    assert kept.eval_loss == 3.0
