@@ -7,13 +7,15 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from kubernetes import config
 from memfit_testbed import testcluster
 from memfit_testbed.cluster_helpers import Kube
+from memfit_testbed.operator_helpers import operator_process
 from memfit_testbed.realnode.cluster import real_node_cluster
 from memfit_testbed.realnode.node import RealNode, unsupported_reason
 
@@ -63,3 +65,31 @@ def rcrds(real_cluster: tuple[testcluster.TestCluster, RealNode]) -> None:
                    check=True, env=env, capture_output=True)
     subprocess.run(["kubectl", "apply", "-f", str(repo / "hack" / "kwok" / "gpunodepools.yaml")],
                    check=True, env=env, capture_output=True)
+
+
+@pytest.fixture(scope="module")
+def operator(real_cluster: Any, rnode: RealNode, rcrds: None, tmp_path_factory: pytest.TempPathFactory
+             ) -> Iterator[Path]:
+    """`memfit operator` as a host process (no pod-runner label): its pods go to the real node."""
+    cluster, _ = real_cluster
+    assert rnode.images is not None
+    log = tmp_path_factory.mktemp("operator") / "operator.log"
+    with operator_process(cluster.kubeconfig, log, pod_runner=False, trainer_image=rnode.images.trainer):
+        yield log
+
+
+@pytest.fixture
+def rnamespace(rkube: Kube, request: pytest.FixtureRequest) -> Iterator[Callable[..., str]]:
+    made: list[str] = []
+
+    def make(labels: dict[str, str] | None = None) -> str:
+        name = f"rn-{request.node.name.lower().replace('_', '-')[:40].strip('-')}-{len(made)}"
+        rkube.core.create_namespace({"metadata": {"name": name, "labels": labels or {}}})
+        made.append(name)
+        rkube.wait(f"default ServiceAccount in {name}",
+                   lambda: rkube.raw(rkube.core.read_namespaced_service_account, "default", name), timeout=30)
+        return name
+
+    yield make
+    for name in made:
+        rkube.core.delete_namespace(name, propagation_policy="Background")

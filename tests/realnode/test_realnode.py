@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -13,38 +13,10 @@ import pytest
 from kubernetes import client
 from memfit_testbed import kwok_pools
 from memfit_testbed.cluster_helpers import Kube
-from memfit_testbed.operator_helpers import create_job, operator_process, quickstart, wait_phase
+from memfit_testbed.operator_helpers import create_job, quickstart, wait_phase
 from memfit_testbed.realnode.node import NODE_IP, POD_CIDR, RealNode
 
 pytestmark = [pytest.mark.realnode, pytest.mark.slow]
-
-
-@pytest.fixture(scope="module")
-def operator(real_cluster: Any, rnode: RealNode, rcrds: None, tmp_path_factory: pytest.TempPathFactory
-             ) -> Iterator[Path]:
-    """`memfit operator` as a host process (no pod-runner label): its pods go to the real node."""
-    cluster, _ = real_cluster
-    assert rnode.images is not None
-    log = tmp_path_factory.mktemp("operator") / "operator.log"
-    with operator_process(cluster.kubeconfig, log, pod_runner=False, trainer_image=rnode.images.trainer):
-        yield log
-
-
-@pytest.fixture
-def rnamespace(rkube: Kube, request: pytest.FixtureRequest) -> Iterator[Callable[..., str]]:
-    made: list[str] = []
-
-    def make(labels: dict[str, str] | None = None) -> str:
-        name = f"rn-{request.node.name.lower().replace('_', '-')[:40].strip('-')}-{len(made)}"
-        rkube.core.create_namespace({"metadata": {"name": name, "labels": labels or {}}})
-        made.append(name)
-        rkube.wait(f"default ServiceAccount in {name}",
-                   lambda: rkube.raw(rkube.core.read_namespaced_service_account, "default", name), timeout=30)
-        return name
-
-    yield make
-    for name in made:
-        rkube.core.delete_namespace(name, propagation_policy="Background")
 
 
 def pods_of(kube: Kube, namespace: str, job: str) -> list[dict[str, Any]]:
