@@ -13,6 +13,7 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
+from memfit.api import pod as contract
 from memfit.api.job import MemoryOptimizedTrainingJobSpec, MemoryOptimizedTrainingJobStatus
 from memfit.api.plan import Plan
 from memfit.controller.kubeapi import KubeApi
@@ -25,7 +26,6 @@ from memfit.kube.names import (
     COMPONENT_PROFILER,
     COMPONENT_TRAINER,
     LABEL_ATTEMPT,
-    METRICS_PORT,
     plan_config_map_name,
     profile_cache_name,
     profile_job_name,
@@ -276,7 +276,7 @@ def _trainer_sample(api: ChildReader, ref: JobRef, index: int, pods: list[Manife
         index_annotation = (meta.get("annotations") or {}).get(COMPLETION_INDEX_ANNOTATION)
         if index_annotation != "0" or status.get("phase") != "Running" or not status.get("podIP"):
             continue
-        values = api.trainer_metrics(status["podIP"], METRICS_PORT, job=ref.name)
+        values = api.trainer_metrics(status["podIP"], contract.METRICS_PORT, job=ref.name)
         return trainer_sample(values, attempt=index, pod=str(meta.get("name", ""))) if values else None
     return None
 

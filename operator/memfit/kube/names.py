@@ -26,14 +26,6 @@ COMPONENT_PROFILE_CACHE = "profile-cache"
 
 # A MOTJ name must leave room for `-train-NN` and the Indexed Job's `-N` pod suffix within 63.
 MAX_JOB_NAME = 40
-PLAN_MOUNT = "/etc/memfit"
-CHECKPOINT_MOUNT = "/checkpoints"
-NVME_MOUNT = "/nvme"
-OUTPUT_MOUNT = "/output"
-# Model and dataset volumes, read-only, one folder per PersistentVolumeClaim: /memfit/volumes/<claim>.
-VOLUMES_MOUNT = "/memfit/volumes"
-MASTER_PORT = 29500
-METRICS_PORT = 9400
 COMPLETION_INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"  # an Indexed Job pod's index
 
 

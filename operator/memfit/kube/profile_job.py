@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
+from memfit.api import pod as contract
 from memfit.api.problem import HuggingFaceProblem, Problem
 from memfit.kube.common import (
     GPU_RESOURCE,
@@ -23,7 +24,6 @@ from memfit.kube.names import (
     COMPONENT_PROFILER,
     LABEL_POOL,
     LABEL_PROBLEM,
-    PLAN_MOUNT,
     job_labels,
     profile_input_name,
     profile_job_name,
@@ -39,7 +39,7 @@ def build_profile_input(*, owner: Owner, problem: Problem, problem_hash: str) ->
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": metadata(name=profile_input_name(owner.name), owner=owner, labels=labels),
-        "data": {"problem.json": json.dumps(problem.to_wire(), sort_keys=True)},
+        "data": {contract.PROBLEM_FILE: json.dumps(problem.to_wire(), sort_keys=True)},
     }
 
 
@@ -92,16 +92,16 @@ def build_profile_job(
         "image": pod.image,
         "imagePullPolicy": pod.image_pull_policy,
         "command": ["memfit-trainer", "profile"],
-        "args": ["--problem", f"{PLAN_MOUNT}/problem.json", "--out", "/tmp/profile.json",
+        "args": ["--problem", f"{contract.PLAN_MOUNT}/{contract.PROBLEM_FILE}", "--out", "/tmp/profile.json",
                  "--optimizer", optimizer, "--optimizer8bit", _toggle(optimizer8bit),
                  *(["--depth", "reduced"] if depth == "reduced" else []), *peft_args],
-        "env": [{"name": "MEMFIT_JOB", "value": owner.name}, *model_env],
+        "env": [{"name": contract.ENV_JOB, "value": owner.name}, *model_env],
         "resources": {"limits": {GPU_RESOURCE: "1"}},
         "terminationMessagePath": "/dev/termination-log",
         "terminationMessagePolicy": "File",
         "securityContext": container_security_context(),
         "volumeMounts": [
-            {"name": "problem", "mountPath": PLAN_MOUNT, "readOnly": True},
+            {"name": "problem", "mountPath": contract.PLAN_MOUNT, "readOnly": True},
             {"name": "tmp", "mountPath": "/tmp"},
             *model_mounts,
         ],

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pydantic import ValidationError
 
+from memfit.api import pod as contract
 from memfit.api.common import Offload
 from memfit.api.job import MemoryOptimizedTrainingJobSpec, PlanSummary
 from memfit.api.plan import Plan
@@ -24,18 +25,11 @@ from memfit.kube.hub import hub_env
 from memfit.kube.kueue import LABEL_QUEUE
 from memfit.kube.names import (
     ANNOTATION_PLAN,
-    CHECKPOINT_MOUNT,
     COMPONENT_TRAINER,
     LABEL_ATTEMPT,
     LABEL_COMPONENT,
     LABEL_JOB,
     LABEL_POOL,
-    MASTER_PORT,
-    METRICS_PORT,
-    NVME_MOUNT,
-    OUTPUT_MOUNT,
-    PLAN_MOUNT,
-    VOLUMES_MOUNT,
     job_labels,
     plan_config_map_name,
     service_name,
@@ -45,11 +39,11 @@ from memfit.kube.names import (
 RETRYABLE_POD_FAILURES = 3  # other crashes: the pod restarts and resumes from the last checkpoint
 SHM_MIN_BYTES = 1 << 30
 FETCH_CONTAINER = "fetch-model"  # the init container of the download step (memfit-trainer fetch)
-HUB_CACHE = f"{CHECKPOINT_MOUNT}/.hub"  # HF_HOME: the hub cache on the checkpoint volume, shared by attempts
 COMPLETION_INDEX = "metadata.annotations['batch.kubernetes.io/job-completion-index']"
 
 
-PLAN_KEY = "plan.json"
+PLAN_KEY = contract.PLAN_FILE
+PLAN_PATH = f"{contract.PLAN_MOUNT}/{contract.PLAN_FILE}"
 SUMMARY_KEY = "summary.json"
 
 
@@ -104,7 +98,7 @@ def build_service(*, owner: Owner) -> Manifest:
             "clusterIP": "None",
             "publishNotReadyAddresses": True,
             "selector": {LABEL_JOB: owner.name, LABEL_COMPONENT: COMPONENT_TRAINER},
-            "ports": [{"name": "rendezvous", "port": MASTER_PORT, "targetPort": MASTER_PORT}],
+            "ports": [{"name": "rendezvous", "port": contract.MASTER_PORT, "targetPort": contract.MASTER_PORT}],
         },
     }
 
@@ -112,16 +106,16 @@ def build_service(*, owner: Owner) -> Manifest:
 def _env(*, owner: Owner, plan: Plan) -> list[Manifest]:
     job = train_job_name(owner.name, plan.attempt)
     return [
-        {"name": "PET_NNODES", "value": str(plan.nodes)},
-        {"name": "PET_NPROC_PER_NODE", "value": str(plan.gpus_per_node)},
-        {"name": "PET_NODE_RANK", "valueFrom": {"fieldRef": {"fieldPath": COMPLETION_INDEX}}},
-        {"name": "PET_MASTER_ADDR", "value": f"{job}-0.{service_name(owner.name)}"},
-        {"name": "PET_MASTER_PORT", "value": str(MASTER_PORT)},
-        {"name": "MEMFIT_JOB", "value": owner.name},
-        {"name": "MEMFIT_METRICS_PORT", "value": str(METRICS_PORT)},
-        {"name": "MEMFIT_PLAN_PATH", "value": f"{PLAN_MOUNT}/plan.json"},
+        {"name": contract.ENV_NNODES, "value": str(plan.nodes)},
+        {"name": contract.ENV_NPROC_PER_NODE, "value": str(plan.gpus_per_node)},
+        {"name": contract.ENV_TORCHRUN_NODE_RANK, "valueFrom": {"fieldRef": {"fieldPath": COMPLETION_INDEX}}},
+        {"name": contract.ENV_MASTER_ADDR, "value": f"{job}-0.{service_name(owner.name)}"},
+        {"name": contract.ENV_MASTER_PORT, "value": str(contract.MASTER_PORT)},
+        {"name": contract.ENV_JOB, "value": owner.name},
+        {"name": contract.ENV_METRICS_PORT, "value": str(contract.METRICS_PORT)},
+        {"name": contract.ENV_PLAN_PATH, "value": PLAN_PATH},
         # One folder per job on the checkpoint volume; a re-plan's attempt resumes from it.
-        {"name": "MEMFIT_CHECKPOINT_DIR", "value": f"{CHECKPOINT_MOUNT}/{owner.name}"},
+        {"name": contract.ENV_CHECKPOINT_DIR, "value": f"{contract.CHECKPOINT_MOUNT}/{owner.name}"},
     ]
 
 
@@ -130,9 +124,9 @@ def _output_env(*, owner: Owner, spec: MemoryOptimizedTrainingJobSpec) -> list[M
     if spec.output is None:
         return []
     folder = spec.output.path.strip("/") or owner.name
-    env: list[Manifest] = [{"name": "MEMFIT_OUTPUT_DIR", "value": f"{OUTPUT_MOUNT}/{folder}"}]
+    env: list[Manifest] = [{"name": contract.ENV_OUTPUT_DIR, "value": f"{contract.OUTPUT_MOUNT}/{folder}"}]
     if spec.output.merged:
-        env.append({"name": "MEMFIT_SAVE_MERGED", "value": "1"})
+        env.append({"name": contract.ENV_SAVE_MERGED, "value": "1"})
     return env
 
 
@@ -170,13 +164,13 @@ def _source_volumes(
     volumes: list[Manifest] = []
     for index, claim in enumerate(source_claims(spec)):
         name = f"source-{index}"
-        mounts.append({"name": name, "mountPath": f"{VOLUMES_MOUNT}/{claim}", "readOnly": True})
+        mounts.append({"name": name, "mountPath": f"{contract.VOLUMES_MOUNT}/{claim}", "readOnly": True})
         volumes.append({"name": name, "persistentVolumeClaim": {"claimName": claim, "readOnly": True}})
-    env: list[Manifest] = [{"name": "MEMFIT_VOLUMES_DIR", "value": VOLUMES_MOUNT}] if volumes else []
+    env: list[Manifest] = [{"name": contract.ENV_VOLUMES_DIR, "value": contract.VOLUMES_MOUNT}] if volumes else []
     if needs_download(spec):
-        env.append({"name": "HF_HOME", "value": HUB_CACHE})
+        env.append({"name": contract.ENV_HF_HOME, "value": contract.HUB_CACHE})
     if spec.problem.huggingface is not None:
-        env.append({"name": "HF_HUB_OFFLINE", "value": "1"})
+        env.append({"name": contract.ENV_HF_HUB_OFFLINE, "value": "1"})
     return mounts, volumes, env
 
 
@@ -199,17 +193,17 @@ def _fetch_container(spec: MemoryOptimizedTrainingJobSpec, pod: PodSettings) -> 
         "image": pod.image,
         "imagePullPolicy": pod.image_pull_policy,
         "command": ["memfit-trainer", "fetch"],
-        "args": ["--plan", f"{PLAN_MOUNT}/plan.json"],
-        "env": [*(hub_env(spec.problem.huggingface, pod, home=HUB_CACHE) if spec.problem.huggingface else []),
+        "args": ["--plan", PLAN_PATH],
+        "env": [*(hub_env(spec.problem.huggingface, pod, home=contract.HUB_CACHE) if spec.problem.huggingface else []),
                 *_fetch_rank_env(spec)],
         # No requests of its own: a ClusterQueue that covers only GPUs must still admit the pod.
         "terminationMessagePath": DEFAULT_TERMINATION_MESSAGE_PATH,
         "terminationMessagePolicy": "File",
         "securityContext": container_security_context(),
         "volumeMounts": [
-            {"name": "plan", "mountPath": PLAN_MOUNT, "readOnly": True},
+            {"name": "plan", "mountPath": contract.PLAN_MOUNT, "readOnly": True},
             {"name": "tmp", "mountPath": "/tmp"},
-            {"name": "checkpoints", "mountPath": CHECKPOINT_MOUNT},
+            {"name": "checkpoints", "mountPath": contract.CHECKPOINT_MOUNT},
         ],
     }
 
@@ -235,10 +229,10 @@ def build_training_job(
         job_meta_labels[LABEL_QUEUE] = spec.scheduling.kueue_queue
     shm_bytes = max(SHM_MIN_BYTES, plan.memory.host_bytes * plan.gpus_per_node // 4)
     mounts: list[Manifest] = [
-        {"name": "plan", "mountPath": PLAN_MOUNT, "readOnly": True},
+        {"name": "plan", "mountPath": contract.PLAN_MOUNT, "readOnly": True},
         {"name": "shm", "mountPath": "/dev/shm"},
         {"name": "tmp", "mountPath": "/tmp"},
-        {"name": "checkpoints", "mountPath": CHECKPOINT_MOUNT},
+        {"name": "checkpoints", "mountPath": contract.CHECKPOINT_MOUNT},
     ]
     volumes: list[Manifest] = [
         {"name": "plan", "configMap": {"name": plan_config_map_name(owner.name, plan.attempt)}},
@@ -257,10 +251,10 @@ def build_training_job(
     volumes += source_volumes
     output = spec.output
     if output is not None:
-        mounts.append({"name": "output", "mountPath": OUTPUT_MOUNT})
+        mounts.append({"name": "output", "mountPath": contract.OUTPUT_MOUNT})
         volumes.append({"name": "output", "persistentVolumeClaim": {"claimName": output.volume_claim}})
     if plan.offload == Offload.NVME:
-        mounts.append({"name": "nvme", "mountPath": NVME_MOUNT})
+        mounts.append({"name": "nvme", "mountPath": contract.NVME_MOUNT})
         volumes.append(
             {"name": "nvme", "emptyDir": {"sizeLimit": str(plan.memory.nvme_bytes * plan.gpus_per_node)}}
         )
@@ -275,17 +269,17 @@ def build_training_job(
         "imagePullPolicy": pod.image_pull_policy,
         # `memfit-trainer train` starts torchrun for multi-GPU plans and keeps the trainer's exit codes.
         "command": ["memfit-trainer", "train"],
-        "args": ["--plan", f"{PLAN_MOUNT}/plan.json"],
+        "args": ["--plan", PLAN_PATH],
         "env": _env(owner=owner, plan=plan) + _output_env(owner=owner, spec=spec) + source_env
         + [{"name": k, "value": v} for k, v in sorted((extra_env or {}).items())],
         # Each local rank serves its metrics on METRICS_PORT + local rank.
         "ports": [
-            {"name": "metrics", "containerPort": METRICS_PORT},
+            {"name": "metrics", "containerPort": contract.METRICS_PORT},
             *(
-                {"name": f"metrics-r{rank}", "containerPort": METRICS_PORT + rank}
+                {"name": f"metrics-r{rank}", "containerPort": contract.METRICS_PORT + rank}
                 for rank in range(1, plan.gpus_per_node)
             ),
-            {"name": "rendezvous", "containerPort": MASTER_PORT},
+            {"name": "rendezvous", "containerPort": contract.MASTER_PORT},
         ],
         "resources": resources,
         "terminationMessagePath": DEFAULT_TERMINATION_MESSAGE_PATH,
@@ -348,8 +342,8 @@ def _fetch_rank_env(spec: MemoryOptimizedTrainingJobSpec) -> list[Manifest]:
     for its marker (concurrent writers into one hub cache on network storage do not lock reliably)."""
     if checkpoint_volume(spec, "x").claim is None:
         return []
-    return [{"name": "MEMFIT_FETCH_SHARED", "value": "1"},
-            {"name": "MEMFIT_NODE_RANK", "valueFrom": {"fieldRef": {"fieldPath": COMPLETION_INDEX}}}]
+    return [{"name": contract.ENV_FETCH_SHARED, "value": "1"},
+            {"name": contract.ENV_NODE_RANK, "valueFrom": {"fieldRef": {"fieldPath": COMPLETION_INDEX}}}]
 
 
 def _fetch_failure_rule(spec: MemoryOptimizedTrainingJobSpec) -> list[Manifest]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from contextlib import AbstractContextManager, suppress
 
+from memfit.api import pod as contract
 from memfit.api.job import Attempt, AttemptOutcome, MemoryOptimizedTrainingJobSpec, Phase, PlanSummary
 from memfit.api.plan import Plan
 from memfit.api.profile import Profile
@@ -244,11 +245,11 @@ def fault_injection(annotations: dict[str, str], attempt: int) -> dict[str, str]
     env: dict[str, str] = {}
     step = annotations.get(ANNOTATION_INJECT_OOM_STEP, "")
     if step.isdigit() and attempt < _attempts(annotations, ANNOTATION_INJECT_OOM_ATTEMPTS):
-        env["MEMFIT_INJECT_OOM_AT_STEP"] = step
+        env[contract.ENV_INJECT_OOM_AT_STEP] = step
     factor = annotations.get(ANNOTATION_INJECT_PEAK_FACTOR, "")
     if factor and attempt < _attempts(annotations, ANNOTATION_INJECT_PEAK_ATTEMPTS):
         with suppress(ValueError):
-            env["MEMFIT_INJECT_PEAK_FACTOR"] = str(float(factor))
+            env[contract.ENV_INJECT_PEAK_FACTOR] = str(float(factor))
     return env
 
 

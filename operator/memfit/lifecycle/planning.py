@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
+from memfit.api import pod as contract
 from memfit.api.common import Checkpointing, Engine, Offload, PeftMethod, Precision
 from memfit.api.job import MemoryOptimizedTrainingJobSpec, PlanSummary
 from memfit.api.peft import adapter_settings
@@ -13,7 +14,6 @@ from memfit.api.pool import GPUNodePool
 from memfit.api.profile import Profile
 from memfit.api.training_config import TrainingConfig
 from memfit.catalog import GpuCatalog
-from memfit.kube.names import NVME_MOUNT
 from memfit.kube.profile_cache import KIND_ALLOCATED, Observation
 from memfit.lifecycle.quota import QueueQuota
 from memfit.lifecycle.world import PoolCapacity
@@ -211,7 +211,7 @@ def plan_job(
             # The folder goes to the pod as MEMFIT_CHECKPOINT_DIR (kube.train_job), where the runtime can
             # remap mounts; the plan leaves it unset so the env is what the trainer uses.
             "checkpoint_dir": None,
-            "nvme_path": NVME_MOUNT if result.plan.offload == Offload.NVME else None,
+            "nvme_path": contract.NVME_MOUNT if result.plan.offload == Offload.NVME else None,
         }
     )
     return PlanOutcome(chosen, plan_summary(result), result)

@@ -6,20 +6,22 @@ import math
 from collections.abc import Mapping
 from datetime import datetime
 
+from memfit.api import pod as contract
 from memfit.api.job import Progress
 from memfit.lifecycle.snapshot import TrainerSample
 
-# The trainer's series (memfit_trainer.metrics) the operator reads; a sample without a step is no sample.
-STEP = "memfit_trainer_step"
-LOSS = "memfit_trainer_loss"
-EVAL_LOSS = "memfit_trainer_eval_loss"
-TOKENS_PER_SECOND = "memfit_trainer_tokens_per_second"
-STEP_SECONDS_SUM = "memfit_trainer_step_seconds_sum"
-STEP_SECONDS_COUNT = "memfit_trainer_step_seconds_count"
-RESUMED_FROM_STEP = "memfit_trainer_resumed_from_step"
+# The trainer's series (memfit.api.pod, served by memfit_trainer.metrics) the operator reads; a sample
+# without a step is no sample.
+STEP = contract.METRIC_STEP
+LOSS = contract.METRIC_LOSS
+EVAL_LOSS = contract.METRIC_EVAL_LOSS
+TOKENS_PER_SECOND = contract.METRIC_TOKENS_PER_SECOND
+STEP_SECONDS_SUM = contract.METRIC_STEP_SECONDS_SUM
+STEP_SECONDS_COUNT = contract.METRIC_STEP_SECONDS_COUNT
+RESUMED_FROM_STEP = contract.METRIC_RESUMED_FROM_STEP
 POD_REPLACED = "PodReplaced"  # Event reasons
 RESUMED = "Resumed"
-SERIES = (STEP, LOSS, EVAL_LOSS, TOKENS_PER_SECOND, STEP_SECONDS_SUM, STEP_SECONDS_COUNT, RESUMED_FROM_STEP)
+SERIES = contract.PROGRESS_SERIES
 
 
 def trainer_sample(values: Mapping[str, float], *, attempt: int, pod: str = "") -> TrainerSample | None:

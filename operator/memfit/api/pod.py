@@ -1,0 +1,72 @@
+"""The pod contract between the operator and the trainer: environment, mounts, ports and metric names.
+
+The operator's builders (memfit.kube) write these into the profiling and training pods; the trainer
+(memfit_trainer) reads them; the operator's progress reader (memfit.lifecycle.progress) reads the
+trainer's metrics by these names. Like `api/termination.py` for the termination message, this module
+is the one place either side spells them (Kubeflow Trainer keeps its pod contract in one `constants`
+package for the same reason); tests/unit/api/test_pod_contract.py fails when a module spells one itself.
+A user's own training script reads the same variables (docs/trainer.md).
+"""
+
+from __future__ import annotations
+
+# --- mounts (paths inside the pods) ---------------------------------------------------------------
+PLAN_MOUNT = "/etc/memfit"  # the plan ConfigMap (plan.json, deepspeed.json) / the profiler's problem.json
+PLAN_FILE = "plan.json"
+PROBLEM_FILE = "problem.json"
+CHECKPOINT_MOUNT = "/checkpoints"
+NVME_MOUNT = "/nvme"
+OUTPUT_MOUNT = "/output"
+# Model and dataset volumes, read-only, one folder per PersistentVolumeClaim: /memfit/volumes/<claim>.
+VOLUMES_MOUNT = "/memfit/volumes"
+HUB_CACHE = f"{CHECKPOINT_MOUNT}/.hub"  # HF_HOME of training pods: the hub cache shared by attempts
+PROFILE_HUB_CACHE = "/tmp/hub"  # HF_HOME of the profiling pod (it downloads config.json only)
+
+# --- ports ----------------------------------------------------------------------------------------
+MASTER_PORT = 29500  # torch.distributed rendezvous
+METRICS_PORT = 9400  # rank 0's Prometheus exporter; local rank r serves on METRICS_PORT + r
+
+# --- environment the operator sets and the trainer reads -------------------------------------------
+ENV_JOB = "MEMFIT_JOB"  # the MOTJ's name (metrics label, logs)
+ENV_METRICS_PORT = "MEMFIT_METRICS_PORT"
+ENV_PLAN_PATH = "MEMFIT_PLAN_PATH"
+ENV_CHECKPOINT_DIR = "MEMFIT_CHECKPOINT_DIR"
+ENV_OUTPUT_DIR = "MEMFIT_OUTPUT_DIR"
+ENV_SAVE_MERGED = "MEMFIT_SAVE_MERGED"  # "1": save LoRA adapters merged into the base model
+ENV_VOLUMES_DIR = "MEMFIT_VOLUMES_DIR"
+ENV_FETCH_SHARED = "MEMFIT_FETCH_SHARED"  # "1": the hub cache is shared by the nodes (rank 0 fetches)
+ENV_NODE_RANK = "MEMFIT_NODE_RANK"
+ENV_TERMINATION_MESSAGE_PATH = "MEMFIT_TERMINATION_MESSAGE_PATH"  # overrides /dev/termination-log
+# Fault injection (tests and chaos drills; docs/operator.md)
+ENV_INJECT_OOM_AT_STEP = "MEMFIT_INJECT_OOM_AT_STEP"
+ENV_INJECT_PEAK_FACTOR = "MEMFIT_INJECT_PEAK_FACTOR"
+# torchrun's own variables (torch.distributed.run reads PET_<flag>)
+ENV_NNODES = "PET_NNODES"
+ENV_NPROC_PER_NODE = "PET_NPROC_PER_NODE"
+ENV_TORCHRUN_NODE_RANK = "PET_NODE_RANK"
+ENV_MASTER_ADDR = "PET_MASTER_ADDR"
+ENV_MASTER_PORT = "PET_MASTER_PORT"
+# Hugging Face's own variables
+ENV_HF_HOME = "HF_HOME"
+ENV_HF_TOKEN = "HF_TOKEN"
+ENV_HF_ENDPOINT = "HF_ENDPOINT"
+ENV_HF_HUB_OFFLINE = "HF_HUB_OFFLINE"
+
+# --- the trainer's metrics the operator reads (memfit_trainer.metrics serves them) ------------------
+METRIC_STEP = "memfit_trainer_step"
+METRIC_LOSS = "memfit_trainer_loss"
+METRIC_EVAL_LOSS = "memfit_trainer_eval_loss"
+METRIC_TOKENS_PER_SECOND = "memfit_trainer_tokens_per_second"
+METRIC_STEP_SECONDS = "memfit_trainer_step_seconds"  # a Summary: _sum and _count
+METRIC_STEP_SECONDS_SUM = f"{METRIC_STEP_SECONDS}_sum"
+METRIC_STEP_SECONDS_COUNT = f"{METRIC_STEP_SECONDS}_count"
+METRIC_RESUMED_FROM_STEP = "memfit_trainer_resumed_from_step"
+PROGRESS_SERIES = (
+    METRIC_STEP,
+    METRIC_LOSS,
+    METRIC_EVAL_LOSS,
+    METRIC_TOKENS_PER_SECOND,
+    METRIC_STEP_SECONDS_SUM,
+    METRIC_STEP_SECONDS_COUNT,
+    METRIC_RESUMED_FROM_STEP,
+)
