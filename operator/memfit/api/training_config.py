@@ -19,6 +19,27 @@ _OFFLOAD_WORDS = {Offload.CPU: "CPU offload", Offload.NVME: "NVMe offload"}
 _PEFT_WORDS = {PeftMethod.LORA: "LoRA", PeftMethod.QLORA: "QLoRA"}
 
 
+def global_batch(*, micro_batch_size: int, accumulation_steps: int, world_size: int) -> int:
+    """THE global-batch rule: samples per optimizer step = micro-batch x accumulation x data-parallel
+    ranks. Every split a plan makes keeps `training.globalBatchSize` by it."""
+    return micro_batch_size * accumulation_steps * world_size
+
+
+def samples_per_gpu(global_batch_size: int, world_size: int) -> int | None:
+    """Samples each rank processes per optimizer step (micro-batch x accumulation), or None when the
+    global batch does not split evenly over `world_size` ranks."""
+    per_gpu, left = divmod(global_batch_size, world_size)
+    return per_gpu if left == 0 and per_gpu > 0 else None
+
+
+def accumulation_steps(global_batch_size: int, *, world_size: int, micro_batch_size: int) -> int | None:
+    """The accumulation that keeps the global batch at this micro-batch, or None when none does."""
+    per_gpu = samples_per_gpu(global_batch_size, world_size)
+    if per_gpu is None or per_gpu % micro_batch_size:
+        return None
+    return per_gpu // micro_batch_size
+
+
 class TrainingConfig(ApiModel):
     """How one training run is configured: engine and sharding, precision, memory savers, batch split.
 
@@ -40,6 +61,11 @@ class TrainingConfig(ApiModel):
         default=PeftMethod.NONE,
         description="none (full fine-tune), lora (adapters on a frozen 16-bit base) or qlora (on a 4-bit base).",
     )
+
+    def global_batch(self, world_size: int) -> int:
+        """The global batch this split gives on `world_size` data-parallel ranks (`global_batch`)."""
+        return global_batch(micro_batch_size=self.micro_batch_size, accumulation_steps=self.gradient_accumulation_steps,
+                            world_size=world_size)
 
     def training_config(self) -> TrainingConfig:
         """The bare configuration (a Plan or PlanSummary embeds one; this drops their other fields)."""

@@ -181,7 +181,7 @@ def checkpoint_step(
 def global_batch_words(plan: Plan, global_batch: int) -> str:
     """What a re-plan did to the global batch: kept (the planner only splits it differently), spelled
     out as GPUs x micro-batch x accumulation; a mismatch is said as loudly."""
-    effective = plan.world_size * plan.micro_batch_size * plan.gradient_accumulation_steps
+    effective = plan.global_batch(plan.world_size)
     verb = "keeps" if effective == global_batch else f"CHANGES (training.globalBatchSize is {global_batch})"
     return (f"{verb} the effective global batch {effective} = {plan.world_size} GPUs x micro-batch "
             f"{plan.micro_batch_size} x accumulation {plan.gradient_accumulation_steps}")

@@ -9,6 +9,7 @@ from memfit.api.common import Checkpointing, Engine, Offload, PeftMethod, Precis
 from memfit.api.job import OptimizerKind, StrategySpec
 from memfit.api.peft_rules import peft_engine_problem
 from memfit.api.training_config import PLAIN_FP32_DDP, TrainingConfig
+from memfit.api.training_config import accumulation_steps as accumulation_steps_for
 from memfit.memory.adapter import AdapterLayout
 
 
@@ -49,7 +50,7 @@ class Strategy:
     @property
     def samples_per_gpu_step(self) -> int:
         """Samples each GPU processes per optimizer step."""
-        return self.config.micro_batch_size * self.config.gradient_accumulation_steps
+        return self.config.global_batch(1)
 
     def with_config(self, **changes: object) -> Strategy:
         """This strategy with some configuration fields changed (`micro_batch_size=2`)."""
@@ -71,7 +72,10 @@ def strategy_from_pins(pins: StrategySpec, *, optimizer: OptimizerKind, world_si
     engine = Engine.DDP if pins.engine == Engine.AUTO else pins.engine
     micro = pins.micro_batch_size if isinstance(pins.micro_batch_size, int) else 1
     if accumulation_steps is None:
-        accumulation_steps = max(1, global_batch_size // (world_size * micro)) if global_batch_size else 1
+        # The rule's split where it divides; otherwise 1 (an estimate of one configuration, not a plan).
+        exact = accumulation_steps_for(global_batch_size, world_size=world_size, micro_batch_size=micro) \
+            if global_batch_size else None
+        accumulation_steps = exact or 1
     config = TrainingConfig.model_construct(
         engine=engine,
         zero_stage=DEFAULT_STAGE[engine] if pins.zero_stage == "auto" else int(pins.zero_stage),

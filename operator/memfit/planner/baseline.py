@@ -80,7 +80,7 @@ def _ddp_baseline(ctx: SearchContext, offer: Offer, config: TrainingConfig, *, n
     factor = ctx.corrections.factor(strategy)
     if factor != 1.0:
         terms = terms.scaled(factor)
-    per_gpu = ctx.global_batch // world
+    per_gpu = ctx.samples_per_gpu(world)
     micro = 0
     for b in reversed(divisors(per_gpu)):
         if ctx.fits_gpu(terms.peak_bytes(b, per_gpu // b), offer.usable_bytes):

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from memfit.api.common import Engine, Offload, PeftMethod
 from memfit.api.job import Minimize, OptimizerKind
+from memfit.api.training_config import accumulation_steps, samples_per_gpu
 from memfit.memory.activations import ActivationTerms, activation_terms
 from memfit.memory.adapter import AdapterLayout
 from memfit.memory.calibration import Calibration
@@ -55,6 +56,20 @@ class SearchContext:
         if choice.config.peft == PeftMethod.NONE or self.adapter is None:
             return self.shape.trainable
         return self.shape.layers * self.adapter.adapter_parameters_per_block
+
+    def per_gpu(self, world_size: int) -> int | None:
+        """Samples per rank per optimizer step, None when the global batch does not split over the ranks
+        (api.training_config's rule)."""
+        return samples_per_gpu(self.global_batch, world_size)
+
+    def samples_per_gpu(self, world_size: int) -> int:
+        """`per_gpu` of a layout the search kept (it splits evenly)."""
+        per_gpu = self.per_gpu(world_size)
+        assert per_gpu is not None, f"global batch {self.global_batch} does not split over {world_size} ranks"
+        return per_gpu
+
+    def accumulation(self, world_size: int, micro_batch_size: int) -> int | None:
+        return accumulation_steps(self.global_batch, world_size=world_size, micro_batch_size=micro_batch_size)
 
     def expected_hours(self, offer: Offer, layout: Layout, step_seconds: float) -> float:
         """Hours of the run on `layout` of `offer`, with the expected lost work and restarts of its
@@ -125,7 +140,7 @@ class SearchContext:
         key = (self._memory_key(choice), layout.world_size)
         found = self.min_peak_cache.get(key)
         if found is None:
-            per_gpu = self.global_batch // layout.world_size
+            per_gpu = self.samples_per_gpu(layout.world_size)
             terms = self.memory(choice, layout.world_size, layout.gpus_per_node)
             if self.pinned_micro_batch is not None:
                 b = self.pinned_micro_batch
@@ -144,7 +159,7 @@ class SearchContext:
             strategy = choice.strategy(optimizer=self.optimizer, world_size=layout.world_size,
                                        gpus_per_node=layout.gpus_per_node, adapter=self.adapter)
             terms = time_terms(
-                self.shape, strategy, samples_per_gpu_step=self.global_batch // layout.world_size,
+                self.shape, strategy, samples_per_gpu_step=self.samples_per_gpu(layout.world_size),
                 flops_per_sample_override=self.flops_per_sample, mfu=self.mfu,
             )
             self.time_cache[key] = terms

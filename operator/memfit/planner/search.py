@@ -133,10 +133,10 @@ def prepare_offer(ctx: SearchContext, offer: Offer, choices: Sequence[Choice]) -
     """Layouts and groups of an offer with their lower bounds, in visit order."""
     failures = OfferFailures(offer)
     runnable = _offer_choices(offer, choices, failures)
-    layouts = [lay for lay in offer.layouts(ctx.max_nodes) if ctx.global_batch % lay.world_size == 0]
+    layouts = [lay for lay in offer.layouts(ctx.max_nodes) if ctx.per_gpu(lay.world_size) is not None]
     failures.layouts_tried = len(layouts)
     if ctx.pinned_micro_batch is not None:
-        layouts = [lay for lay in layouts if (ctx.global_batch // lay.world_size) % ctx.pinned_micro_batch == 0]
+        layouts = [lay for lay in layouts if ctx.accumulation(lay.world_size, ctx.pinned_micro_batch) is not None]
         failures.pinned_micro_batch_layouts = len(layouts)
     if ctx.max_cost_per_hour is not None:
         over = [lay for lay in layouts if lay.price_per_hour > ctx.max_cost_per_hour]
@@ -146,7 +146,7 @@ def prepare_offer(ctx: SearchContext, offer: Offer, choices: Sequence[Choice]) -
     groups = ctx.groups(runnable)
     bounds: list[tuple[float, int, int, Layout, tuple[int, ...], list[Choice]]] = []
     for li, layout in enumerate(layouts):
-        per_gpu = ctx.global_batch // layout.world_size
+        per_gpu = ctx.samples_per_gpu(layout.world_size)
         for gi, (group_ranks, members) in enumerate(groups):
             seconds = _bound_seconds(ctx, offer, layout, members[0], per_gpu)
             hours = ctx.expected_hours(offer, layout, seconds)  # non-decreasing in seconds: still a bound
@@ -229,7 +229,7 @@ def _as_32bit(ctx: SearchContext, choice: Choice, eight_bit: Candidate | None, l
     if eight_bit is None:
         return None
     b = eight_bit.strategy.config.micro_batch_size
-    per_gpu = ctx.global_batch // layout.world_size
+    per_gpu = ctx.samples_per_gpu(layout.world_size)
     terms = ctx.memory(choice, layout.world_size, layout.gpus_per_node)
     if not ctx.fits_gpu(peak_bytes_int(terms, b, per_gpu), eight_bit.usable_bytes):
         return None
@@ -256,7 +256,7 @@ def _evaluate(ctx: SearchContext, offer: Offer, layout: Layout, choice: Choice,
     """The candidate of `choice` on `layout` (None when it does not fit, breaks a limit or cannot
     beat `best_objective`), and whether it is out of GPU memory even at the smallest micro-batch."""
     n, g = layout.world_size, layout.gpus_per_node
-    per_gpu = ctx.global_batch // n
+    per_gpu = ctx.samples_per_gpu(n)
     # Cheapest test first: a known smallest peak (or nothing to prune against yet) -> memory first.
     memory_first = best_objective == float("inf") or ctx.has_min_peak(choice, layout)
     if memory_first and not _fits_at_smallest(ctx, offer, layout, choice, failures):
@@ -288,7 +288,8 @@ def _evaluate(ctx: SearchContext, offer: Offer, layout: Layout, choice: Choice,
         return None, False
     if (hours if ctx.minimize == Minimize.TIME else hours * layout.price_per_hour) > best_objective:
         return None, False
-    accumulation = per_gpu // b
+    accumulation = ctx.accumulation(n, b)
+    assert accumulation is not None, f"micro-batch {b} does not divide {per_gpu} samples per GPU"
     strategy = choice.strategy(optimizer=ctx.optimizer, world_size=n, gpus_per_node=g,
                                micro_batch_size=b, accumulation_steps=accumulation, adapter=ctx.adapter)
     candidate = Candidate(

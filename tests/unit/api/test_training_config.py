@@ -10,7 +10,13 @@ from factories import make_plan
 from memfit.api.common import Checkpointing, Engine, Offload, PeftMethod, Precision
 from memfit.api.job import PlanSummary
 from memfit.api.plan import Plan
-from memfit.api.training_config import PLAIN_FP32_DDP, TrainingConfig
+from memfit.api.training_config import (
+    PLAIN_FP32_DDP,
+    TrainingConfig,
+    accumulation_steps,
+    global_batch,
+    samples_per_gpu,
+)
 from memfit.memory import Strategy
 
 
@@ -115,3 +121,20 @@ def test_describe_names_lora_and_qlora_first() -> None:
     lora = config(engine=Engine.DDP, zero_stage=0, precision=Precision.BF16).model_copy(update={"peft": PeftMethod.QLORA})
     assert lora.describe() == "QLoRA DDP bf16 mbs 1x1"
     assert lora.describe(words=True) == "QLoRA, DDP, bf16"
+
+
+@pytest.mark.parametrize(
+    ("global_batch_size", "world", "micro", "per_gpu", "accumulation"),
+    [
+        pytest.param(256, 8, 4, 32, 8, id="splits evenly"),
+        pytest.param(256, 3, 1, None, None, id="not divisible by the ranks"),
+        pytest.param(24, 4, 4, 6, None, id="micro-batch does not divide the per-GPU samples"),
+        pytest.param(8, 16, 1, None, None, id="more ranks than samples"),
+    ],
+)  # fmt: skip
+def test_the_one_global_batch_rule(global_batch_size: int, world: int, micro: int, per_gpu: int | None,
+                                   accumulation: int | None) -> None:
+    assert samples_per_gpu(global_batch_size, world) == per_gpu
+    assert accumulation_steps(global_batch_size, world_size=world, micro_batch_size=micro) == accumulation
+    if accumulation is not None:
+        assert global_batch(micro_batch_size=micro, accumulation_steps=accumulation, world_size=world) == global_batch_size
