@@ -26,6 +26,7 @@ from memfit.api.common import (
 from memfit.api.data import DataSpec
 from memfit.api.peft import PeftSpec
 from memfit.api.problem import Problem
+from memfit.api.reasons import Reason
 from memfit.api.rules import check_spec
 from memfit.api.training_config import TrainingConfig
 
@@ -272,9 +273,10 @@ class AttemptOutcome(StrEnum):
     LAUNCHING = "Launching"
     RUNNING = "Running"
     SUCCEEDED = "Succeeded"
-    OUT_OF_MEMORY = "OutOfMemory"
-    MEMORY_OVER_PLAN = "MemoryOverPlan"  # the first steps measured more than predicted + headroom
-    NO_CAPACITY = "NoCapacity"
+    # The re-plan outcomes are the reasons of the same name (api.reasons): one word, one meaning.
+    OUT_OF_MEMORY = Reason.OUT_OF_MEMORY.value
+    MEMORY_OVER_PLAN = Reason.MEMORY_OVER_PLAN.value  # the first steps measured more than predicted + headroom
+    NO_CAPACITY = Reason.NO_CAPACITY.value
     FAILED = "Failed"
 
     @property

@@ -24,7 +24,7 @@ from urllib3.exceptions import HTTPError as TransportError
 
 from memfit import metrics
 from memfit.api.common import API_GROUP, API_VERSION
-from memfit.api.job import AttemptOutcome, Phase
+from memfit.api.job import Phase
 from memfit.controller.events import EventPoster
 from memfit.controller.kubeapi import MOTJ_PLURAL, ForeignObjectError, KubeApi
 from memfit.controller.pool_status import reconcile_pools
@@ -33,6 +33,7 @@ from memfit.controller.settings import OperatorSettings
 from memfit.controller.workqueue import Key, WorkQueue
 from memfit.controller.world import WorldCache
 from memfit.kube.names import LABEL_JOB, LABEL_MANAGED_BY, MANAGED_BY
+from memfit.lifecycle import Decision
 
 log = logging.getLogger("memfit.operator")
 
@@ -158,7 +159,7 @@ def _reconcile_once(runtime: Runtime, api: KubeApi, namespace: str, name: str) -
         runtime.note((namespace, name), phase=str(status.get("phase", "")), written=written)
         metrics.JOBS.observe(metrics.JobSnapshot.from_status(namespace, name, status))
         if applied:
-            _count(namespace, applied.events)
+            _count(namespace, applied.decision)
             log.debug("reconciled %s/%s in %.3fs", namespace, name, time.perf_counter() - started)
         return applied is not None and applied.decision.requeue
     except ApiException as error:
@@ -181,12 +182,12 @@ def _reconcile_once(runtime: Runtime, api: KubeApi, namespace: str, name: str) -
     return False
 
 
-def _count(namespace: str, events: list[tuple[str, str, str]]) -> None:
-    for _, reason, _ in events:
-        if reason in (AttemptOutcome.OUT_OF_MEMORY, AttemptOutcome.MEMORY_OVER_PLAN, AttemptOutcome.NO_CAPACITY):
-            metrics.REPLANS.labels(namespace, reason).inc()
-        elif reason == "ProfilingFailed":
-            metrics.PROFILING_FAILURES.labels(namespace).inc()
+def _count(namespace: str, decision: Decision) -> None:
+    """The counters the decision says to record (a stored decision: its status patch went through)."""
+    for outcome in decision.replans:
+        metrics.REPLANS.labels(namespace, outcome).inc()
+    if decision.profiling_failed:
+        metrics.PROFILING_FAILURES.labels(namespace).inc()
 
 
 @kopf.on.startup()

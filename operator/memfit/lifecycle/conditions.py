@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from datetime import datetime
 
 from memfit.api.common import Condition, ConditionStatus
+from memfit.api.reasons import Reason
 
 PROFILED = "Profiled"
 PLANNED = "Planned"
@@ -19,42 +20,44 @@ ALL_TYPES = (PROFILED, PLANNED, RUNNING, SUCCEEDED, FAILED)
 # the queue, its reason the Workload's (Kueue's CamelCase: Pending, Inadmissible, QuotaReserved...).
 QUEUED = "Queued"
 
-# Reasons (CamelCase, specific).
-INVALID_SPEC = "InvalidSpec"
-PROFILING = "Profiling"
-PROFILE_CACHED = "ProfileCached"
-PROFILE_MEASURED = "ProfileMeasured"
-PROFILING_FAILED = "ProfilingFailed"
-PROFILING_RESCHEDULED = "ProfilingRescheduled"
-ANALYTIC_ONLY = "AnalyticOnly"  # nothing could be profiled: planned from the analytic model, more headroom
-PLAN_FOUND = "PlanFound"
-NO_FIT = "NoFit"
-WAITING_FOR_CAPACITY = "WaitingForCapacity"
-WAITING_FOR_ADMISSION = "WaitingForAdmission"
-NO_QUOTA = "NoQuota"  # Kueue did not admit the job on its pool for capacityTimeoutSeconds: moved to another
-ADMITTED = "Admitted"  # Queued=False: Kueue admitted the child Job
-LAUNCHING = "Launching"
-PODS_RUNNING = "PodsRunning"
-PODS_PENDING = "PodsPending"
-TRAINING_SUCCEEDED = "TrainingSucceeded"
-TRAINING_FAILED = "TrainingFailed"
-OUT_OF_MEMORY = "OutOfMemory"
-MEMORY_OVER_PLAN = "MemoryOverPlan"  # first steps measured above prediction + headroom: re-plan before an OOM
-NO_CAPACITY = "NoCapacity"
-REPLANS_EXHAUSTED = "ReplansExhausted"
-PODS_NOT_CREATED = "PodsNotCreated"
-REPLANNING = "Replanning"
-INVALID_PLAN = "InvalidPlan"
-IMAGE_UNAVAILABLE = "ImageUnavailable"  # the image cannot start (not on the node, invalid, pull failing)
-CONTAINER_CONFIG_ERROR = "ContainerConfigError"  # a Secret/ConfigMap or key the pods name is missing
-IMAGE_PULL_FAILING = "ImagePullFailing"  # a pull is failing; the job fails if it lasts capacityTimeoutSeconds
-NOT_YET = "NotYet"
-SHARED_VOLUME = "SharedVolume"  # ReadWriteMany: every node of a multi-node plan reads and writes it
-SINGLE_NODE_VOLUME = "SingleNodeVolume"  # ReadWriteOnce: plans are kept to one node
-EPHEMERAL_CHECKPOINTS = "EphemeralCheckpoints"  # emptyDir, asked for: no resume across pods
-CHECKPOINT_CLAIM_MISSING = "CheckpointClaimMissing"  # the named claim does not exist (yet)
-GPUS_RELEASED = "GPUsReleased"  # a Failed job's unfinished child Jobs were deleted (lifecycle.release)
-INPUT_CLAIM_MISSING = "VolumeClaimMissing"  # a model, data or output claim the job names does not exist (yet)
+# Reasons: the one enum in api/reasons.py (aliases, so the lifecycle reads `c.NO_FIT`).
+INVALID_SPEC = Reason.INVALID_SPEC
+PROFILING = Reason.PROFILING
+PROFILE_CACHED = Reason.PROFILE_CACHED
+PROFILE_MEASURED = Reason.PROFILE_MEASURED
+PROFILING_FAILED = Reason.PROFILING_FAILED
+PROFILING_RESCHEDULED = Reason.PROFILING_RESCHEDULED
+ANALYTIC_ONLY = Reason.ANALYTIC_ONLY
+PLAN_FOUND = Reason.PLAN_FOUND
+NO_FIT = Reason.NO_FIT
+WAITING_FOR_CAPACITY = Reason.WAITING_FOR_CAPACITY
+WAITING_FOR_ADMISSION = Reason.WAITING_FOR_ADMISSION
+NO_QUOTA = Reason.NO_QUOTA
+ADMITTED = Reason.ADMITTED
+LAUNCHING = Reason.LAUNCHING
+PODS_RUNNING = Reason.PODS_RUNNING
+PODS_PENDING = Reason.PODS_PENDING
+TRAINING_SUCCEEDED = Reason.TRAINING_SUCCEEDED
+TRAINING_FAILED = Reason.TRAINING_FAILED
+OUT_OF_MEMORY = Reason.OUT_OF_MEMORY
+MEMORY_OVER_PLAN = Reason.MEMORY_OVER_PLAN
+NO_CAPACITY = Reason.NO_CAPACITY
+REPLANS_EXHAUSTED = Reason.REPLANS_EXHAUSTED
+PODS_NOT_CREATED = Reason.PODS_NOT_CREATED
+REPLANNING = Reason.REPLANNING
+INVALID_PLAN = Reason.INVALID_PLAN
+IMAGE_UNAVAILABLE = Reason.IMAGE_UNAVAILABLE
+CONTAINER_CONFIG_ERROR = Reason.CONTAINER_CONFIG_ERROR
+IMAGE_PULL_FAILING = Reason.IMAGE_PULL_FAILING
+NOT_YET = Reason.NOT_YET
+SHARED_VOLUME = Reason.SHARED_VOLUME
+SINGLE_NODE_VOLUME = Reason.SINGLE_NODE_VOLUME
+EPHEMERAL_CHECKPOINTS = Reason.EPHEMERAL_CHECKPOINTS
+CHECKPOINT_CLAIM_MISSING = Reason.CHECKPOINT_CLAIM_MISSING
+POD_REPLACED = Reason.POD_REPLACED
+RESUMED = Reason.RESUMED
+GPUS_RELEASED = Reason.GPUS_RELEASED
+INPUT_CLAIM_MISSING = Reason.INPUT_CLAIM_MISSING
 
 MAX_MESSAGE = 32768
 

@@ -46,6 +46,8 @@ class Draft:
         self.effects: list[Effect] = []
         self.events: list[Event] = []
         self.profile_seconds: float | None = None
+        self.replans: list[AttemptOutcome] = []  # attempts this decision ended for a re-plan (metrics)
+        self.profiling_failed = False
 
     # --- conditions and phase ----------------------------------------------------------------------
     def set(self, type_: str, value: bool | None, reason: str, message: str) -> None:
@@ -89,6 +91,7 @@ class Draft:
         """Failed with the reason (once: a job already Failed keeps its first reason)."""
         if self.phase == Phase.FAILED and self.condition_is(c.FAILED, True):
             return
+        self.profiling_failed = reason == c.PROFILING_FAILED
         self.set(c.FAILED, True, reason, message)
         self.set(c.SUCCEEDED, False, reason, message)
         self.set(c.RUNNING, False, reason, message)
@@ -118,6 +121,8 @@ class Draft:
         }
         if measured is not None:
             changes["measured_peak_bytes"] = measured
+        if outcome.replans:
+            self.replans.append(outcome)
         self.update_current(**changes)
 
     def decision(self) -> Decision:
@@ -140,6 +145,8 @@ class Draft:
             events=tuple(self.events),
             profile_seconds=self.profile_seconds,
             requeue=self._requeue(),
+            replans=tuple(self.replans),
+            profiling_failed=self.profiling_failed,
         )
 
     def _requeue(self) -> bool:

@@ -8,6 +8,7 @@ from datetime import datetime
 
 from memfit.api import pod as contract
 from memfit.api.job import Progress
+from memfit.api.reasons import Reason
 from memfit.lifecycle.snapshot import TrainerSample
 
 # The trainer's series (memfit.api.pod, served by memfit_trainer.metrics) the operator reads; a sample
@@ -19,8 +20,8 @@ TOKENS_PER_SECOND = contract.METRIC_TOKENS_PER_SECOND
 STEP_SECONDS_SUM = contract.METRIC_STEP_SECONDS_SUM
 STEP_SECONDS_COUNT = contract.METRIC_STEP_SECONDS_COUNT
 RESUMED_FROM_STEP = contract.METRIC_RESUMED_FROM_STEP
-POD_REPLACED = "PodReplaced"  # Event reasons
-RESUMED = "Resumed"
+POD_REPLACED = Reason.POD_REPLACED  # Event reasons
+RESUMED = Reason.RESUMED
 SERIES = contract.PROGRESS_SERIES
 
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from memfit.api.job import MemoryOptimizedTrainingJobStatus
+from memfit.api.job import AttemptOutcome, MemoryOptimizedTrainingJobStatus
 
 Manifest = dict[str, Any]
 
@@ -69,6 +69,10 @@ class Decision:
     events: tuple[Event, ...] = ()
     profile_seconds: float | None = None  # the profiler's wall time, when this decision read its result
     requeue: bool = False  # reconcile again right after this one is stored (a re-plan or a release is due)
+    # What the operator's counters record for this decision (memfit_replans_total,
+    # memfit_profiling_failures_total): the handlers count these, never event reasons.
+    replans: tuple[AttemptOutcome, ...] = ()
+    profiling_failed: bool = False
 
     def changed(self, old: MemoryOptimizedTrainingJobStatus | None) -> bool:
         return old != self.status
