@@ -1,9 +1,11 @@
-"""The real API server rejects invalid MOTJs through the generated CRD schema: one case per CEL rule,
-plus schema bounds, and accepts every example."""
+"""The real API server rejects invalid MOTJs through the generated CRD schema: one case per CEL rule
+(the fine-tune ones naming the field, in the operator's words), plus schema bounds, and accepts every
+example."""
 
 from __future__ import annotations
 
 import copy
+import json
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +13,15 @@ import pytest
 import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
+from memfit.api.finetune_rules import (
+    DATA_NEEDS_HF_MODEL,
+    EVAL_EVERY_NEEDS_SET,
+    EVAL_PATH_NEEDS_FILES,
+    EVAL_SPLIT_NEEDS_HUB,
+    REVISION_WITH_VOLUME,
+    TOKEN_WITH_VOLUME,
+    inside_volume,
+)
 from memfit_testbed.cluster_helpers import Kube
 
 pytestmark = pytest.mark.cluster
@@ -85,6 +96,76 @@ def test_cel_rule_rejects(
         )
     assert error.value.status == 422
     assert message in error.value.body
+
+
+VOLUME_MODEL = {"volumeClaim": "models", "path": "llama-1b"}
+FILES = {"volumeClaim": "corpus", "path": "train.jsonl"}
+# The fine-tune rules docs/finetune.md says admission enforces: (spec, the field the API server names, the
+# words of its message: the operator's own, memfit.api.finetune_rules).
+FINETUNE_CASES: dict[str, tuple[dict[str, Any], str, str]] = {
+    "model path with ..": ({"problem": {"huggingface": {**VOLUME_MODEL, "path": "../etc"}}},
+                           "spec.problem.huggingface.path", inside_volume("spec.problem.huggingface.path")),
+    "model path with .. inside": ({"problem": {"huggingface": {**VOLUME_MODEL, "path": "models/../../etc"}}},
+                                  "spec.problem.huggingface.path", inside_volume("spec.problem.huggingface.path")),
+    "model path absolute": ({"problem": {"huggingface": {**VOLUME_MODEL, "path": "/etc"}}},
+                            "spec.problem.huggingface.path", inside_volume("spec.problem.huggingface.path")),
+    "token with a volume": ({"problem": {"huggingface": {**VOLUME_MODEL, "tokenSecretRef": {"name": "hub"}}}},
+                            "spec.problem.huggingface.tokenSecretRef", TOKEN_WITH_VOLUME),
+    "revision with a volume": ({"problem": {"huggingface": {**VOLUME_MODEL, "revision": "main"}}},
+                               "spec.problem.huggingface.revision", REVISION_WITH_VOLUME),
+    "files path with ..": ({"problem": {"huggingface": VOLUME_MODEL},
+                            "data": {"files": {**FILES, "path": "a/../../b.jsonl"}}},
+                           "spec.data.files.path", inside_volume("spec.data.files.path")),
+    "eval path absolute": ({"problem": {"huggingface": VOLUME_MODEL},
+                            "data": {"files": FILES, "evalPath": "/etc/eval.jsonl"}},
+                           "spec.data.evalPath", inside_volume("spec.data.evalPath")),
+    "output path absolute": ({"output": {"volumeClaim": "out", "path": "/etc"}}, "spec.output.path",
+                             inside_volume("spec.output.path")),
+    "output path with ..": ({"output": {"volumeClaim": "out", "path": ".."}}, "spec.output.path",
+                            inside_volume("spec.output.path")),
+    "evalSplit on files": ({"problem": {"huggingface": VOLUME_MODEL}, "data": {"files": FILES, "evalSplit": "test"}},
+                           "spec.data.evalSplit", EVAL_SPLIT_NEEDS_HUB),
+    "evalPath on a hub dataset": ({"problem": {"huggingface": VOLUME_MODEL},
+                                   "data": {"huggingface": {"name": "org/set"}, "evalPath": "eval.jsonl"}},
+                                  "spec.data.evalPath", EVAL_PATH_NEEDS_FILES),
+    "evalEverySteps without an eval set": ({"problem": {"huggingface": VOLUME_MODEL},
+                                            "data": {"files": FILES, "evalEverySteps": 10}},
+                                           "spec.data.evalEverySteps", EVAL_EVERY_NEEDS_SET),
+    "dataset for a builtin": ({"data": {"files": FILES}}, "spec.data", DATA_NEEDS_HF_MODEL),
+    "volumeClaim without path": ({"problem": {"huggingface": {"volumeClaim": "models"}}},
+                                 "spec.problem.huggingface.path", "volumeClaim and path go together"),
+    "no model source": ({"problem": {"huggingface": {"sequenceLength": 16}}}, "spec.problem.huggingface.model",
+                        "model (a hub id) is required without volumeClaim"),
+    "two data sources": ({"problem": {"huggingface": VOLUME_MODEL}, "data": {"files": FILES, "synthetic": True}},
+                         "spec.data", "exactly one of huggingface, files or synthetic: true"),
+    "text and messages": ({"problem": {"huggingface": VOLUME_MODEL},
+                           "data": {"files": FILES, "textField": "t", "messagesField": "m"}},
+                          "spec.data.messagesField", "set textField or messagesField, not both"),
+}
+
+
+@pytest.mark.parametrize(("spec", "field", "message"), FINETUNE_CASES.values(), ids=FINETUNE_CASES.keys())
+def test_finetune_rule_rejects_naming_the_field(
+    kube: Kube, namespace: str, install_crds: list[str], spec: dict[str, Any], field: str, message: str
+) -> None:
+    custom = client.CustomObjectsApi(kube.api_client)
+    with pytest.raises(ApiException) as error:
+        custom.create_namespaced_custom_object(
+            "memfit.dev", "v1alpha1", namespace, "memoryoptimizedtrainingjobs", job("bad", **spec)
+        )
+    assert error.value.status == 422
+    causes = json.loads(error.value.body)["details"]["causes"]
+    assert any(c.get("field") == field and message in c.get("message", "") for c in causes), causes
+
+
+def test_finetune_example_is_accepted(kube: Kube, namespace: str, install_crds: list[str]) -> None:
+    doc = yaml.safe_load((REPO / "examples" / "finetune-tiny.yaml").read_text())
+    doc["metadata"].pop("namespace", None)
+    created = client.CustomObjectsApi(kube.api_client).create_namespaced_custom_object(
+        "memfit.dev", "v1alpha1", namespace, "memoryoptimizedtrainingjobs", doc
+    )
+    assert created["spec"]["problem"]["huggingface"]["path"] == doc["spec"]["problem"]["huggingface"]["path"]
+    assert created["spec"]["output"]["path"] == doc["spec"]["output"]["path"]
 
 
 def test_name_length_rule(kube: Kube, namespace: str, install_crds: list[str]) -> None:

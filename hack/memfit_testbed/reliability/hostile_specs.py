@@ -243,23 +243,43 @@ CONFLICTS: dict[str, tuple[dict[str, Any], str]] = {
     "zero stage 7": ({"strategy": {"zeroStage": 7}}, "spec.strategy.zeroStage"),
     "zero stage word": ({"strategy": {"zeroStage": "max"}}, "spec.strategy.zeroStage"),
     "micro-batch 0": ({"strategy": {"microBatchSize": 0}}, "spec.strategy.microBatchSize"),
+    # Fine-tune rules CEL refuses at admission (memfit.api.finetune_rules).
+    "model path leaves the volume": (
+        {"problem": {"huggingface": {"volumeClaim": "models", "path": "../etc"}}},
+        "spec.problem.huggingface.path",
+    ),
+    "hub token with a volume model": (
+        {"problem": {"huggingface": {"volumeClaim": "models", "path": "m", "tokenSecretRef": {"name": "hub"}}}},
+        "spec.problem.huggingface.tokenSecretRef",
+    ),
+    "absolute output path": ({"output": {"volumeClaim": "out", "path": "/etc"}}, "spec.output.path"),
+    "dataset for a builtin model": (
+        {"data": {"files": {"volumeClaim": "corpus", "path": "train.jsonl"}}}, "spec.data"
+    ),
 }
+
+
+def conflict_case(name: str, key: str) -> Case:
+    """The CONFLICTS case `key` on the base job `name`."""
+    patch, field = CONFLICTS[key]
+    doc = _base(name)
+    for section, values in copy.deepcopy(patch).items():
+        if section == "problem":
+            doc["spec"]["problem"] = values
+        else:
+            doc["spec"].setdefault(section, {}).update(values)
+    return Case("conflicting pins", field, doc)
 
 
 @st.composite
 def conflicting_pins(draw: st.DrawFn, name: str) -> Case:
     key = draw(st.sampled_from(sorted(CONFLICTS)))
-    patch, field = CONFLICTS[key]
-    doc = _base(name)
-    for section, values in patch.items():
-        if section == "problem":
-            doc["spec"]["problem"] = copy.deepcopy(values)
-        else:
-            doc["spec"].setdefault(section, {}).update(values)
+    case = conflict_case(name, key)
+    doc = case.doc
     if key == "micro-batch does not divide":
         global_batch = draw(st.integers(5, 1000).filter(lambda g: g % 4 != 0))
         doc["spec"]["training"]["globalBatchSize"] = global_batch
-    return Case("conflicting pins", field, doc)
+    return case
 
 
 @st.composite

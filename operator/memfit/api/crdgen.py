@@ -8,6 +8,17 @@ from typing import Any
 from pydantic import BaseModel
 
 from memfit.api.common import API_GROUP, API_VERSION
+from memfit.api.finetune_rules import (
+    DATA_NEEDS_HF_MODEL,
+    ESCAPING_PATH,
+    EVAL_EVERY_NEEDS_SET,
+    EVAL_PATH_NEEDS_FILES,
+    EVAL_SPLIT_NEEDS_HUB,
+    REVISION_WITH_VOLUME,
+    TOKEN_WITH_VOLUME,
+    VOLUME_PATHS,
+    inside_volume,
+)
 from memfit.api.job import MemoryOptimizedTrainingJobSpec, MemoryOptimizedTrainingJobStatus
 from memfit.api.pool import GPUNodePoolSpec, GPUNodePoolStatus
 
@@ -20,7 +31,8 @@ DEFAULT_MAX_LENGTH = 1024
 DEFAULT_MAX_ITEMS = 64
 DEFAULT_MAX_PROPERTIES = 64
 
-# Cross-field rules, keyed by the dotted schema path they attach to. Each mirrors a pydantic validator.
+# Cross-field rules, keyed by the dotted schema path they attach to. Each mirrors a rule of
+# `memfit.api.rules.check_spec` (the fine-tune ones in the same words: `memfit.api.finetune_rules`).
 CEL_RULES: dict[str, list[dict[str, str]]] = {
     "MemoryOptimizedTrainingJob.spec": [
         {
@@ -31,6 +43,13 @@ CEL_RULES: dict[str, list[dict[str, str]]] = {
             "message": "strategy.microBatchSize must divide training.globalBatchSize",
             "fieldPath": ".strategy.microBatchSize",
             "reason": "FieldValueInvalid",
+        },
+        {
+            "rule": "!has(self.data) || !(has(self.data.huggingface) || has(self.data.files)) || "
+            "has(self.problem.huggingface)",
+            "message": DATA_NEEDS_HF_MODEL,
+            "fieldPath": ".data",
+            "reason": "FieldValueForbidden",
         },
     ],
     "MemoryOptimizedTrainingJob.spec.problem": [
@@ -54,6 +73,18 @@ CEL_RULES: dict[str, list[dict[str, str]]] = {
             "fieldPath": ".model",
             "reason": "FieldValueRequired",
         },
+        {
+            "rule": "!has(self.volumeClaim) || !has(self.tokenSecretRef)",
+            "message": TOKEN_WITH_VOLUME,
+            "fieldPath": ".tokenSecretRef",
+            "reason": "FieldValueForbidden",
+        },
+        {
+            "rule": "!has(self.volumeClaim) || !has(self.revision)",
+            "message": REVISION_WITH_VOLUME,
+            "fieldPath": ".revision",
+            "reason": "FieldValueForbidden",
+        },
     ],
     "MemoryOptimizedTrainingJob.spec.data": [
         {
@@ -66,6 +97,25 @@ CEL_RULES: dict[str, list[dict[str, str]]] = {
             "message": "set textField or messagesField, not both",
             "fieldPath": ".messagesField",
             "reason": "FieldValueForbidden",
+        },
+        {
+            "rule": "!has(self.evalSplit) || has(self.huggingface)",
+            "message": EVAL_SPLIT_NEEDS_HUB,
+            "fieldPath": ".evalSplit",
+            "reason": "FieldValueForbidden",
+        },
+        {
+            "rule": "!has(self.evalPath) || has(self.files)",
+            "message": EVAL_PATH_NEEDS_FILES,
+            "fieldPath": ".evalPath",
+            "reason": "FieldValueForbidden",
+        },
+        {
+            "rule": "!has(self.evalEverySteps) || self.evalEverySteps <= 0 || has(self.evalSplit) || "
+            "has(self.evalPath)",
+            "message": EVAL_EVERY_NEEDS_SET,
+            "fieldPath": ".evalEverySteps",
+            "reason": "FieldValueInvalid",
         },
     ],
     "MemoryOptimizedTrainingJob.spec.problem.builtin": [
@@ -144,6 +194,12 @@ CEL_RULES: dict[str, list[dict[str, str]]] = {
         },
     ],
 }
+# A path on a volume claim is relative and has no `..` segment (`finetune_rules.escapes`, same regex).
+CEL_RULES.update({
+    f"MemoryOptimizedTrainingJob.{field_path}": [
+        {"rule": f"!self.matches('{ESCAPING_PATH}')", "message": inside_volume(field_path)}]
+    for field_path in VOLUME_PATHS
+})
 
 
 def _inline(node: Any, defs: dict[str, Schema]) -> Any:

@@ -199,8 +199,10 @@ def _no_plan(draft: Draft, outcome: PlanOutcome, someday: PlanOutcome) -> None:
         draft.set(c.PLANNED, False, c.WAITING_FOR_CAPACITY, msg)
         draft.enter(Phase.PLANNING, msg)
         return
-    draft.fail(c.NO_FIT, outcome.message())
-    draft.set(c.PLANNED, False, c.NO_FIT, outcome.message())
+    # The condition reason (and the phase message's `NoFit: ` prefix, from `fail`) says NoFit once.
+    reasons = outcome.result.no_fit_message()
+    draft.fail(c.NO_FIT, reasons)
+    draft.set(c.PLANNED, False, c.NO_FIT, reasons)
 
 
 def launch_effects(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from memfit.api.common import Engine, Offload, PeftMethod
@@ -42,6 +43,8 @@ class SearchContext:
     adapter: AdapterLayout | None = None  # the LoRA/QLoRA layout PEFT choices train
     # Steps between persistent checkpoints (None: none survive a lost node), for interruption risk.
     checkpoint_every_steps: int | None = None
+    # The pinned strategy fields by path (`strategy.precision` -> `bf16`): the reasons name them.
+    pins: Mapping[str, str] = field(default_factory=dict)
     # Keyed by choice rank or memory id (unique within one plan call), world size (and GPUs per node).
     memory_cache: dict[tuple[int, int], MemoryTerms] = field(default_factory=dict)
     time_cache: dict[tuple[int, int, int], TimeTerms] = field(default_factory=dict)

@@ -28,7 +28,7 @@ from memfit.planner.measured_speed import MeasuredStepTime, step_time_factors, w
 from memfit.planner.offers import FreeGpus, Offer, PoolRejection, catalog_pool, resolve_offer, resolve_offers
 from memfit.planner.result import BaselineResult, Candidate, PlanResult
 from memfit.planner.search import any_fit, objective_key, prepare_offer, search_offer
-from memfit.planner.space import Choice, strategy_choices
+from memfit.planner.space import Choice, pinned_fields, strategy_choices
 
 DEFAULT_ALTERNATIVES = 5
 # A plan that rests on no measurement at all (Profile.compute `analytic`: the model could not be
@@ -100,6 +100,7 @@ def search_context(spec: MemoryOptimizedTrainingJobSpec, shape: ModelShape, *, p
         flops_per_sample=flops,
         mfu=mfu,
         checkpoint_every_steps=persistent_checkpoint_steps(spec),
+        pins=pinned_fields(spec.strategy),
     )
 
 
@@ -288,7 +289,7 @@ def _best_per_pool(ctx: SearchContext, offers: Sequence[Offer], choices: Sequenc
             rejections.append(PoolRejection(item.offer.pool, item.failures.reason(
                 headroom_percent=ctx.headroom_percent, global_batch=ctx.global_batch,
                 pinned_micro_batch=ctx.pinned_micro_batch, max_cost_per_hour=ctx.max_cost_per_hour,
-                deadline_hours=ctx.deadline_hours,
+                deadline_hours=ctx.deadline_hours, pins=ctx.pins,
             )))
     return found
 

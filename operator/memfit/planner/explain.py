@@ -7,7 +7,9 @@ micro-batch 1 even with ZeRO-3 and CPU offload on 8 GPUs; has 22.5 GiB").
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from enum import StrEnum
 
 from memfit.api.common import Offload
 from memfit.api.job import PlanSummary
@@ -23,14 +25,52 @@ def gib(n: float) -> str:
     return f"{n / GIB:.1f} GiB"
 
 
+class Lack(StrEnum):
+    """Something a configuration needs that a pool may not have."""
+
+    BF16 = "bf16"
+    HOST_MEMORY = "host memory"
+    NVME = "nvme"
+
+
+# The pinned fields (path, value) that make a configuration need what a pool lacks, each with what to do
+# instead.
+LACK_PINS: dict[Lack, tuple[tuple[str, str, str], ...]] = {
+    Lack.BF16: (("strategy.precision", "bf16", "pin fp16 or fp32, or leave precision auto"),
+                ("strategy.peft.qlora.computeDtype", "bf16", "set computeDtype fp16 or auto")),
+    Lack.HOST_MEMORY: (("strategy.offload", "cpu", "give the pool's host.memoryGiB, or pin offload none or "
+                        "nvme, or leave it auto"),),
+    Lack.NVME: (("strategy.offload", "nvme", "pin offload cpu or none, or leave it auto"),),
+}
+# What the pool lacks, and what to say when no single pin explains the need (the pins together do).
+LACK_WORDS: dict[Lack, tuple[str, str, str]] = {
+    Lack.BF16: ("{product} has no bf16 (compute capability 8.0+ needed)", "every allowed configuration trains "
+                "in bf16", "allow fp16 or fp32"),
+    Lack.HOST_MEMORY: ("CPU offload needs host.memoryGiB, which is unknown for this pool,", "every allowed "
+                       "configuration offloads to the CPU", "give the pool's host.memoryGiB, or allow offload none"),
+    Lack.NVME: ("NVMe offload needs local NVMe; the pool has none (host.nvmeGiB)", "every allowed configuration "
+                "offloads to NVMe", "allow offload cpu or none"),
+}
+
+
+def lack_words(lack: Lack, *, product: str, pins: Mapping[str, str]) -> str:
+    """Why no allowed configuration runs on a pool that lacks `lack`, naming the pin that asks for it:
+    `Tesla-T4 has no bf16 (compute capability 8.0+ needed) and strategy.precision is pinned to bf16: ...`."""
+    head, who, fix = LACK_WORDS[lack]
+    for path, value, pinned_fix in LACK_PINS[lack]:
+        if pins.get(path) == value:
+            who, fix = f"{path} is pinned to {value}", pinned_fix
+            break
+    return f"{head.format(product=product)} and {who}: {fix}"
+
+
 @dataclass(slots=True)
 class OfferFailures:
     """What went wrong on one offer while searching it (an accumulator, internal to the planner)."""
 
     offer: Offer
-    bf16_blocked: bool = False
-    host_unknown: bool = False
-    nvme_missing: bool = False
+    # What the pool lacks that every allowed configuration needs (then none of them runs there).
+    lacks: tuple[Lack, ...] = ()
     layouts_tried: int = 0
     pinned_micro_batch_layouts: int | None = None
     # (bytes or hours, configuration, world size[, micro-batch]); words are made only for the reason.
@@ -71,8 +111,11 @@ class OfferFailures:
             self.min_price_over = price_per_hour
 
     def reason(self, *, headroom_percent: int, global_batch: int, pinned_micro_batch: int | None,
-               max_cost_per_hour: float | None, deadline_hours: float | None) -> str:
-        """Why nothing fits on this offer, most specific cause first."""
+               max_cost_per_hour: float | None, deadline_hours: float | None,
+               pins: Mapping[str, str] | None = None) -> str:
+        """Why nothing fits on this offer, most specific cause first: what the job pinned and what the
+        pool lacks for every allowed configuration, never a capability some allowed configuration does
+        without (`pins`: the job's pinned strategy fields by path, `strategy.precision` -> `bf16`)."""
         offer = self.offer
         parts: list[str] = []
         if self.layouts_tried == 0:
@@ -134,14 +177,9 @@ class OfferFailures:
                 f"its smallest usable layout costs ${self.min_price_over:.2f}/h, over maxCostPerHour "
                 f"${max_cost_per_hour:.2f}"
             )
-        if self.bf16_blocked and not offer.supports_bf16:
-            parts.append(f"{offer.product} has no bf16 (needs compute capability 8.0+): use fp16 or fp32")
-        if self.nvme_missing:
-            parts.append("NVMe offload needs local NVMe; the pool has none (host.nvmeGiB)")
-        if self.host_unknown:
-            parts.append("CPU offload needs host.memoryGiB, which is unknown for this pool")
+        parts += [lack_words(lack, product=offer.product, pins=pins or {}) for lack in self.lacks]
         parts.extend(self.extra)
-        return ". ".join(parts) or "no configuration fits"
+        return ". ".join(dict.fromkeys(parts)) or "no configuration fits"
 
 
 def plan_summary(result: PlanResult) -> PlanSummary | None:

@@ -80,13 +80,22 @@ class PlanResult:
         return self.plan is not None
 
     def no_fit_reasons(self) -> list[str]:
-        """Every reason nothing fits: problem-level first, then one per pool."""
-        return [*self.reasons, *(str(r) for r in self.rejections)]
+        """Every reason nothing fits, each once: problem-level first, then per pool, the pools with the
+        same reason together (`t4-spot, t4-ondemand: ...`: two T4 pools do not repeat the sentence)."""
+        pools: dict[str, list[str]] = {}
+        for rejection in self.rejections:
+            pools.setdefault(rejection.reason, []).append(rejection.pool)
+        per_pool = [f"{', '.join(names)}: {reason}" for reason, names in pools.items()]
+        return list(dict.fromkeys([*self.reasons, *per_pool]))
+
+    def no_fit_message(self) -> str:
+        """The reasons in one line, for a condition or event whose reason already says NoFit."""
+        return "; ".join(self.no_fit_reasons())
 
     def message(self) -> str:
-        """One line for a condition message or an event."""
+        """One line for the CLI, a condition message or an event (`NoFit: <reasons>` without a plan)."""
         if self.chosen is None:
-            return "NoFit: " + "; ".join(self.no_fit_reasons())
+            return "NoFit: " + self.no_fit_message()
         c = self.chosen
         text = (
             f"Planned {c.describe()}: peak {c.memory.peak_bytes / GIB:.1f} GiB of "

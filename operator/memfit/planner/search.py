@@ -19,7 +19,7 @@ from memfit.api.job import Minimize
 from memfit.memory.predict import MemoryTerms
 from memfit.memory.timing import OVERLAP, SATURATION_TOKENS, ring_seconds_per_byte
 from memfit.planner.context import SearchContext, peak_bytes_int
-from memfit.planner.explain import OfferFailures
+from memfit.planner.explain import Lack, OfferFailures
 from memfit.planner.offers import Layout, Offer
 from memfit.planner.result import Candidate
 from memfit.planner.space import Choice, divisors
@@ -47,26 +47,37 @@ def _better(a: Candidate, b: Candidate | None, minimize: Minimize) -> bool:
     return ka < kb or (ka == kb and a.pool < b.pool)
 
 
+def _lacks(offer: Offer, choice: Choice) -> frozenset[Lack]:
+    """What `offer` lacks that `choice` needs."""
+    config = choice.config
+    return frozenset(lack for lack, missing in (
+        (Lack.BF16, config.precision == Precision.BF16 and not offer.supports_bf16),
+        (Lack.HOST_MEMORY, config.offload == Offload.CPU and offer.host_bytes_per_node is None),
+        (Lack.NVME, config.offload == Offload.NVME and offer.nvme_bytes_per_node <= 0),
+    ) if missing)
+
+
 def _offer_choices(offer: Offer, choices: Sequence[Choice], failures: OfferFailures) -> list[Choice]:
-    """Choices the offer can run; fp16 is skipped where bf16 is at least as fast (same memory)."""
+    """Choices the offer can run; fp16 is skipped where bf16 is at least as fast (same memory).
+
+    When it can run none, `failures.lacks` says what it lacks that they need: what every one of them
+    needs (bf16 pinned on a T4), else everything that stopped one. A lack that only some allowed choices
+    have is no reason: the others were searched (a T4 trains in fp16 when precision is auto)."""
     out: list[Choice] = []
+    lacking: list[frozenset[Lack]] = []
     has_bf16_choice = any(c.config.precision == Precision.BF16 for c in choices)
     fp16_dominated = offer.supports_bf16 and has_bf16_choice and (
         offer.speed.fp16_tflops <= offer.speed.bf16_tflops
     )
     for c in choices:
-        if c.config.precision == Precision.BF16 and not offer.supports_bf16:
-            failures.bf16_blocked = True
-            continue
-        if c.config.precision == Precision.FP16 and fp16_dominated:
-            continue
-        if c.config.offload == Offload.CPU and offer.host_bytes_per_node is None:
-            failures.host_unknown = True
-            continue
-        if c.config.offload == Offload.NVME and offer.nvme_bytes_per_node <= 0:
-            failures.nvme_missing = True
-            continue
-        out.append(c)
+        lacks = _lacks(offer, c)
+        if lacks:
+            lacking.append(lacks)
+        elif not (c.config.precision == Precision.FP16 and fp16_dominated):
+            out.append(c)
+    if not out and lacking:
+        named = frozenset.intersection(*lacking) or frozenset.union(*lacking)
+        failures.lacks = tuple(lack for lack in Lack if lack in named)
     return out
 
 

@@ -80,6 +80,20 @@ def strategy_choices(pins: StrategySpec) -> tuple[list[Choice], list[str]]:
     return list(choices), list(problems)
 
 
+def pinned_fields(pins: StrategySpec) -> dict[str, str]:
+    """The strategy fields the job pinned (not auto), by field path (`strategy.precision` -> `bf16`), for
+    the reasons that name them; QLoRA's `computeDtype` when QLoRA is the only method allowed (then it
+    pins the precision of every choice)."""
+    fields = {"engine": pins.engine, "precision": pins.precision, "activationCheckpointing":
+              pins.activation_checkpointing, "zeroStage": pins.zero_stage, "offload": pins.offload,
+              "optimizer8bit": pins.optimizer8bit}
+    out = {f"strategy.{key}": str(value) for key, value in fields.items() if value != "auto"}
+    compute = pins.peft.qlora.compute_dtype
+    if pins.peft.methods() == (PeftMethod.QLORA,) and compute != Precision.AUTO:
+        out["strategy.peft.qlora.computeDtype"] = compute.value
+    return out
+
+
 class Pins(NamedTuple):
     """The strategy fields that shape the space, hashable (the cache key of `_choices`)."""
 

@@ -9,7 +9,18 @@ from typing import Any
 import jsonschema
 import pytest
 import yaml
-from memfit.api.crdgen import build_crds
+from memfit.api.crdgen import CEL_RULES, build_crds
+from memfit.api.finetune_rules import (
+    DATA_NEEDS_HF_MODEL,
+    ESCAPING_PATH,
+    EVAL_EVERY_NEEDS_SET,
+    EVAL_PATH_NEEDS_FILES,
+    EVAL_SPLIT_NEEDS_HUB,
+    REVISION_WITH_VOLUME,
+    TOKEN_WITH_VOLUME,
+    VOLUME_PATHS,
+    inside_volume,
+)
 from memfit.cli import main
 
 REPO = Path(__file__).resolve().parents[3]
@@ -89,6 +100,53 @@ def test_cel_rules_cover_cross_field_constraints() -> None:
     assert any("microBatchSize must divide" in m for m in messages)
     assert any("offload nvme needs engine deepspeed" in m for m in messages)
     assert any("ddp does not shard" in m for m in messages)
+
+
+def _rules(crd: dict[str, Any]) -> dict[str, list[dict[str, str]]]:
+    """Schema path (`.spec.data`) -> its CEL rules."""
+    return {path: node["x-kubernetes-validations"] for path, node in _walk(_schema(crd))
+            if "x-kubernetes-validations" in node}
+
+
+def test_every_cel_rule_attaches_to_a_schema_node() -> None:
+    attached = {f"MemoryOptimizedTrainingJob{path}" for path in _rules(MOTJ)}
+    assert set(CEL_RULES) <= attached | {f"GPUNodePool{path}" for path in _rules(POOL)}
+
+
+# The admission rules docs/finetune.md promises: where each sits, the field the API server names, what it
+# refuses with, and the words (the operator's own, from memfit.api.finetune_rules).
+ADMISSION_RULES: dict[str, tuple[str, str | None, str | None, str]] = {
+    "model path inside the volume": (".spec.problem.huggingface.path", None, None,
+                                     inside_volume("spec.problem.huggingface.path")),
+    "files path inside the volume": (".spec.data.files.path", None, None, inside_volume("spec.data.files.path")),
+    "eval path inside the volume": (".spec.data.evalPath", None, None, inside_volume("spec.data.evalPath")),
+    "output path inside the volume": (".spec.output.path", None, None, inside_volume("spec.output.path")),
+    "token only for the hub": (".spec.problem.huggingface", ".tokenSecretRef", "FieldValueForbidden",
+                               TOKEN_WITH_VOLUME),
+    "revision only for the hub": (".spec.problem.huggingface", ".revision", "FieldValueForbidden",
+                                  REVISION_WITH_VOLUME),
+    "evalSplit only on a hub dataset": (".spec.data", ".evalSplit", "FieldValueForbidden", EVAL_SPLIT_NEEDS_HUB),
+    "evalPath only on files": (".spec.data", ".evalPath", "FieldValueForbidden", EVAL_PATH_NEEDS_FILES),
+    "evalEverySteps needs an eval set": (".spec.data", ".evalEverySteps", "FieldValueInvalid",
+                                         EVAL_EVERY_NEEDS_SET),
+    "a dataset needs a hub model": (".spec", ".data", "FieldValueForbidden", DATA_NEEDS_HF_MODEL),
+}
+
+
+@pytest.mark.parametrize(("at", "field_path", "reason", "message"), ADMISSION_RULES.values(),
+                         ids=ADMISSION_RULES.keys())
+def test_admission_rule_names_the_field(at: str, field_path: str | None, reason: str | None, message: str) -> None:
+    rule = next((r for r in _rules(MOTJ).get(at, []) if r["message"] == message), None)
+    assert rule is not None, f"no CEL rule at {at} says {message!r}"
+    assert rule.get("fieldPath") == field_path and rule.get("reason") == reason
+    assert message.startswith((field_path or at).rsplit(".", 1)[-1]), message  # it names the field first
+
+
+def test_path_rules_use_the_operators_regex() -> None:
+    rules = _rules(MOTJ)
+    for field_path in VOLUME_PATHS:
+        assert rules[f".{field_path}"] == [
+            {"rule": f"!self.matches('{ESCAPING_PATH}')", "message": inside_volume(field_path)}]
 
 
 def _openapi_to_jsonschema(node: Any) -> Any:

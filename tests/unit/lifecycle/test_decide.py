@@ -229,11 +229,14 @@ def test_no_fit_fails_with_a_reason_per_pool() -> None:
         )
     )
     h.seed_profile()
-    h.reconcile()
+    decision = h.reconcile()
     status, reason, message = h.condition("Failed")
     assert (status, reason) == ("True", "NoFit")
     assert all(pool in message for pool in ("t4-spot", "l4-ondemand", "a100-80-ondemand"))
-    assert h.condition("Planned")[:2] == ("False", "NoFit")
+    assert h.condition("Planned") == ("False", "NoFit", message)
+    # NoFit is said once: by the reason of the condition and the event, as the prefix of status.message.
+    assert not message.startswith("NoFit") and h.stored.message == f"NoFit: {message}"
+    assert [(e.reason, e.message) for e in decision.events if e.reason == "NoFit"] == [("NoFit", message)]
     assert not any("train" in c for c in h.children())
 
 

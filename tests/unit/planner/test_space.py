@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from memfit.api.common import Engine, Offload, Precision
 from memfit.api.job import StrategySpec
-from memfit.planner.space import divisors, strategy_choices
+from memfit.planner.space import divisors, pinned_fields, strategy_choices
 
 
 def test_all_auto_space() -> None:
@@ -42,3 +42,21 @@ def test_pins_that_leave_nothing_explain_why() -> None:
 def test_divisors() -> None:
     assert divisors(12) == (1, 2, 3, 4, 6, 12)
     assert divisors(1) == (1,)
+
+
+PINNED_FIELDS: dict[str, tuple[dict[str, object], dict[str, str]]] = {
+    "nothing pinned": ({}, {}),
+    "precision and offload": ({"precision": "bf16", "offload": "nvme"},
+                              {"strategy.precision": "bf16", "strategy.offload": "nvme"}),
+    "engine and stage": ({"engine": "deepspeed", "zeroStage": 2},
+                         {"strategy.engine": "deepspeed", "strategy.zeroStage": "2"}),
+    "QLoRA alone pins its compute dtype": ({"peft": {"method": "qlora", "qlora": {"computeDtype": "bf16"}}},
+                                           {"strategy.peft.qlora.computeDtype": "bf16"}),
+    "QLoRA beside a full fine-tune does not": (
+        {"peft": {"method": "auto", "allowed": ["none", "qlora"], "qlora": {"computeDtype": "bf16"}}}, {}),
+}
+
+
+@pytest.mark.parametrize(("strategy", "expected"), PINNED_FIELDS.values(), ids=PINNED_FIELDS.keys())
+def test_pinned_fields_by_path(strategy: dict[str, object], expected: dict[str, str]) -> None:
+    assert pinned_fields(StrategySpec.model_validate(strategy)) == expected
