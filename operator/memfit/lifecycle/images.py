@@ -7,10 +7,52 @@ shows the cause in a condition and fails once it lasted `recovery.capacityTimeou
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime
 
 from memfit.api.job import MemoryOptimizedTrainingJobSpec
+from memfit.api.reasons import Reason
 from memfit.lifecycle.observed import JobSummary, PodSummary
+
+
+@dataclass(frozen=True, slots=True)
+class Blocker:
+    """A pod of a Job that cannot start: what to show while waiting, and whether waiting is over."""
+
+    waiting: Reason  # the condition reason while the kubelet retries (ImagePullFailing, ContainerConfigError)
+    failure: Reason  # the Failed reason once it gives up (ImageUnavailable, ContainerConfigError)
+    message: str
+    timeout_seconds: int
+    gives_up: bool
+
+    def waiting_message(self) -> str:
+        return f"{self.message} (gives up after {self.timeout_seconds}s)"
+
+    def failure_message(self) -> str:
+        if self.failure == Reason.IMAGE_UNAVAILABLE:
+            return self.message
+        return f"{self.message} (for {self.timeout_seconds}s, capacityTimeoutSeconds)"
+
+
+def pod_blocker(
+    job: JobSummary, spec: MemoryOptimizedTrainingJobSpec, *, namespace: str, now: datetime, what: str = ""
+) -> Blocker | None:
+    """The first reason the Job's pods cannot start (its image, then its config: a Secret or key), or
+    None. `what` prefixes the message ("profiling "). The wait is counted from the Job's start for an
+    image and from the pod's creation for its config (a replacement pod an hour in starts anew)."""
+    if job.finished:
+        return None
+    timeout = spec.recovery.capacity_timeout_seconds
+    if (pod := image_blocked(job)) is not None:
+        gives_up = image_gives_up(pod, since=job.started_at, now=now, timeout_seconds=timeout)
+        return Blocker(Reason.IMAGE_PULL_FAILING, Reason.IMAGE_UNAVAILABLE, f"{what}{image_message(pod)}", timeout,
+                       gives_up)
+    if (pod := config_blocked(job)) is not None:
+        since = pod.created_at or job.started_at
+        gives_up = since is not None and (now - since).total_seconds() >= timeout
+        return Blocker(Reason.CONTAINER_CONFIG_ERROR, Reason.CONTAINER_CONFIG_ERROR,
+                       f"{what}{config_message(pod, spec, namespace)}", timeout, gives_up)
+    return None
 
 
 def image_blocked(job: JobSummary) -> PodSummary | None:

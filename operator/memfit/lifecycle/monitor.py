@@ -16,16 +16,10 @@ from memfit.kube.names import train_job_name
 from memfit.kube.train_job import build_plan_config_map
 from memfit.lifecycle import conditions as c
 from memfit.lifecycle.draft import Draft
-from memfit.lifecycle.images import (
-    config_blocked,
-    config_message,
-    image_blocked,
-    image_gives_up,
-    image_message,
-)
+from memfit.lifecycle.images import Blocker, pod_blocker
 from memfit.lifecycle.launch import launch_effects
 from memfit.lifecycle.learning import ALLOCATOR_METERS, learn
-from memfit.lifecycle.observed import JobSummary, PodSummary
+from memfit.lifecycle.observed import JobSummary
 from memfit.lifecycle.progress import final_progress, pod_changes, progress_of, still_starting
 from memfit.lifecycle.queued import move_if_another_pool_has_quota
 from memfit.lifecycle.queueing import queue_step
@@ -70,10 +64,8 @@ def monitor_step(draft: Draft, snap: Snapshot, spec: MemoryOptimizedTrainingJobS
         _succeeded(draft, snap, plan, job, measured, digest)
     elif job.failed or any(p.out_of_memory or p.invalid_plan or p.over_plan for p in job.pods):
         _failed(draft, snap, plan, job, measured, digest)
-    elif (blocked := image_blocked(job)) is not None:
-        _image_blocked(draft, snap, spec, job, blocked)
-    elif (unconfigured := config_blocked(job)) is not None:
-        _config_blocked(draft, snap, spec, job, unconfigured)
+    elif (blocker := pod_blocker(job, spec, namespace=snap.job.namespace, now=snap.now)) is not None:
+        _blocked(draft, blocker)
     elif job.suspended:
         # Created suspended for Kueue: admission (unsuspend) is Kueue's decision, not a capacity failure;
         # after capacityTimeoutSeconds the job moves to another pool only if that one's quota fits it now.
@@ -224,36 +216,17 @@ def _over_plan(draft: Draft, snap: Snapshot, plan: Plan, job: JobSummary, peak: 
     draft.event(c.MEMORY_OVER_PLAN, reason, warning=True)
 
 
-def _image_blocked(
-    draft: Draft, snap: Snapshot, spec: MemoryOptimizedTrainingJobSpec, job: JobSummary, pod: PodSummary
-) -> None:
-    message = image_message(pod)
-    timeout = spec.recovery.capacity_timeout_seconds
-    if image_gives_up(pod, since=job.started_at, now=snap.now, timeout_seconds=timeout):
-        draft.finish_attempt(AttemptOutcome.FAILED, reason=message[:1024])
-        draft.fail(c.IMAGE_UNAVAILABLE, message)
+def _blocked(draft: Draft, blocker: Blocker) -> None:
+    """A training pod cannot start (its image, or a Secret or key it names: the hub token's, usually):
+    said in the Running condition and the MESSAGE column, with one Event; the job fails once that lasted
+    capacityTimeoutSeconds (the kubelet retries, so fixing it in time lets the pod start)."""
+    if blocker.gives_up:
+        draft.finish_attempt(AttemptOutcome.FAILED, reason=blocker.message[:1024])
+        draft.fail(blocker.failure, blocker.failure_message())
         return
-    if draft.condition_reason(c.RUNNING) != c.IMAGE_PULL_FAILING:
-        draft.event(c.IMAGE_PULL_FAILING, message, warning=True)
-    _block(draft, c.IMAGE_PULL_FAILING, f"{message} (gives up after {timeout}s)")
-
-
-def _config_blocked(
-    draft: Draft, snap: Snapshot, spec: MemoryOptimizedTrainingJobSpec, job: JobSummary, pod: PodSummary
-) -> None:
-    """The kubelet cannot start a container: a Secret or key it names is missing (the hub token's,
-    usually). Said in a condition naming the field; the job fails once it lasted capacityTimeoutSeconds
-    (the kubelet retries, so creating the Secret in time lets it start)."""
-    message = config_message(pod, spec, snap.job.namespace)
-    timeout = spec.recovery.capacity_timeout_seconds
-    since = pod.created_at or job.started_at  # this pod's wait (a replacement pod an hour in starts anew)
-    if since is not None and (snap.now - since).total_seconds() >= timeout:
-        draft.finish_attempt(AttemptOutcome.FAILED, reason=message[:1024])
-        draft.fail(c.CONTAINER_CONFIG_ERROR, f"{message} (for {timeout}s, capacityTimeoutSeconds)")
-        return
-    if draft.condition_reason(c.RUNNING) != c.CONTAINER_CONFIG_ERROR:
-        draft.event(c.CONTAINER_CONFIG_ERROR, message, warning=True)
-    _block(draft, c.CONTAINER_CONFIG_ERROR, f"{message} (gives up after {timeout}s)")
+    if draft.condition_reason(c.RUNNING) != blocker.waiting:
+        draft.event(blocker.waiting, blocker.message, warning=True)
+    _block(draft, blocker.waiting, blocker.waiting_message())
 
 
 def _unschedulable(

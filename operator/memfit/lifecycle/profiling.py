@@ -24,13 +24,7 @@ from memfit.kube.profile_cache import CachedProfile, build_profile_cache
 from memfit.kube.profile_job import build_profile_input, build_profile_job
 from memfit.lifecycle import conditions as c
 from memfit.lifecycle.draft import Draft
-from memfit.lifecycle.images import (
-    config_blocked,
-    config_message,
-    image_blocked,
-    image_gives_up,
-    image_message,
-)
+from memfit.lifecycle.images import pod_blocker
 from memfit.lifecycle.observed import JobSummary
 from memfit.lifecycle.profile_fit import (
     ANALYTIC,
@@ -185,28 +179,15 @@ def profile_step(
         return None
     if not job.finished and _reschedule(draft, snap, spec, job, pool):
         return None
-    blocked = None if job.finished else image_blocked(job)
-    if blocked is not None:
-        message = f"profiling {image_message(blocked)}"
-        timeout = spec.recovery.capacity_timeout_seconds
-        if image_gives_up(blocked, since=job.started_at, now=snap.now, timeout_seconds=timeout):
-            draft.fail(c.IMAGE_UNAVAILABLE, message)
-        else:
-            if draft.condition_reason(c.PROFILED) != c.IMAGE_PULL_FAILING:
-                draft.event(c.IMAGE_PULL_FAILING, message, warning=True)
-            draft.set(c.PROFILED, False, c.IMAGE_PULL_FAILING, f"{message} (gives up after {timeout}s)")
-        return None
-    unconfigured = None if job.finished else config_blocked(job)
-    if unconfigured is not None:
-        message = f"profiling {config_message(unconfigured, spec, snap.job.namespace)}"
-        timeout = spec.recovery.capacity_timeout_seconds
-        since = unconfigured.created_at or job.started_at
-        if since is not None and (snap.now - since).total_seconds() >= timeout:
-            draft.fail(c.CONTAINER_CONFIG_ERROR, f"{message} (for {timeout}s, capacityTimeoutSeconds)")
-        else:
-            if draft.condition_reason(c.PROFILED) != c.CONTAINER_CONFIG_ERROR:
-                draft.event(c.CONTAINER_CONFIG_ERROR, message, warning=True)
-            draft.set(c.PROFILED, False, c.CONTAINER_CONFIG_ERROR, f"{message} (gives up after {timeout}s)")
+    blocker = pod_blocker(job, spec, namespace=snap.job.namespace, now=snap.now, what="profiling ")
+    if blocker is not None:
+        if blocker.gives_up:
+            draft.fail(blocker.failure, blocker.failure_message())
+            return None
+        if draft.condition_reason(c.PROFILED) != blocker.waiting:
+            draft.event(blocker.waiting, blocker.message, warning=True)
+        draft.set(c.PROFILED, False, blocker.waiting, blocker.waiting_message())
+        draft.enter(draft.phase, f"{blocker.waiting}: {blocker.waiting_message()}")
         return None
     if not job.finished:
         _profiling(draft, pool, name, choice)
