@@ -45,7 +45,7 @@ from memfit.api.job import OptimizerKind
 from memfit.api.profile import Measurement, Profile
 from memfit.api.training_config import PLAIN_FP32_DDP
 from memfit.memory import depth
-from memfit.memory.curves import CurveFit, fit_curve
+from memfit.memory.curves import CurveFit, fit_curve, least_squares
 from memfit.memory.predict import memory_terms
 from memfit.memory.shape import Shape
 from memfit.memory.strategy import Device, Strategy
@@ -183,16 +183,6 @@ def profile_device(profile: Profile) -> Device:
     return Device.CPU if profile.device.startswith("cpu") else Device.CUDA
 
 
-def _least_squares(points: list[tuple[float, float]]) -> tuple[float, float]:
-    """(intercept, slope) of y = a + b x."""
-    xs = [x for x, _ in points]
-    ys = [y for _, y in points]
-    mean_x, mean_y = statistics.fmean(xs), statistics.fmean(ys)
-    var = sum((x - mean_x) ** 2 for x in xs)
-    slope = sum((x - mean_x) * (y - mean_y) for x, y in points) / var
-    return mean_y - slope * mean_x, slope
-
-
 def calibrate(profile: Profile, shape: Shape, *, optimizer: OptimizerKind | None = None) -> Calibration:
     """Fit activation scales, fixed and step residuals and fragmentation from `profile.measurements`,
     and the measured activation lines from `profile.activation_curves`.
@@ -325,7 +315,7 @@ def _calibrate_one(profile: Profile, shape: Shape, *, optimizer: OptimizerKind |
         analytic_slope = statistics.fmean(s for _, _, s, _, _ in points)
         same_moment = len({moment for _, _, _, moment, _ in points}) == 1
         if len({b for b, _, _, _, _ in points}) >= 2 and same_moment and analytic_slope > 0:
-            _, slope = _least_squares([(b, y) for b, y, _, _, _ in points])
+            _, slope = least_squares([(b, y) for b, y, _, _, _ in points])
             scale = slope / analytic_slope
             if not MIN_ACTIVATION_SCALE <= scale <= MAX_ACTIVATION_SCALE:
                 # Outside the bounds the points disagree with any linear activation term: keep the

@@ -53,7 +53,7 @@ class CurveFit:
                    self.fixed_bytes + self.per_sample_bytes * micro_batch)
 
 
-def _least_squares(points: Sequence[tuple[float, float]]) -> tuple[float, float]:
+def least_squares(points: Sequence[tuple[float, float]]) -> tuple[float, float]:
     """(intercept, slope) of y = a + b x."""
     xs = [x for x, _ in points]
     ys = [y for _, y in points]
@@ -89,11 +89,11 @@ def fit_curve(micro_batches: Sequence[int], peak_bytes: Sequence[int]) -> CurveF
         if abs(y - (intercept + slope * b)) > ON_LINE * max(y, 1.0):
             break
         used.insert(0, (b, y))
-        intercept, slope = _least_squares(used)
+        intercept, slope = least_squares(used)
     below = points[: len(points) - len(used)]
     plateau, plateau_slope = 0.0, 0.0
     if len(below) >= 2:
-        _, plateau_slope = _least_squares(below)
+        _, plateau_slope = least_squares(below)
         plateau_slope = max(0.0, plateau_slope)
     if below:
         # Raised until it lies on or above every point below the line (an upper envelope).
