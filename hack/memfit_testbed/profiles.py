@@ -7,9 +7,9 @@ from typing import Any
 from memfit.api.job import MemoryOptimizedTrainingJobSpec, MemoryOptimizedTrainingJobStatus
 from memfit.api.profile import Profile
 from memfit.controller.kubeapi import KubeApi
+from memfit.controller.read_snapshot import launch_settings
 from memfit.controller.settings import OperatorSettings
-from memfit.controller.snapshot import launch_settings
-from memfit.controller.world import observe_world
+from memfit.controller.world_cache import observe_world
 from memfit.kube.profile_cache import CachedProfile, build_profile_cache
 from memfit.lifecycle.profiling import profile_key
 from memfit.memory.problems import shape_from_problem

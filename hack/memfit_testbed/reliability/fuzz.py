@@ -18,7 +18,7 @@ from kubernetes.client.exceptions import ApiException
 from memfit.controller.kubeapi import KubeApi
 from memfit.controller.reconcile import reconcile_job
 from memfit.controller.settings import OperatorSettings
-from memfit.controller.world import World
+from memfit.controller.world_cache import World
 
 from memfit_testbed.cluster_helpers import Kube
 from memfit_testbed.reliability.chaos import GROUP, MOTJ, VERSION

@@ -31,7 +31,7 @@ from memfit.controller.pool_status import reconcile_pools
 from memfit.controller.reconcile import RecordConflict, reconcile_job
 from memfit.controller.settings import OperatorSettings
 from memfit.controller.workqueue import Key, WorkQueue
-from memfit.controller.world import WorldCache
+from memfit.controller.world_cache import WorldCache
 from memfit.kube.names import LABEL_JOB, LABEL_MANAGED_BY, MANAGED_BY
 from memfit.lifecycle import Decision
 

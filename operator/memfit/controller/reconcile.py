@@ -19,8 +19,8 @@ from memfit import metrics
 from memfit.api.job import MemoryOptimizedTrainingJobStatus
 from memfit.controller.events import event_manifest
 from memfit.controller.kubeapi import KubeApi
+from memfit.controller.read_snapshot import observe_snapshot
 from memfit.controller.settings import OperatorSettings
-from memfit.controller.snapshot import observe_snapshot
 from memfit.kube.train_job import PLAN_KEY
 from memfit.lifecycle import Decision, Delete, Ensure, Event, World, WriteData, decide
 

@@ -30,9 +30,9 @@ from memfit.catalog import GpuCatalog
 from memfit.memory import Shape, predict_memory, strategy_from_pins, strategy_problem
 from memfit.memory.strategy import Strategy
 from memfit.planner import Offer, plan, resolve_shape
-from memfit.planner.decide import job_adapter
 from memfit.planner.explain import gib
 from memfit.planner.offers import resolve_offer
+from memfit.planner.plan_job import job_adapter
 
 CONTROLLER_NAME = "memfit.dev/memory-fit"
 ANNOTATION_PROBLEM = "memfit.dev/problem"

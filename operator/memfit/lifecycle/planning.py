@@ -19,10 +19,10 @@ from memfit.lifecycle.quota import QueueQuota
 from memfit.lifecycle.world import PoolCapacity
 from memfit.memory.strategy import Strategy
 from memfit.planner import MeasuredPeak, PlanResult, plan, plan_summary
-from memfit.planner.decide import job_adapter
 from memfit.planner.measured import MeasuredDevice, PeakKind
 from memfit.planner.measured_speed import MeasuredStepTime
 from memfit.planner.offers import FreeGpus
+from memfit.planner.plan_job import job_adapter
 
 
 @dataclass(frozen=True, slots=True)

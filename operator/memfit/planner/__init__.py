@@ -8,10 +8,10 @@ No I/O, no clock and no module globals: the GPU catalog comes in as an argument.
 from __future__ import annotations
 
 from memfit.planner.baseline import cheapest_plain_baseline, fp32_baseline, plain_baseline, static_baseline
-from memfit.planner.decide import ANALYTIC_HEADROOM_PERCENT, build_plan, plan, resolve_shape, search_context
 from memfit.planner.explain import plan_summary
 from memfit.planner.measured import MeasuredPeak
 from memfit.planner.offers import Offer, PoolRejection, catalog_pools, resolve_offers
+from memfit.planner.plan_job import ANALYTIC_HEADROOM_PERCENT, build_plan, plan, resolve_shape, search_context
 from memfit.planner.result import BaselineResult, Candidate, PlanResult
 
 __all__ = [

@@ -19,8 +19,8 @@ import yaml
 from memfit.api.job import MemoryOptimizedTrainingJobSpec, MemoryOptimizedTrainingJobStatus
 from memfit.api.pool import GPUNodePool
 from memfit.api.profile import Profile
+from memfit.controller.read_snapshot import observe_snapshot
 from memfit.controller.settings import OperatorSettings
-from memfit.controller.snapshot import observe_snapshot
 from memfit.kube.train_job import PLAN_KEY
 from memfit.lifecycle import Decision, Delete, Ensure, PoolCapacity, World, WriteData, decide
 from memfit.memory.problems import shape_from_problem
@@ -199,7 +199,7 @@ class Harness:
 
     def seed_profile(self) -> None:
         """An earlier job of the same problem left its profile in the shared cache."""
-        from memfit.controller.snapshot import launch_settings
+        from memfit.controller.read_snapshot import launch_settings
         from memfit.kube.profile_cache import CachedProfile, build_profile_cache
         from memfit.lifecycle.profiling import profile_key
 

@@ -11,7 +11,7 @@ from memfit.api.hashing import profile_cache_key
 from memfit.api.job import MemoryOptimizedTrainingJobSpec, MemoryOptimizedTrainingJobStatus, Phase
 from memfit.api.profile import Profile
 from memfit.catalog import CATALOG
-from memfit.controller.snapshot import launch_settings
+from memfit.controller.read_snapshot import launch_settings
 from memfit.kube.profile_cache import CachedProfile, build_profile_cache
 from memfit.lifecycle.profile_fit import ANALYTIC, FULL, REDUCED, choose_profiling
 from memfit.lifecycle.profiling import profile_keys

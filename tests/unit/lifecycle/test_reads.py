@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from lifecycle_harness import SETTINGS, Harness, quickstart, terminated
-from memfit.controller.snapshot import observe_snapshot
+from memfit.controller.read_snapshot import observe_snapshot
 
 
 def running() -> Harness:

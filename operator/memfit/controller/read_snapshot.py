@@ -18,7 +18,7 @@ from memfit.api.job import MemoryOptimizedTrainingJobSpec, MemoryOptimizedTraini
 from memfit.api.plan import Plan
 from memfit.controller.kubeapi import KubeApi
 from memfit.controller.settings import OperatorSettings
-from memfit.controller.world import observe_world
+from memfit.controller.world_cache import observe_world
 from memfit.kube.checkpoints import CheckpointStorage, checkpoint_volume
 from memfit.kube.kueue import LABEL_QUEUE
 from memfit.kube.names import (
