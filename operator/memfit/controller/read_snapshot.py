@@ -39,17 +39,15 @@ from memfit.lifecycle.observed import LABEL_JOB_UID, JobSummary, pod_selector, s
 from memfit.lifecycle.profiling import profile_key, profile_keys
 from memfit.lifecycle.progress import trainer_sample
 from memfit.lifecycle.quota import QueueQuota, cohort_of, parse_cluster_queue
+from memfit.lifecycle.reads import monitor_reads, needs_fresh_pools, needs_pools_for_digest
 from memfit.lifecycle.release import release_candidates
 from memfit.lifecycle.snapshot import (
     ClaimObserved,
     TrainerSample,
     is_terminal,
     monitoring,
-    needs_profile_cache_to_learn,
     needs_profiling_job,
     needs_progress,
-    needs_quota_to_monitor,
-    needs_world_to_monitor,
     next_attempt_index,
     parse_spec,
     parse_status,
@@ -128,28 +126,27 @@ def observe_snapshot(
     pools = _Pools(api, world, world_source)
     active = monitoring(status)
     if active is not None:
-        digest = profile_key(spec, status, snap.settings, None if status.profile else pools.get())
-        children = _attempt_children(api, ref, active.index, progress_due=needs_progress(status, snap.now, snap.settings.progress_seconds))
-        quota_due = needs_quota_to_monitor(children.job, status, spec, snap.now)
-        world_then = pools.get() if needs_world_to_monitor(children) or status.profile is None or quota_due else None
-        if quota_due and world_then is not None and spec.scheduling.kueue_queue:
-            world_then = replace(world_then, queue_quota=_queue_quota(api, ref.namespace, spec.scheduling.kueue_queue))
+        digest = profile_key(spec, status, snap.settings, pools.get() if needs_pools_for_digest(status) else None)
+        progress_due = needs_progress(status, snap.now, snap.settings.progress_seconds)
+        children = _attempt_children(api, ref, active.index, progress_due=progress_due)
+        reads = monitor_reads(children, status, spec, snap.now)
+        world_then = pools.get() if reads.pools else None
+        if reads.queue_quota and world_then is not None:
+            world_then = replace(world_then, queue_quota=_queue_quota(api, ref.namespace, reads.queue_quota))
         return replace(
             snap,
             attempt=children,
             world=world_then,
-            profile_cache=_profile_cache(api, ref.namespace, digest)
-            if needs_profile_cache_to_learn(children.job) or quota_due
-            else None,
+            profile_digest=digest,
+            profile_cache=_profile_cache(api, ref.namespace, digest) if reads.profile_cache else None,
         )
     world_now = pools.get()
-    if spec.profiling.node_pool != "auto" and world_now.pool(spec.profiling.node_pool) is None:
-        world_now = pools.fresh()  # the shared snapshot may predate a pool created a moment ago
+    if needs_fresh_pools(spec, world_now):
+        world_now = pools.fresh()
     if spec.scheduling.kueue_queue:
         world_now = replace(world_now, queue_quota=_queue_quota(api, ref.namespace, spec.scheduling.kueue_queue))
     cache, digest = None, ""
-    for digest in profile_keys(spec, status, snap.settings, world_now):
-        # A depth-reduced job reuses a full-depth profile of the same problem when one is cached.
+    for digest in profile_keys(spec, status, snap.settings, world_now):  # the lifecycle's order of keys
         cache = _profile_cache(api, ref.namespace, digest)
         if cache is not None:
             break
@@ -157,7 +154,7 @@ def observe_snapshot(
         snap,
         world=world_now,
         profile_cache=cache,
-        profile_cache_key=digest if cache is not None else None,
+        profile_digest=digest,
         profiling=_profiling(api, ref) if needs_profiling_job(status, spec, cache) else None,
         recorded_plan=_recorded_plan(api, ref, next_attempt_index(status)),
         checkpoint_claim=_checkpoint_claim(api, ref, spec),

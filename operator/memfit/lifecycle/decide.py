@@ -15,10 +15,10 @@ from memfit.lifecycle import conditions as c
 from memfit.lifecycle.draft import Draft
 from memfit.lifecycle.launch import Timer, launch_step
 from memfit.lifecycle.monitor import monitor_step
-from memfit.lifecycle.profiling import profile_key, profile_step
+from memfit.lifecycle.profiling import profile_step
 from memfit.lifecycle.release import release_step
 from memfit.lifecycle.result import Decision, Delete
-from memfit.lifecycle.snapshot import Snapshot, is_terminal
+from memfit.lifecycle.snapshot import Snapshot, SnapshotIncomplete, is_terminal
 
 
 def decide(snap: Snapshot, *, timer: Timer = nullcontext) -> Decision:
@@ -52,11 +52,10 @@ def _wait_for_claims(draft: Draft, snap: Snapshot) -> None:
 
 def _advance(draft: Draft, snap: Snapshot, spec: MemoryOptimizedTrainingJobSpec, timer: Timer) -> None:
     current = draft.current
-    active = current is not None and current.outcome.active
-    digest = snap.profile_cache_key or profile_key(
-        spec, snap.status, snap.settings, None if active and snap.status.profile else snap.pools()
-    )
-    if current is not None and active:
+    digest = snap.profile_digest
+    if not digest:
+        raise SnapshotIncomplete("the decision needs the profile digest, and the snapshot was read without it")
+    if current is not None and current.outcome.active:
         monitor_step(draft, snap, spec, digest)
         return
     if snap.missing_claims:

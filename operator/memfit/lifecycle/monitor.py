@@ -24,12 +24,13 @@ from memfit.lifecycle.progress import final_progress, pod_changes, progress_of, 
 from memfit.lifecycle.queued import move_if_another_pool_has_quota
 from memfit.lifecycle.queueing import queue_step
 from memfit.lifecycle.result import Ensure
-from memfit.lifecycle.snapshot import Snapshot, TrainerSample
+from memfit.lifecycle.snapshot import Snapshot, SnapshotIncomplete, TrainerSample
 
 
 def monitor_step(draft: Draft, snap: Snapshot, spec: MemoryOptimizedTrainingJobSpec, digest: str) -> None:
     children = snap.attempt
-    assert children is not None, "the reader reads the children of an active attempt"
+    if children is None:
+        raise SnapshotIncomplete("monitoring needs the attempt's children, and the snapshot was read without them")
     index = children.index
     name = train_job_name(snap.job.name, index)
     plan = children.plan

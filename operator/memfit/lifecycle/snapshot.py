@@ -139,7 +139,9 @@ class Snapshot:
     settings: LaunchSettings
     world: World | None = None  # pools and capacity; None = not read
     profile_cache: CachedProfile | None = None  # the problem's cached profile; None = none (or not read)
-    profile_cache_key: str | None = None  # the key it was found under, when not the job's own key
+    # The key the job's profile is (or will be) cached under, computed once by the reader: the key its
+    # cached profile was found under (a depth-reduced job may use a full-depth profile), else its own.
+    profile_digest: str = ""
     profiling: JobSummary | None = None  # the profiling Job `<job>-profile`; None = none (or not read)
     attempt: AttemptChildren | None = None  # read while an attempt is active
     recorded_plan: RecordedPlan | None = None  # the next attempt's plan ConfigMap, if it exists
