@@ -352,6 +352,11 @@ class Attempt(ApiModel):
     reason: str = Field(default="", max_length=1024)
     gpus: int | None = Field(default=None, ge=1, description="GPUs the attempt rented.")
     price_per_hour: float | None = Field(default=None, ge=0, description="$/h of the attempt's nodes.")
+    quota_checked_at: datetime | None = Field(
+        default=None,
+        description="When memfit last looked for another pool's Kueue quota for this queued attempt "
+        "(after capacityTimeoutSeconds, at most every 30 s).",
+    )
 
 
 class SpendItem(ApiModel):

@@ -54,6 +54,7 @@ def move_if_another_pool_has_quota(
     if outcome.plan is None:
         draft.set(c.RUNNING, False, c.WAITING_FOR_ADMISSION,
                   f"{waiting}; no other pool's quota can hold the job now: it keeps its place in the queue")  # fmt: skip
+        draft.update_current(quota_checked_at=snap.now)  # the next look is QUOTA_RECHECK_SECONDS away
         return False
     reason = (f"LocalQueue {job.queue} has not admitted training Job {job.name} on {plan.node_pool} for {waited}s "
               f"(capacityTimeoutSeconds {timeout}; {quota.describe()}); {outcome.plan.node_pool} has quota for "

@@ -55,6 +55,9 @@ class JobRef:
 
 
 PROGRESS_SECONDS = 15  # status.progress is refreshed about this often while the pods run (default)
+# A training Job Kueue has not admitted past capacityTimeoutSeconds: another pool's quota is looked for
+# (the ClusterQueue read and a planner run) at most this often, not on every resync.
+QUOTA_RECHECK_SECONDS = 30
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,10 +215,13 @@ def needs_quota_to_monitor(
     and the profile."""
     if job is None or not job.queue or not job.suspended or job.finished or not status.attempts:
         return False
-    if status.attempts[-1].outcome == AttemptOutcome.RUNNING:
+    attempt = status.attempts[-1]
+    if attempt.outcome == AttemptOutcome.RUNNING:
         return False  # evicted after running: Kueue re-queues it (memfit.lifecycle.queued)
-    started = status.attempts[-1].started_at
-    return started is not None and (now - started).total_seconds() >= spec.recovery.capacity_timeout_seconds
+    started, checked = attempt.started_at, attempt.quota_checked_at
+    if started is None or (now - started).total_seconds() < spec.recovery.capacity_timeout_seconds:
+        return False
+    return checked is None or (now - checked).total_seconds() >= QUOTA_RECHECK_SECONDS
 
 
 def needs_profile_cache_to_learn(job: JobSummary | None) -> bool:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
-from lifecycle_harness import Harness, quickstart
+from lifecycle_harness import T0, Harness, quickstart
 from memfit.api.job import Phase
+from memfit.lifecycle.snapshot import QUOTA_RECHECK_SECONDS
 
 QUEUE = {"kueueQueue": "team-a"}
 NO_QUOTA = ("couldn't assign flavors to pod set main: insufficient unused quota for nvidia.com/gpu in flavor "
@@ -165,11 +167,17 @@ def test_a_job_not_admitted_for_the_capacity_timeout_moves_to_a_pool_with_quota(
     assert not h.job("j-train-0").get("metadata", {}).get("deletionTimestamp")
 
     h.objects[("ClusterQueue", "cq")] = cluster_queue({"t4-spot": 1, "l4-ondemand": 4}, {"t4-spot": 1})
+    # The quota is looked at again QUOTA_RECHECK_SECONDS after the last look, not on every resync.
+    h.later(QUOTA_RECHECK_SECONDS - 1)
+    h.reconcile()
+    assert h.stored.attempts[0].outcome.value == "Launching" and h.stored.attempts[0].quota_checked_at == T0 + \
+        timedelta(seconds=660)
+    h.later(1)
     decision = h.reconcile()
     assert h.stored.attempts[0].outcome.value == "NoCapacity"
     status, reason, message = h.condition("Running")
     assert (status, reason) == ("False", "NoQuota")
-    assert message.startswith("LocalQueue team-a has not admitted training Job j-train-0 on t4-spot for 660s")
+    assert message.startswith("LocalQueue team-a has not admitted training Job j-train-0 on t4-spot for 690s")
     assert "l4-ondemand has quota for" in message
     assert "NoQuota" in decision.reasons()
     h.reconcile()  # the re-plan: the suspended Job goes, attempt 1 on l4-ondemand, through the queue
