@@ -8,7 +8,7 @@ PURE := operator/memfit/api operator/memfit/memory operator/memfit/planner opera
 export TORCH_EXTENSIONS_DIR ?= $(HOME)/.cache/memfit/torch_extensions
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: help venv testbin prometheus realnode lint test test-unit test-integration test-e2e test-realnode crds dashboard demo demo-finetune plan clean
+.PHONY: help venv testbin testbin-demo prometheus realnode lint test test-unit test-integration test-e2e test-realnode crds dashboard demo demo-finetune plan clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -18,6 +18,9 @@ venv: ## create or reuse the venv (outside the repo) with every extra installed
 
 testbin: ## build etcd, kube-apiserver, controller-manager, scheduler, kwok, helm, kubelet, kube-proxy, CoreDNS, Kueue (cached by version)
 	@hack/install-testbin.sh >/dev/null
+
+testbin-demo: ## only what `make demo` runs: the control plane, KWOK and the node binaries (no Helm, no Kueue)
+	@hack/install-testbin.sh --demo >/dev/null
 
 prometheus: ## prometheus + promtool from Debian into ~/.cache/memfit/prometheus (no service)
 	@hack/install-prometheus.sh >/dev/null
@@ -56,7 +59,7 @@ test-realnode: venv testbin realnode ## kubelet + containerd node running the im
 test: venv testbin prometheus realnode lint ## everything this machine supports: lint + unit + trainer + integration + e2e + realnode
 	MEMFIT_REQUIRE_CLUSTER=$${MEMFIT_REQUIRE_CLUSTER:-1} $(PY) -m pytest tests -q -ra
 
-demo: venv testbin realnode ## local cluster + simulated GPU pools (+ the real node when supported) + operator: the quickstart to Succeeded
+demo: venv testbin-demo realnode ## local cluster + simulated GPU pools (+ the real node when supported) + operator: the quickstart to Succeeded
 	$(PY) hack/demo.py
 
 demo-finetune: venv testbin ## a real fine-tune on the local cluster: tiny pretrained Llama + JSONL corpus on claims -> eval loss A -> B, saved model
