@@ -25,6 +25,7 @@ from memfit.api.plan import Plan
 from torch import nn
 
 from memfit_trainer import dist as mdist
+from memfit_trainer.file_access import FileAccessError, diagnose
 
 META_FILE = "memfit.json"
 LATEST_FILE = "latest"
@@ -76,9 +77,13 @@ def tag_for(step: int) -> str:
 
 
 def read_meta(folder: Path) -> CheckpointMeta | None:
-    """The metadata of a complete checkpoint folder, else None."""
+    """The metadata of a complete checkpoint folder, else None; FileAccessError when it may not be read
+    (skipping it would silently resume from an older checkpoint, or from scratch)."""
+    path = folder / META_FILE
     try:
-        return CheckpointMeta(**json.loads((folder / META_FILE).read_text(encoding="utf-8")))
+        return CheckpointMeta(**json.loads(path.read_text(encoding="utf-8")))
+    except PermissionError as error:
+        raise FileAccessError(f"checkpoint {folder.name}: {diagnose(path, error)}") from error
     except (OSError, ValueError, TypeError):
         return None
 

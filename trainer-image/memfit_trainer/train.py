@@ -26,6 +26,7 @@ from memfit_trainer.checkpoints import (
     native_resume,
     tag_for,
 )
+from memfit_trainer.file_access import require_folder
 from memfit_trainer.finetune import evaluate, save_model, write_summary
 from memfit_trainer.first_steps import FirstStepsCheck
 from memfit_trainer.meters import MemorySample, StepMeter, step_meter
@@ -157,6 +158,7 @@ def run_training(
 ) -> RunResult:
     """Train `plan` to its max steps (resuming from the newest checkpoint); the process group must exist."""
     assert plan.problem is not None and plan.training is not None
+    _require_folders(options, is_main=env.is_main)
     progress = progress if progress is not None else Progress()
     started = time.perf_counter()
     meter = step_meter(device, os.environ)
@@ -243,6 +245,15 @@ def run_training(
         runner = None
         gc.collect()
         meter.stop()
+
+
+def _require_folders(options: TrainOptions, *, is_main: bool) -> None:
+    """FileAccessError (InvalidPlan) before any work when this process may not use the checkpoint folder
+    (every rank writes there) or the output folder (rank 0 writes there)."""
+    if options.checkpoint_dir is not None:
+        require_folder(options.checkpoint_dir, role="checkpoint folder")
+    if options.output_dir is not None and is_main:
+        require_folder(options.output_dir, role="output folder")
 
 
 def _save_peft_outputs(problem: Any, plan: Plan, folder: Path, *, options: TrainOptions, rank: int,

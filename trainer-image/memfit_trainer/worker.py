@@ -16,6 +16,7 @@ import torch
 from memfit.api.termination import KEY_BUDGET_BYTES, MAX_RANK_PEAKS
 
 from memfit_trainer import dist as mdist
+from memfit_trainer.file_access import FileAccessError
 from memfit_trainer.first_steps import MemoryOverPlan
 from memfit_trainer.metrics import ENV_JOB, ENV_METRICS_PORT, TrainerMetrics
 from memfit_trainer.plan_check import InvalidPlanError, RuntimeFacts, check_plan, load_plan, refuse_invalid
@@ -185,7 +186,7 @@ def train_process(plan_path: Path, *, report_dir: Path | None, environ: Mapping[
             message.peak_bytes,
         )
         return exit_code(Reason.COMPLETED)
-    except ProblemError as error:
+    except (ProblemError, FileAccessError) as error:
         return refuse_invalid(error, rank=env.rank, environ=environ)
     except MemoryOverPlan as error:
         return _fail(_over_plan_message(error, env=env, progress=progress), environ)
