@@ -51,9 +51,15 @@ class CheckpointMeta:
     loss: float | None
     samples: int
     seed: int
+    # The job's first eval loss and its step (before training, on the first attempt): a resumed attempt
+    # reports it as the "before" figure. None in older checkpoints and for jobs without an eval set.
+    initial_eval_step: int | None = None
+    initial_eval_loss: float | None = None
 
     @staticmethod
-    def for_plan(*, plan: Plan, step: int, fmt: str, loss: float | None, seed: int) -> CheckpointMeta:
+    def for_plan(*, plan: Plan, step: int, fmt: str, loss: float | None, seed: int,
+                 initial_eval: tuple[int | None, float | None] = (None, None)) -> CheckpointMeta:
+        """The metadata of the checkpoint of `step`; `initial_eval` is (step, loss) of the job's first eval."""
         assert plan.training is not None
         return CheckpointMeta(
             step=step,
@@ -68,6 +74,8 @@ class CheckpointMeta:
             loss=loss,
             samples=step * plan.training.global_batch_size,
             seed=seed,
+            initial_eval_step=initial_eval[0],
+            initial_eval_loss=initial_eval[1],
         )
 
 

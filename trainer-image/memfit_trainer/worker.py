@@ -118,8 +118,9 @@ def write_report(result: RunResult, report_dir: Path) -> None:
 
 def completed_message(result: RunResult, env: mdist.DistEnv) -> TerminationMessage:
     """The success message (collective calls): peakBytes is the largest peak over all ranks, rankPeaks
-    every rank's, reservedPeakBytes the largest CUDA reservation, stepSeconds the slowest rank's mean and
-    tokensPerSecond the whole job's rate at that pace (every rank trains its own tokens each step)."""
+    every rank's, reservedPeakBytes the largest CUDA reservation, stepSeconds the slowest rank's mean,
+    tokensPerSecond the whole job's rate at that pace (every rank trains its own tokens each step) and
+    evalLoss the eval set's loss after the last step (every rank computes the same)."""
     rank_peaks = [int(v) for v in mdist.all_gather_float(float(result.peak_bytes))]
     peak = max(rank_peaks)
     reserved = int(mdist.all_reduce_max(float(result.reserved_peak_bytes or 0)))
@@ -133,6 +134,7 @@ def completed_message(result: RunResult, env: mdist.DistEnv) -> TerminationMessa
         peak_bytes=peak,
         capacity_bytes=result.capacity_bytes,
         final_loss=round(result.final_loss, 6) if result.final_loss is not None else None,
+        eval_loss=round(result.eval_losses[-1][1], 6) if result.eval_losses else None,
         resumed_from_step=result.resumed_from_step,
         memory_meter=result.memory_meter,
         rank_peaks=rank_peaks[:MAX_RANK_PEAKS],
