@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +21,7 @@ from memfit_testbed.finetune_data import (
     problem,
     sentences,
 )
-from trainer_support import PlanBuilder, losses, make_plan, run_cli
+from trainer_support import PlanBuilder, losses, make_plan, run_as_user, run_cli
 
 STEPS = 6
 EXIT_INVALID_PLAN = 88
@@ -255,3 +258,43 @@ def test_resumed_finetune_continues_the_same_loss_curve(world: int, volumes: Pat
     assert rest.reports[0]["resumed_from_step"] == 3
     assert losses(first.reports[0]) + losses(rest.reports[0]) == pytest.approx(losses(whole.reports[0]), rel=1e-4)
     assert json.loads((out / "memfit_training.json").read_text())["resumed_from_step"] == 3
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="dropping to another UID needs root")
+def test_files_the_pods_user_may_not_read_are_refused_as_permission_problems(volumes: Path) -> None:
+    """The reported case: model.safetensors (then train.jsonl) 0600 and owned by root, the trainer running as
+    another UID. transformers says "No such file or directory"; the refusal names the file, its mode and
+    owner, the trainer's ids and the fix, under the field that points at it."""
+    from memfit.api.data import DataSpec
+    from memfit.api.problem import HuggingFaceProblem
+    from memfit_trainer.problems import ProblemError
+    from memfit_trainer.problems.huggingface import Finetune, build_huggingface
+
+    root = Path(tempfile.mkdtemp(prefix="memfit-volumes-", dir="/tmp"))  # pytest's own folder is root's only
+    try:
+        shutil.copytree(volumes, root, dirs_exist_ok=True)
+        root.chmod(0o755)  # after the copy, which gives it the source's mode
+        spec = HuggingFaceProblem.model_validate(problem()["huggingface"])
+        finetune = Finetune(data=DataSpec.model_validate(data()), environ={"MEMFIT_VOLUMES_DIR": str(root)})
+        build_huggingface(spec, finetune=finetune)  # as root: it loads (and imports what the child needs)
+
+        def refusal() -> str:
+            with pytest.raises(ProblemError) as refused:
+                build_huggingface(spec, finetune=finetune)
+            return str(refused.value)
+
+        uid = 4242
+        weights, corpus = root / MODEL_CLAIM / MODEL_PATH / "model.safetensors", root / DATA_CLAIM / "train.jsonl"
+        weights.chmod(0o600)
+        message = run_as_user(uid, refusal)
+        assert message.startswith(f"spec.problem.huggingface.path: cannot load pretrained weights from "
+                                  f"'{weights.parent}': permission denied: cannot read file {weights}, mode 0600, "
+                                  f"owner uid:gid 0:0; the trainer runs as UID {uid} GID {uid}"), message
+        assert "podSecurity.fsGroup" in message and "No such file" not in message
+        weights.chmod(0o644)
+        corpus.chmod(0o600)
+        message = run_as_user(uid, refusal)
+        assert message.startswith(f"spec.data.files.path: 'train.jsonl' on volume '{DATA_CLAIM}': permission "
+                                  f"denied: cannot read file {corpus}, mode 0600, owner uid:gid 0:0"), message
+    finally:
+        shutil.rmtree(root)

@@ -104,3 +104,60 @@ def test_replan_across_formats_resumes_the_weights(
     assert [step for step, _ in result.losses] == [5, 6]
     assert result.losses[0][1] == pytest.approx(uninterrupted[4], rel=2e-3)
     assert result.losses[0][1] < uninterrupted[0] - 0.2  # far from freshly initialised weights
+
+
+@pytest.fixture(scope="module")
+def finetune_volumes(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    pytest.importorskip("transformers")
+    pytest.importorskip("tokenizers")
+    from memfit_testbed.finetune_data import make_volumes
+
+    return make_volumes(tmp_path_factory.mktemp("volumes"))
+
+
+def test_resumed_finetune_keeps_the_first_attempts_initial_eval_loss(
+    finetune_volumes: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, train_local: Callable[..., Any],
+    world1: Any,
+) -> None:
+    """The "before" figure of memfit_training.json is the eval loss the first attempt measured before any
+    training (carried by the checkpoint), not the resumed attempt's; the Completed message carries the
+    eval loss after the last step."""
+    import json
+
+    from memfit_testbed.finetune_data import data, problem
+    from memfit_trainer.checkpoints import find_latest
+    from memfit_trainer.worker import completed_message
+
+    monkeypatch.setenv("MEMFIT_VOLUMES_DIR", str(finetune_volumes))
+    plan = make_plan().problem(problem()).data(data(evalEverySteps=2)).learning_rate(1e-2)
+    ckpt, out = tmp_path / "ckpt", tmp_path / "out"
+    first = train_local(plan.steps(2, every=2), checkpoint_dir=ckpt, output_dir=out)
+    before = first.eval_losses[0]
+    assert before[0] == 0 and (first.initial_eval_step, first.initial_eval_loss) == before
+    meta = find_latest(ckpt)
+    assert meta is not None and (meta[1].initial_eval_step, meta[1].initial_eval_loss) == before
+
+    second = train_local(plan.steps(4, every=2), checkpoint_dir=ckpt, output_dir=out)
+    assert second.resumed_from_step == 2 and [step for step, _ in second.eval_losses] == [2, 4]
+    summary = json.loads((out / "memfit_training.json").read_text())
+    assert (summary["initial_eval_step"], summary["initial_eval_loss"]) == before
+    assert summary["resumed_from_step"] == 2
+    assert summary["final_eval_loss"] == second.eval_losses[-1][1] < before[1] - 0.1  # it learned since step 0
+    assert summary["eval_losses"][0][1] < before[1]  # the resumed attempt's first eval is no "before" figure
+    wire = completed_message(second, world1).to_wire()
+    assert wire["evalLoss"] == round(second.eval_losses[-1][1], 6) and wire["steps"] == 4
+
+
+def test_a_checkpoint_of_an_older_trainer_has_no_initial_eval(tmp_path: Path) -> None:
+    import json
+
+    from memfit_trainer.checkpoints import read_meta
+
+    folder = tmp_path / "step-00000002"
+    folder.mkdir()
+    older = {"step": 2, "format": "dcp", "engine": "ddp", "zero_stage": 0, "world_size": 1, "precision": "fp32",
+             "offload": "none", "optimizer": "adamw", "optimizer8bit": False, "loss": 1.5, "samples": 8, "seed": 0}
+    (folder / "memfit.json").write_text(json.dumps(older))
+    meta = read_meta(folder)
+    assert meta is not None and meta.step == 2
+    assert (meta.initial_eval_step, meta.initial_eval_loss) == (None, None)

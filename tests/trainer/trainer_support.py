@@ -308,3 +308,32 @@ def cpu_cannot_run(plan: PlanBuilder) -> str | None:
     if torch.cuda.is_available() or torch.ops.mkldnn._is_mkldnn_fp16_supported():
         return None
     return "DeepSpeed refuses fp16 on this CPU (no oneDNN fp16: AVX512-FP16/AMX); runs where the CPU has it"
+
+
+def run_as_user(uid: int, work: Any) -> Any:
+    """`work()` in a forked child whose UID, GID and only group are `uid` (needs root; what the child
+    imports lazily must be importable by that user, so import it here first); its JSON-able result.
+    An exception in the child fails the caller with its text."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into pytest
+        try:
+            os.close(read)
+            try:
+                os.setgroups([uid])
+                os.setgid(uid)
+                os.setuid(uid)
+                payload = {"value": work()}
+            except BaseException as error:  # reported to the parent, which asserts on it
+                payload = {"error": f"{type(error).__name__}: {error}"}
+            with os.fdopen(write, "w", encoding="utf-8") as out:
+                json.dump(payload, out)
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read, encoding="utf-8") as source:
+        text = source.read()
+    os.waitpid(pid, 0)
+    payload = json.loads(text)
+    assert "error" not in payload, f"the child running as UID {uid} failed: {payload['error']}"
+    return payload["value"]

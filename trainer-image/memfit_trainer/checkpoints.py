@@ -25,6 +25,7 @@ from memfit.api.plan import Plan
 from torch import nn
 
 from memfit_trainer import dist as mdist
+from memfit_trainer.file_access import FileAccessError, diagnose
 
 META_FILE = "memfit.json"
 LATEST_FILE = "latest"
@@ -50,9 +51,15 @@ class CheckpointMeta:
     loss: float | None
     samples: int
     seed: int
+    # The job's first eval loss and its step (before training, on the first attempt): a resumed attempt
+    # reports it as the "before" figure. None in older checkpoints and for jobs without an eval set.
+    initial_eval_step: int | None = None
+    initial_eval_loss: float | None = None
 
     @staticmethod
-    def for_plan(*, plan: Plan, step: int, fmt: str, loss: float | None, seed: int) -> CheckpointMeta:
+    def for_plan(*, plan: Plan, step: int, fmt: str, loss: float | None, seed: int,
+                 initial_eval: tuple[int | None, float | None] = (None, None)) -> CheckpointMeta:
+        """The metadata of the checkpoint of `step`; `initial_eval` is (step, loss) of the job's first eval."""
         assert plan.training is not None
         return CheckpointMeta(
             step=step,
@@ -67,6 +74,8 @@ class CheckpointMeta:
             loss=loss,
             samples=step * plan.training.global_batch_size,
             seed=seed,
+            initial_eval_step=initial_eval[0],
+            initial_eval_loss=initial_eval[1],
         )
 
 
@@ -76,9 +85,13 @@ def tag_for(step: int) -> str:
 
 
 def read_meta(folder: Path) -> CheckpointMeta | None:
-    """The metadata of a complete checkpoint folder, else None."""
+    """The metadata of a complete checkpoint folder, else None; FileAccessError when it may not be read
+    (skipping it would silently resume from an older checkpoint, or from scratch)."""
+    path = folder / META_FILE
     try:
-        return CheckpointMeta(**json.loads((folder / META_FILE).read_text(encoding="utf-8")))
+        return CheckpointMeta(**json.loads(path.read_text(encoding="utf-8")))
+    except PermissionError as error:
+        raise FileAccessError(f"checkpoint {folder.name}: {diagnose(path, error)}") from error
     except (OSError, ValueError, TypeError):
         return None
 

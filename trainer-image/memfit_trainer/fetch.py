@@ -19,6 +19,7 @@ from pathlib import Path
 
 from memfit.api.plan import Plan
 
+from memfit_trainer.file_access import FileAccessError, require_folder
 from memfit_trainer.termination import (
     Reason,
     TerminationMessage,
@@ -146,6 +147,17 @@ def _marker(environ: Mapping[str, str]) -> Path:
     return Path(environ.get("HF_HOME") or constants.HF_HOME) / MARKER
 
 
+def _require_cache(plan: Plan, environ: Mapping[str, str]) -> None:
+    """InvalidPlan when this process may not use the hub cache (HF_HOME on the checkpoint volume): node 0
+    writes there, the other nodes of a shared cache read. No retry of the pod would help."""
+    if hub_model(plan) is None and (plan.data is None or plan.data.huggingface is None):
+        return
+    try:
+        require_folder(_marker(environ).parent, role="the hub cache (HF_HOME)", write=not _waits_for_node0(environ))
+    except FileAccessError as error:
+        raise FetchError(Reason.INVALID_PLAN, str(error)) from error
+
+
 def _waits_for_node0(environ: Mapping[str, str]) -> bool:
     return environ.get("MEMFIT_FETCH_SHARED") == "1" and environ.get("MEMFIT_NODE_RANK", "0") not in ("", "0")
 
@@ -187,6 +199,7 @@ def main(plan_path: Path, environ: Mapping[str, str] | None = None) -> int:
     except InvalidPlanError as error:
         return refuse_invalid(error, rank=None, environ=environ)
     try:
+        _require_cache(plan, environ)
         if _waits_for_node0(environ):
             return _wait_for_marker(plan, environ)
         folder = fetch(plan, environ)

@@ -26,6 +26,7 @@ from memfit_trainer.checkpoints import (
     native_resume,
     tag_for,
 )
+from memfit_trainer.file_access import require_folder
 from memfit_trainer.finetune import evaluate, save_model, write_summary
 from memfit_trainer.first_steps import FirstStepsCheck
 from memfit_trainer.meters import MemorySample, StepMeter, step_meter
@@ -123,6 +124,9 @@ class RunResult:
     adapter_parameters: int = 0
     adapter_dir: str | None = None
     eval_losses: list[tuple[int, float]] = field(default_factory=list)  # spec.data's eval set, by step
+    # The job's first eval (before training, on its first attempt), carried across resumes by the checkpoints.
+    initial_eval_loss: float | None = None
+    initial_eval_step: int | None = None
     tokens_per_step: int = 0  # this rank's tokens per optimizer step (micro-batch x accumulation x tokens)
     model_dir: str | None = None  # where the fine-tuned model was saved (Hugging Face format)
 
@@ -157,6 +161,7 @@ def run_training(
 ) -> RunResult:
     """Train `plan` to its max steps (resuming from the newest checkpoint); the process group must exist."""
     assert plan.problem is not None and plan.training is not None
+    _require_folders(options, is_main=env.is_main)
     progress = progress if progress is not None else Progress()
     started = time.perf_counter()
     meter = step_meter(device, os.environ)
@@ -199,6 +204,8 @@ def run_training(
             capacity_bytes=meter.capacity_bytes,
             checkpointed_modules=recomputed,
             adapter_parameters=adapters,
+            initial_eval_loss=latest[1].initial_eval_loss if latest is not None else None,
+            initial_eval_step=latest[1].initial_eval_step if latest is not None else None,
         )
         if metrics is not None:
             metrics.set_plan(plan, capacity_bytes=meter.capacity_bytes)
@@ -211,6 +218,8 @@ def run_training(
                             device=device)
             if loss is not None:
                 result.eval_losses.append((step, loss))
+                if result.initial_eval_loss is None:  # a checkpoint without one (older trainer): this attempt's
+                    result.initial_eval_loss, result.initial_eval_step = loss, step
                 if metrics is not None:
                     metrics.observe_eval(loss=loss)
                 if env.is_main:
@@ -243,6 +252,15 @@ def run_training(
         runner = None
         gc.collect()
         meter.stop()
+
+
+def _require_folders(options: TrainOptions, *, is_main: bool) -> None:
+    """FileAccessError (InvalidPlan) before any work when this process may not use the checkpoint folder
+    (every rank writes there) or the output folder (rank 0 writes there)."""
+    if options.checkpoint_dir is not None:
+        require_folder(options.checkpoint_dir, role="checkpoint folder")
+    if options.output_dir is not None and is_main:
+        require_folder(options.output_dir, role="output folder")
 
 
 def _save_peft_outputs(problem: Any, plan: Plan, folder: Path, *, options: TrainOptions, rank: int,
@@ -304,7 +322,8 @@ def _summary(plan: Plan, result: RunResult, problem: TrainingProblem) -> dict[st
         "losses": result.losses,
         "final_loss": result.final_loss,
         "eval_losses": result.eval_losses,
-        "initial_eval_loss": result.eval_losses[0][1] if result.eval_losses else None,
+        "initial_eval_loss": result.initial_eval_loss,
+        "initial_eval_step": result.initial_eval_step,
         "final_eval_loss": result.eval_losses[-1][1] if result.eval_losses else None,
         "data": data.to_wire() if data is not None else {"synthetic": True},
         "seconds": round(result.seconds, 3),
@@ -389,7 +408,7 @@ def _train_steps(
             run_eval(step)
         saved = options.checkpoint_dir is not None and (step % every == 0 or step == training.max_steps)
         if saved:
-            _save(plan, runner=runner, options=options, step=step, loss=loss, env=env)
+            _save(plan, runner=runner, options=options, step=step, loss=loss, env=env, result=result)
             result.checkpoints_saved.append(step)
         if check is not None and check.checks(step, start_step=start_step):
             # Every rank takes part (a collective): the largest rank's peak decides for all of them.
@@ -398,13 +417,13 @@ def _train_steps(
             over = check.verdict(step, peak)
             if over is not None:
                 if options.checkpoint_dir is not None and not saved:  # the re-planned attempt resumes here
-                    _save(plan, runner=runner, options=options, step=step, loss=loss, env=env)
+                    _save(plan, runner=runner, options=options, step=step, loss=loss, env=env, result=result)
                     result.checkpoints_saved.append(step)
                 raise over
 
 
 def _save(
-    plan: Plan, *, runner: Any, options: TrainOptions, step: int, loss: float, env: mdist.DistEnv
+    plan: Plan, *, runner: Any, options: TrainOptions, step: int, loss: float, env: mdist.DistEnv, result: RunResult
 ) -> None:
     assert options.checkpoint_dir is not None
     directory = options.checkpoint_dir
@@ -416,7 +435,8 @@ def _save(
     mdist.barrier()
     if env.is_main:
         meta = CheckpointMeta.for_plan(
-            plan=plan, step=step, fmt=runner.checkpoint_format, loss=loss, seed=options.seed
+            plan=plan, step=step, fmt=runner.checkpoint_format, loss=loss, seed=options.seed,
+            initial_eval=(result.initial_eval_step, result.initial_eval_loss),
         )
         finish_checkpoint(directory, tag, meta, keep=options.keep_checkpoints)
     mdist.barrier()

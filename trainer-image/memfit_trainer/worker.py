@@ -16,6 +16,7 @@ import torch
 from memfit.api.termination import KEY_BUDGET_BYTES, MAX_RANK_PEAKS
 
 from memfit_trainer import dist as mdist
+from memfit_trainer.file_access import FileAccessError
 from memfit_trainer.first_steps import MemoryOverPlan
 from memfit_trainer.metrics import ENV_JOB, ENV_METRICS_PORT, TrainerMetrics
 from memfit_trainer.plan_check import InvalidPlanError, RuntimeFacts, check_plan, load_plan, refuse_invalid
@@ -117,8 +118,9 @@ def write_report(result: RunResult, report_dir: Path) -> None:
 
 def completed_message(result: RunResult, env: mdist.DistEnv) -> TerminationMessage:
     """The success message (collective calls): peakBytes is the largest peak over all ranks, rankPeaks
-    every rank's, reservedPeakBytes the largest CUDA reservation, stepSeconds the slowest rank's mean and
-    tokensPerSecond the whole job's rate at that pace (every rank trains its own tokens each step)."""
+    every rank's, reservedPeakBytes the largest CUDA reservation, stepSeconds the slowest rank's mean,
+    tokensPerSecond the whole job's rate at that pace (every rank trains its own tokens each step) and
+    evalLoss the eval set's loss after the last step (every rank computes the same)."""
     rank_peaks = [int(v) for v in mdist.all_gather_float(float(result.peak_bytes))]
     peak = max(rank_peaks)
     reserved = int(mdist.all_reduce_max(float(result.reserved_peak_bytes or 0)))
@@ -132,6 +134,7 @@ def completed_message(result: RunResult, env: mdist.DistEnv) -> TerminationMessa
         peak_bytes=peak,
         capacity_bytes=result.capacity_bytes,
         final_loss=round(result.final_loss, 6) if result.final_loss is not None else None,
+        eval_loss=round(result.eval_losses[-1][1], 6) if result.eval_losses else None,
         resumed_from_step=result.resumed_from_step,
         memory_meter=result.memory_meter,
         rank_peaks=rank_peaks[:MAX_RANK_PEAKS],
@@ -185,7 +188,7 @@ def train_process(plan_path: Path, *, report_dir: Path | None, environ: Mapping[
             message.peak_bytes,
         )
         return exit_code(Reason.COMPLETED)
-    except ProblemError as error:
+    except (ProblemError, FileAccessError) as error:
         return refuse_invalid(error, rank=env.rank, environ=environ)
     except MemoryOverPlan as error:
         return _fail(_over_plan_message(error, env=env, progress=progress), environ)

@@ -64,6 +64,7 @@ KEY_DEVICE_PEAK_BYTES = "devicePeakBytes"  # NVML process bytes (or a simulated 
 KEY_DEVICE = "device"  # cpu or cuda: where the peaks were measured
 KEY_STEP_SECONDS = "stepSeconds"  # mean seconds per optimizer step (after the first), slowest rank
 KEY_TOKENS_PER_SECOND = "tokensPerSecond"  # the whole job's tokens per second at that step time
+KEY_EVAL_LOSS = "evalLoss"  # Completed: loss on spec.data's eval set after the last step (jobs with one)
 MAX_RANK_PEAKS = 64  # keeps the message well under MAX_MESSAGE_BYTES
 
 
@@ -79,6 +80,7 @@ class TerminationMessage:
     requested_bytes: int | None = None
     capacity_bytes: int | None = None
     final_loss: float | None = None
+    eval_loss: float | None = None
     resumed_from_step: int | None = None
     memory_meter: str | None = None
     rank_peaks: list[int] | None = None

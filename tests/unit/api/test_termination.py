@@ -10,6 +10,7 @@ from memfit.api.termination import (
     EXIT_INVALID_PLAN,
     EXIT_MEMORY_OVER_PLAN,
     EXIT_OUT_OF_MEMORY,
+    KEY_EVAL_LOSS,
     TerminationMessage,
     TerminationReason,
     out_of_memory_reason,
@@ -51,3 +52,9 @@ def test_message_round_trips_through_the_observer_parser() -> None:
     assert parse_message(wire) == {"reason": "CUDAOutOfMemory", "rank": 1, "step": 3, "peakBytes": 7}
     assert parse_message("Traceback (most recent call last)") == {}
     assert parse_message(json.dumps([1])) == {}
+
+
+def test_completed_message_carries_the_final_eval_loss_under_the_contract_key() -> None:
+    wire = TerminationMessage(TerminationReason.COMPLETED, steps=6, final_loss=1.25, eval_loss=1.5).to_json()
+    assert parse_message(wire)[KEY_EVAL_LOSS] == 1.5
+    assert KEY_EVAL_LOSS not in parse_message(TerminationMessage(TerminationReason.COMPLETED, steps=6).to_json())

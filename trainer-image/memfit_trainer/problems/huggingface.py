@@ -7,6 +7,7 @@ import importlib
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -15,6 +16,7 @@ from memfit.api.data import DataSpec
 from memfit.api.problem import HuggingFaceProblem, Initialize
 from torch import nn
 
+from memfit_trainer.file_access import explain
 from memfit_trainer.problems.base import Batch, BatchKey, TrainingProblem
 from memfit_trainer.problems.data import token_batch
 from memfit_trainer.problems.errors import DepthNotSupported, ProblemError
@@ -54,6 +56,18 @@ def model_source(spec: HuggingFaceProblem, environ: Mapping[str, str]) -> tuple[
     return spec.model, ({"revision": spec.revision} if spec.revision else {})
 
 
+def _load_error(spec: HuggingFaceProblem, source: str, exc: BaseException, *, what: str,
+                hint: str = "") -> ProblemError:
+    """A loader's failure naming the field. A file it could not read is named with its mode, owner and the
+    trainer's ids (memfit_trainer.file_access), also when the loader calls it "No such file"; `hint` is for
+    the other failures."""
+    field_name = f"{BASE}.path" if spec.volume_claim else f"{BASE}.model"
+    problem = explain(exc, folder=Path(source) if spec.volume_claim else None)
+    if problem is not None:
+        return ProblemError(f"{field_name}: {what} from {source!r}: {problem}")
+    return ProblemError(f"{field_name}: {what} from {source!r}{hint}: {exc}")
+
+
 def _transformers() -> Any:
     try:
         return importlib.import_module("transformers")
@@ -74,7 +88,7 @@ def _config(spec: HuggingFaceProblem, transformers: Any, environ: Mapping[str, s
             return transformers.AutoConfig.from_pretrained(source, trust_remote_code=spec.trust_remote_code,
                                                            **kwargs)
         except (OSError, ValueError) as exc:
-            raise ProblemError(f"{BASE}: cannot read the model config from {source!r}: {exc}") from exc
+            raise _load_error(spec, source, exc, what="cannot read the model config") from exc
     if spec.config is None:
         # Downloads config.json only (no weights); needs network access from the pod.
         source, kwargs = model_source(spec, environ)
@@ -145,9 +159,9 @@ def _tokenizer(spec: HuggingFaceProblem, transformers: Any, environ: Mapping[str
         return transformers.AutoTokenizer.from_pretrained(source, trust_remote_code=spec.trust_remote_code,
                                                           **kwargs)
     except (OSError, ValueError, TypeError) as exc:
-        field_name = f"{BASE}.path" if spec.volume_claim else f"{BASE}.model"
-        raise ProblemError(f"{field_name}: no usable tokenizer in {source!r} (spec.data is tokenized with the "
-                           f"model's own tokenizer; save it beside the weights): {exc}") from exc
+        raise _load_error(spec, source, exc, what="cannot load a tokenizer",
+                          hint=" (spec.data is tokenized with the model's own tokenizer; save it beside the weights)"
+                          ) from exc
 
 
 def _pretrained(spec: HuggingFaceProblem, transformers: Any, config: Any, finetune: Finetune) -> Any:
@@ -172,8 +186,7 @@ def _pretrained(spec: HuggingFaceProblem, transformers: Any, config: Any, finetu
             source, config=config, dtype=finetune.dtype, low_cpu_mem_usage=True, attn_implementation="sdpa",
             trust_remote_code=spec.trust_remote_code, **kwargs)
     except (OSError, ValueError) as exc:
-        field_name = f"{BASE}.path" if spec.volume_claim else f"{BASE}.model"
-        raise ProblemError(f"{field_name}: cannot load pretrained weights from {source!r}: {exc}") from exc
+        raise _load_error(spec, source, exc, what="cannot load pretrained weights") from exc
     finally:
         del keep_alive
 

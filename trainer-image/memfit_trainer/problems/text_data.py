@@ -24,6 +24,7 @@ from typing import Any
 import torch
 from memfit.api.data import DataSpec, FileFormat
 
+from memfit_trainer.file_access import denied, diagnose, explain, first_problem, probe
 from memfit_trainer.problems.base import Batch, BatchKey, mix_seed
 from memfit_trainer.problems.errors import ProblemError
 
@@ -35,11 +36,15 @@ _SUFFIXES = {FileFormat.JSONL: (".jsonl", ".json"), FileFormat.PARQUET: (".parqu
 
 
 def volume_path(claim: str, path: str, *, field: str, environ: Mapping[str, str] | None = None) -> Path:
-    """Where `path` on PersistentVolumeClaim `claim` is mounted in this pod (ProblemError when absent)."""
+    """Where `path` on PersistentVolumeClaim `claim` is mounted in this pod (ProblemError when absent, or
+    when this process may not read it: memfit_trainer.file_access)."""
     root = Path((environ if environ is not None else os.environ).get(ENV_VOLUMES_DIR) or DEFAULT_VOLUMES_DIR)
     where = root / claim / path.strip("/")
-    if not where.exists():
+    error = probe(where)
+    if error is not None and not denied(error):
         raise ProblemError(f"{field}: {path!r} does not exist on volume {claim!r} (looked in {where})")
+    if error is not None:
+        raise ProblemError(f"{field}: {path!r} on volume {claim!r}: {diagnose(where, error)}")
     return where
 
 
@@ -66,6 +71,9 @@ def _files(where: Path, fmt: FileFormat, field: str) -> list[Path]:
     found = sorted(p for p in where.rglob("*") if p.is_file() and p.suffix in _SUFFIXES[fmt])
     if not found:
         raise ProblemError(f"{field}: no {'/'.join(_SUFFIXES[fmt])} files in {where}")
+    problem = first_problem(found)  # before any is opened: the datasets loaders hide which one failed
+    if problem is not None:
+        raise ProblemError(f"{field}: {problem}")
     return found
 
 
@@ -128,8 +136,8 @@ def read_rows(data: DataSpec, *, eval_set: bool, environ: Mapping[str, str] | No
         return iter(_datasets().load_dataset(hub.name, hub.config, split=split, revision=hub.revision))
     except Exception as exc:  # hub errors come in many classes; the message says which
         field = "spec.data.evalSplit" if eval_set else "spec.data.huggingface"
-        raise ProblemError(f"{field}: cannot load {hub.name!r} split {split!r}: {type(exc).__name__}: "
-                           f"{str(exc)[:300]}") from exc
+        problem = explain(exc) or f"{type(exc).__name__}: {str(exc)[:300]}"
+        raise ProblemError(f"{field}: cannot load {hub.name!r} split {split!r}: {problem}") from exc
 
 
 def _field_name(data: DataSpec) -> str:
