@@ -32,7 +32,7 @@ MESSAGES = {
         ["cannot read file /v/models/tiny-llama/model.safetensors,", "mode 0600", "owner uid:gid 0:0",
          "UID 1000 GID 1000 with supplementary groups 1000",
          "`chgrp 1000 /v/models/tiny-llama/model.safetensors && chmod g+r /v/models/tiny-llama/model.safetensors`",
-         "`chmod o+r`", "podSecurity.fsGroup"],
+         "`chmod o+r`", "trainer.fsGroup"],
     ),
     "file of the pod's group without g+r": (
         {"path": "/v/data/train.jsonl", "blocker": "/v/data/train.jsonl", "need": "read", "mode": 0o600,
@@ -146,7 +146,7 @@ def test_the_pods_user_is_refused_roots_0600_file(shared_dir: Path, tmp_path: Pa
     expected = (f"permission denied: cannot read file {weights}, mode 0600, owner uid:gid 0:0; the trainer runs as "
                 f"UID {OTHER_UID} GID {OTHER_UID} with supplementary groups {OTHER_UID}. To fix: give one of those "
                 f"groups access, e.g. `chgrp {OTHER_UID} {weights} && chmod g+r {weights}` (or `chmod o+r`), or "
-                "set the chart value podSecurity.fsGroup")
+                "set the chart value trainer.fsGroup")
     assert seen["safetensors"].startswith(expected), seen["safetensors"]
     blocked = next(p for p in reversed(hidden.parents) if stat.S_IMODE(p.stat().st_mode) & 0o001 == 0)
     assert f"cannot search folder {blocked} (above {hidden})" in seen["hidden"], seen["hidden"]

@@ -290,7 +290,7 @@ def test_files_the_pods_user_may_not_read_are_refused_as_permission_problems(vol
         assert message.startswith(f"spec.problem.huggingface.path: cannot load pretrained weights from "
                                   f"'{weights.parent}': permission denied: cannot read file {weights}, mode 0600, "
                                   f"owner uid:gid 0:0; the trainer runs as UID {uid} GID {uid}"), message
-        assert "podSecurity.fsGroup" in message and "No such file" not in message
+        assert "trainer.fsGroup" in message and "No such file" not in message
         weights.chmod(0o644)
         corpus.chmod(0o600)
         message = run_as_user(uid, refusal)

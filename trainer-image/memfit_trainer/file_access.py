@@ -12,7 +12,7 @@ from pathlib import Path
 
 DENIED = (errno.EACCES, errno.EPERM)
 MAX_SCANNED_FILES = 2000  # a model folder has a handful; a wrong mount could hold millions
-CHART_VALUE = "podSecurity.fsGroup"
+CHART_VALUE = "trainer.fsGroup"
 # An absolute path in an error's text (safetensors reports a denied open as "No such file or directory: <path>"
 # with no errno and no filename); not the `//host` of a URL.
 _PATH_IN_TEXT = re.compile(r"(?<![\w:/])(/[^\s'\"`]+)")

@@ -9,6 +9,7 @@ from datetime import datetime
 from memfit.api import pod as contract
 from memfit.api.job import Progress
 from memfit.api.reasons import Reason
+from memfit.api.termination import KEY_EVAL_LOSS
 from memfit.lifecycle.snapshot import TrainerSample
 
 # The trainer's series (memfit.api.pod, served by memfit_trainer.metrics) the operator reads; a sample
@@ -109,7 +110,7 @@ def final_progress(
     """status.progress of a finished job from rank 0's Completed message, also when the job ended before
     any read (a short run between two reads): every step done, the final loss, and the run's mean step
     time and whole-job rate where the trainer reported them (older trainers: what the last read saw)."""
-    final, resumed, evaluated = done.get("finalLoss"), done.get("resumedFromStep"), done.get("evalLoss")
+    final, resumed, evaluated = done.get("finalLoss"), done.get("resumedFromStep"), done.get(KEY_EVAL_LOSS)
     step_seconds, tokens = done.get("stepSeconds"), done.get("tokensPerSecond")
     if previous is not None and previous.attempt != attempt:
         previous = None  # an earlier attempt's numbers say nothing about this one
