@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
+from memfit.api import pod as contract
 from memfit.api.plan import Plan
 from torch import nn
 
@@ -29,7 +30,7 @@ from memfit_trainer.file_access import FileAccessError, diagnose
 
 META_FILE = "memfit.json"
 LATEST_FILE = "latest"
-ENV_KEEP = "MEMFIT_KEEP_CHECKPOINTS"
+ENV_KEEP = contract.ENV_KEEP_CHECKPOINTS
 DEFAULT_KEEP = 2
 
 log = logging.getLogger(__name__)

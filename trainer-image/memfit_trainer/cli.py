@@ -9,7 +9,9 @@ import os
 import sys
 from pathlib import Path
 
-ENV_PLAN_PATH = "MEMFIT_PLAN_PATH"
+from memfit.api import pod as contract
+
+ENV_PLAN_PATH = contract.ENV_PLAN_PATH
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -8,12 +8,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from memfit.api import pod as contract
+
 if TYPE_CHECKING:  # torch is imported inside the functions: `memfit-trainer` refuses bad plans without it
     import torch
 
 # Node rank, in order of preference: torchrun's GROUP_RANK, the PET_ flag torchrun reads, the
 # classic NODE_RANK, and the Indexed Job's completion index (kubernetes.io/docs/tasks/job/indexed-parallel-processing-static).
-NODE_RANK_VARIABLES = ("GROUP_RANK", "PET_NODE_RANK", "NODE_RANK", "JOB_COMPLETION_INDEX")
+NODE_RANK_VARIABLES = ("GROUP_RANK", contract.ENV_TORCHRUN_NODE_RANK, "NODE_RANK", "JOB_COMPLETION_INDEX")
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,7 +76,7 @@ def select_device(env: DistEnv, environ: Mapping[str, str]) -> torch.device:
     """cuda:<local rank> when a GPU is visible (unless MEMFIT_DEVICE=cpu), else cpu."""
     import torch
 
-    wanted = environ.get("MEMFIT_DEVICE", "").strip().lower()
+    wanted = environ.get(contract.ENV_DEVICE, "").strip().lower()
     if wanted != "cpu" and torch.cuda.is_available():
         torch.cuda.set_device(env.local_rank)
         return torch.device("cuda", env.local_rank)

@@ -17,6 +17,7 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
+from memfit.api import pod as contract
 from memfit.api.plan import Plan
 
 from memfit_trainer.file_access import FileAccessError, require_folder
@@ -69,7 +70,7 @@ def fetch(plan: Plan, environ: Mapping[str, str]) -> Path | None:
         RevisionNotFoundError,
     )
 
-    token = environ.get("HF_TOKEN") or None
+    token = environ.get(contract.ENV_HF_TOKEN) or None
     try:
         if what == "config":
             folder = snapshot_download(model, revision=revision, token=token, allow_patterns=CONFIG_FILES)
@@ -112,7 +113,7 @@ def fetch_dataset(plan: Plan, environ: Mapping[str, str]) -> list[str]:
     from datasets.exceptions import DatasetNotFoundError
     from huggingface_hub import constants
 
-    token = environ.get("HF_TOKEN") or None
+    token = environ.get(contract.ENV_HF_TOKEN) or None
     splits = [("spec.data.huggingface.split", hub.split)]
     if data.eval_split:
         splits.append(("spec.data.evalSplit", data.eval_split))
@@ -144,7 +145,7 @@ def _marker_text(plan: Plan) -> str:
 def _marker(environ: Mapping[str, str]) -> Path:
     from huggingface_hub import constants
 
-    return Path(environ.get("HF_HOME") or constants.HF_HOME) / MARKER
+    return Path(environ.get(contract.ENV_HF_HOME) or constants.HF_HOME) / MARKER
 
 
 def _require_cache(plan: Plan, environ: Mapping[str, str]) -> None:
@@ -159,7 +160,7 @@ def _require_cache(plan: Plan, environ: Mapping[str, str]) -> None:
 
 
 def _waits_for_node0(environ: Mapping[str, str]) -> bool:
-    return environ.get("MEMFIT_FETCH_SHARED") == "1" and environ.get("MEMFIT_NODE_RANK", "0") not in ("", "0")
+    return environ.get(contract.ENV_FETCH_SHARED) == "1" and environ.get(contract.ENV_NODE_RANK, "0") not in ("", "0")
 
 
 def _write_marker(plan: Plan, environ: Mapping[str, str]) -> None:

@@ -20,13 +20,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from memfit.api import pod as contract
 from memfit.api.plan import Plan
 
-ENV_FIRST_STEPS = "MEMFIT_FIRST_STEPS"  # steps checked per attempt; 0 turns the check off
+ENV_FIRST_STEPS = contract.ENV_FIRST_STEPS  # steps checked per attempt; 0 turns the check off
 DEFAULT_FIRST_STEPS = 3
 # Tests and chaos drills: the measured peak is multiplied by this factor (annotation
 # memfit.dev/inject-peak-factor), so that a CPU run can exceed its GPU plan on purpose.
-ENV_INJECT_PEAK_FACTOR = "MEMFIT_INJECT_PEAK_FACTOR"
+ENV_INJECT_PEAK_FACTOR = contract.ENV_INJECT_PEAK_FACTOR
 
 
 class MemoryOverPlan(RuntimeError):

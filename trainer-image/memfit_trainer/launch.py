@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from types import FrameType
 
+from memfit.api import pod as contract
 from memfit.api.plan import Plan
 
 from memfit_trainer.dist import node_rank_from_env
@@ -31,19 +32,19 @@ from memfit_trainer.termination import (
 def torchrun_argv(plan: Plan, *, plan_path: Path, extra: list[str], environ: Mapping[str, str]) -> list[str]:
     """The torchrun command for this node. Flags torchrun would read from PET_* variables are left to them."""
     argv = [sys.executable, "-m", "torch.distributed.run"]
-    if "PET_NNODES" not in environ:
+    if contract.ENV_NNODES not in environ:
         argv += ["--nnodes", str(plan.nodes)]
-    if "PET_NPROC_PER_NODE" not in environ:
+    if contract.ENV_NPROC_PER_NODE not in environ:
         argv += ["--nproc-per-node", str(plan.gpus_per_node)]
-    if "PET_NODE_RANK" not in environ:
+    if contract.ENV_TORCHRUN_NODE_RANK not in environ:
         argv += ["--node-rank", str(node_rank_from_env(environ))]
     master_addr = environ.get("MASTER_ADDR")
-    if "PET_MASTER_ADDR" not in environ and master_addr:
+    if contract.ENV_MASTER_ADDR not in environ and master_addr:
         argv += ["--master-addr", master_addr]
     master_port = environ.get("MASTER_PORT")
-    if "PET_MASTER_PORT" not in environ and master_port:
+    if contract.ENV_MASTER_PORT not in environ and master_port:
         argv += ["--master-port", master_port]
-    if plan.nodes == 1 and not master_addr and "PET_MASTER_ADDR" not in environ and not master_port:
+    if plan.nodes == 1 and not master_addr and contract.ENV_MASTER_ADDR not in environ and not master_port:
         argv += ["--standalone"]
     argv += ["--max-restarts", "0", "-m", "memfit_trainer.cli", "train", "--plan", str(plan_path), *extra]
     return argv

@@ -9,13 +9,14 @@ from __future__ import annotations
 import logging
 import threading
 
+from memfit.api import pod as contract
 from memfit.api.plan import Plan
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, start_http_server
 
 from memfit_trainer.meters import MemorySample
 
-ENV_METRICS_PORT = "MEMFIT_METRICS_PORT"
-ENV_JOB = "MEMFIT_JOB"
+ENV_METRICS_PORT = contract.ENV_METRICS_PORT
+ENV_JOB = contract.ENV_JOB
 LABELS = ("job", "rank")
 # Step time buckets from 10 ms to ~20 min (tiny CPU tests to large models on slow pools).
 STEP_SECONDS_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 60, 150, 300, 600, 1200)
@@ -75,7 +76,7 @@ class TrainerMetrics:
             registry=r,
         )
         self.step_seconds = Histogram(
-            "memfit_trainer_step_seconds",
+            contract.METRIC_STEP_SECONDS,
             "Wall time of one optimizer step (all micro-batches).",
             LABELS,
             buckets=STEP_SECONDS_BUCKETS,
@@ -85,21 +86,21 @@ class TrainerMetrics:
             "memfit_trainer_samples", "Samples processed by this rank.", LABELS, registry=r
         )
         self.tokens_per_second = Gauge(
-            "memfit_trainer_tokens_per_second",
+            contract.METRIC_TOKENS_PER_SECOND,
             "Tokens per second on this rank in the last step.",
             LABELS,
             registry=r,
         )
         self.loss = Gauge(
-            "memfit_trainer_loss", "Training loss of the last step (mean over ranks).", LABELS, registry=r
+            contract.METRIC_LOSS, "Training loss of the last step (mean over ranks).", LABELS, registry=r
         )
-        self.step = Gauge("memfit_trainer_step", "Last completed optimizer step.", LABELS, registry=r)
+        self.step = Gauge(contract.METRIC_STEP, "Last completed optimizer step.", LABELS, registry=r)
         # NaN until the trainer reports one: the operator leaves status.progress.evalLoss unset then.
         self.eval_loss = Gauge(
-            "memfit_trainer_eval_loss", "Loss on the evaluation split at its last evaluation.", LABELS, registry=r
+            contract.METRIC_EVAL_LOSS, "Loss on the evaluation split at its last evaluation.", LABELS, registry=r
         )
         self.resumed_from_step = Gauge(
-            "memfit_trainer_resumed_from_step",
+            contract.METRIC_RESUMED_FROM_STEP,
             "Checkpoint step this pod resumed from (-1: started from scratch).",
             LABELS,
             registry=r,

@@ -60,7 +60,7 @@ def plan_problems(plan: Plan, facts: RuntimeFacts) -> list[str]:
             f"but this job runs with world size {facts.world_size}"
         )
     if plan.training is not None:
-        samples = plan.micro_batch_size * plan.gradient_accumulation_steps * plan.world_size
+        samples = plan.global_batch(plan.world_size)
         if samples != plan.training.global_batch_size:
             reasons.append(
                 f"microBatchSize {plan.micro_batch_size} x gradientAccumulationSteps "

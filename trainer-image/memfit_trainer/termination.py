@@ -13,6 +13,7 @@ import os
 import re
 from pathlib import Path
 
+from memfit.api import pod as contract
 from memfit.api.termination import (
     DEFAULT_TERMINATION_MESSAGE_PATH,
     EXIT_CODES,
@@ -47,7 +48,7 @@ __all__ = [
     "write_termination_message",
 ]
 
-ENV_TERMINATION_MESSAGE_PATH = "MEMFIT_TERMINATION_MESSAGE_PATH"
+ENV_TERMINATION_MESSAGE_PATH = contract.ENV_TERMINATION_MESSAGE_PATH
 
 # When several local ranks write the same file, the most informative reason wins: an OOM on one rank
 # makes its peers fail with collective errors, which must not hide the OOM.

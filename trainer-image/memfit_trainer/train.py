@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from memfit.api import pod as contract
 from memfit.api.common import Engine, PeftMethod, Precision
 from memfit.api.plan import Plan
 
@@ -42,13 +43,13 @@ from memfit_trainer.strategies.peft import (
     write_eval_loss,
 )
 
-ENV_INJECT_OOM_AT_STEP = "MEMFIT_INJECT_OOM_AT_STEP"
-ENV_INJECT_OOM_RANK = "MEMFIT_INJECT_OOM_RANK"
-ENV_INJECT_KILL_AT_STEP = "MEMFIT_INJECT_KILL_AT_STEP"
-ENV_CHECKPOINT_DIR = "MEMFIT_CHECKPOINT_DIR"
-ENV_SEED = "MEMFIT_SEED"
-ENV_OUTPUT_DIR = "MEMFIT_OUTPUT_DIR"
-ENV_SAVE_MERGED = "MEMFIT_SAVE_MERGED"
+ENV_INJECT_OOM_AT_STEP = contract.ENV_INJECT_OOM_AT_STEP
+ENV_INJECT_OOM_RANK = contract.ENV_INJECT_OOM_RANK
+ENV_INJECT_KILL_AT_STEP = contract.ENV_INJECT_KILL_AT_STEP
+ENV_CHECKPOINT_DIR = contract.ENV_CHECKPOINT_DIR
+ENV_SEED = contract.ENV_SEED
+ENV_OUTPUT_DIR = contract.ENV_OUTPUT_DIR
+ENV_SAVE_MERGED = contract.ENV_SAVE_MERGED
 
 log = logging.getLogger("memfit_trainer")
 

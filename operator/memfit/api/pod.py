@@ -39,7 +39,16 @@ ENV_NODE_RANK = "MEMFIT_NODE_RANK"
 ENV_TERMINATION_MESSAGE_PATH = "MEMFIT_TERMINATION_MESSAGE_PATH"  # overrides /dev/termination-log
 # Fault injection (tests and chaos drills; docs/operator.md)
 ENV_INJECT_OOM_AT_STEP = "MEMFIT_INJECT_OOM_AT_STEP"
+ENV_INJECT_OOM_RANK = "MEMFIT_INJECT_OOM_RANK"
 ENV_INJECT_PEAK_FACTOR = "MEMFIT_INJECT_PEAK_FACTOR"
+ENV_INJECT_KILL_AT_STEP = "MEMFIT_INJECT_KILL_AT_STEP"
+# Set by a user or the test bed, read by the trainer (docs/trainer.md)
+ENV_KEEP_CHECKPOINTS = "MEMFIT_KEEP_CHECKPOINTS"
+ENV_SEED = "MEMFIT_SEED"
+ENV_FIRST_STEPS = "MEMFIT_FIRST_STEPS"  # steps the first-steps memory check covers per attempt; 0 = off
+ENV_DEVICE = "MEMFIT_DEVICE"  # cpu | cuda | simulated-cuda (the local pod runner)
+ENV_CPU_MEMORY_METER = "MEMFIT_CPU_MEMORY_METER"
+ENV_SIMULATED_GPU = "MEMFIT_SIMULATED_GPU"
 # torchrun's own variables (torch.distributed.run reads PET_<flag>)
 ENV_NNODES = "PET_NNODES"
 ENV_NPROC_PER_NODE = "PET_NPROC_PER_NODE"

@@ -32,7 +32,7 @@ from memfit.kube.names import (
     train_job_name,
 )
 from memfit.kube.profile_cache import CachedProfile, parse_profile_cache
-from memfit.kube.train_job import named_claims, parse_plan_record
+from memfit.kube.train_job import PLAN_KEY, named_claims, parse_plan_record
 from memfit.lifecycle import AttemptChildren, JobRef, LaunchSettings, RecordedPlan, Snapshot, World
 from memfit.lifecycle.launch import ANNOTATION_PLAN_JSON
 from memfit.lifecycle.observed import LABEL_JOB_UID, JobSummary, pod_selector, summarize_job
@@ -280,7 +280,7 @@ def _trainer_sample(api: ChildReader, ref: JobRef, index: int, pods: list[Manife
 
 def _annotated_plan(job: Manifest) -> Plan | None:
     raw = ((job.get("metadata") or {}).get("annotations") or {}).get(ANNOTATION_PLAN_JSON)
-    plan, _ = parse_plan_record({"plan.json": raw} if raw else None)
+    plan, _ = parse_plan_record({PLAN_KEY: raw} if raw else None)
     return plan
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 
 import torch
+from memfit.api import pod as contract
 
 from memfit_trainer.meters.cpu import CpuAllocatorMeter
 from memfit_trainer.meters.cuda import CudaMeter
@@ -21,7 +22,7 @@ from memfit_trainer.meters.host import RssMeter
 from memfit_trainer.meters.readings import MemorySample, RegionMemory, RegionMeter, StepMeter
 from memfit_trainer.meters.simulated import ENV_SIMULATED_GPU, SimulatedGpu, SimulatedGpuMeter
 
-ENV_CPU_METER = "MEMFIT_CPU_MEMORY_METER"
+ENV_CPU_METER = contract.ENV_CPU_MEMORY_METER
 
 __all__ = [
     "ENV_CPU_METER",

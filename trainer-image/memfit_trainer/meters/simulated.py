@@ -13,10 +13,12 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from memfit.api import pod as contract
+
 from memfit_trainer.meters.cpu import CpuAllocatorMeter
 from memfit_trainer.meters.readings import MemorySample
 
-ENV_SIMULATED_GPU = "MEMFIT_SIMULATED_GPU"
+ENV_SIMULATED_GPU = contract.ENV_SIMULATED_GPU
 MIB = 2**20
 
 

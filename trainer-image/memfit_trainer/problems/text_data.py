@@ -22,14 +22,15 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from memfit.api import pod as contract
 from memfit.api.data import DataSpec, FileFormat
 
 from memfit_trainer.file_access import denied, diagnose, explain, first_problem, probe
 from memfit_trainer.problems.base import Batch, BatchKey, mix_seed
 from memfit_trainer.problems.errors import ProblemError
 
-ENV_VOLUMES_DIR = "MEMFIT_VOLUMES_DIR"
-DEFAULT_VOLUMES_DIR = "/memfit/volumes"
+ENV_VOLUMES_DIR = contract.ENV_VOLUMES_DIR
+DEFAULT_VOLUMES_DIR = contract.VOLUMES_MOUNT
 IGNORE_INDEX = -100
 _SUFFIXES = {FileFormat.JSONL: (".jsonl", ".json"), FileFormat.PARQUET: (".parquet",),
              FileFormat.CSV: (".csv",), FileFormat.ARROW: (".arrow",)}

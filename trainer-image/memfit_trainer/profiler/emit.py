@@ -7,9 +7,10 @@ import sys
 from pathlib import Path
 from typing import TextIO
 
+from memfit.api import pod as contract
 from memfit.api.profile import Measurement, Profile
 
-TERMINATION_ENV = "MEMFIT_TERMINATION_MESSAGE_PATH"
+TERMINATION_ENV = contract.ENV_TERMINATION_MESSAGE_PATH
 DEFAULT_TERMINATION_PATH = Path("/dev/termination-log")
 MAX_MESSAGE_BYTES = 4096  # Kubernetes truncates termination messages at 4 KiB
 

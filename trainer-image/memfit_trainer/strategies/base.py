@@ -94,3 +94,20 @@ def optimizer_state_facts(optimizer: Any) -> dict[str, Any]:
         "optimizer_state_devices": sorted(devices),
         "optimizer_state_bytes": total,
     }
+
+
+def scaled_backward(loss: torch.Tensor, *, accumulation: int, scaler: Any | None) -> None:
+    """Backward of one micro-batch's share of the step's loss, through the fp16 GradScaler when there is one
+    (DDP's torch.amp.GradScaler, FSDP's ShardedGradScaler)."""
+    scaled = loss / accumulation
+    (scaler.scale(scaled) if scaler is not None else scaled).backward()
+
+
+def scaled_step(optimizer: torch.optim.Optimizer, scaler: Any | None) -> None:
+    """The optimizer step (skipped by the scaler on inf/NaN gradients), then the gradients freed."""
+    if scaler is not None:
+        scaler.step(optimizer)
+        scaler.update()
+    else:
+        optimizer.step()
+    optimizer.zero_grad(set_to_none=True)

@@ -21,7 +21,13 @@ from torch.nn.parallel import DistributedDataParallel
 
 from memfit_trainer.optim import bnb_optimizer, torch_optimizer
 from memfit_trainer.problems import Batch, TrainingProblem
-from memfit_trainer.strategies.base import move_batch, optimizer_state_facts, parameter_facts
+from memfit_trainer.strategies.base import (
+    move_batch,
+    optimizer_state_facts,
+    parameter_facts,
+    scaled_backward,
+    scaled_step,
+)
 from memfit_trainer.strategies.dcp import load_dcp, save_dcp
 
 AUTOCAST_DTYPES = {Precision.BF16: torch.bfloat16, Precision.FP16: torch.float16}
@@ -72,17 +78,11 @@ class DdpRunner:
             )
             with autocast:
                 loss = self.problem.loss_fn(self.model, inputs)
-            scaled = loss / self.accumulation
-            (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()
+            scaled_backward(loss, accumulation=self.accumulation, scaler=self.scaler)
         return loss.detach()
 
     def optimizer_step(self) -> None:
-        if self.scaler is not None:
-            self.scaler.step(self.optimizer)
-            self.scaler.update()
-        else:
-            self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        scaled_step(self.optimizer, self.scaler)
 
     def save(self, directory: Path, tag: str) -> None:
         save_dcp(self.module, self.optimizer, directory, tag)

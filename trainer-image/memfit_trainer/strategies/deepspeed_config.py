@@ -122,7 +122,7 @@ def build_deepspeed_config(plan: Plan, *, cuda: bool) -> dict[str, Any]:
     global_batch = (
         plan.training.global_batch_size
         if plan.training is not None
-        else plan.micro_batch_size * plan.gradient_accumulation_steps * plan.world_size
+        else plan.global_batch(plan.world_size)
     )
     config: dict[str, Any] = {
         "train_batch_size": global_batch,

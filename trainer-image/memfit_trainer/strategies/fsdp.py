@@ -18,7 +18,13 @@ from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, Offlo
 
 from memfit_trainer.optim import LocalShardOptimizer, torch_optimizer
 from memfit_trainer.problems import Batch, TrainingProblem
-from memfit_trainer.strategies.base import move_batch, optimizer_state_facts, parameter_facts
+from memfit_trainer.strategies.base import (
+    move_batch,
+    optimizer_state_facts,
+    parameter_facts,
+    scaled_backward,
+    scaled_step,
+)
 from memfit_trainer.strategies.dcp import load_dcp, save_dcp
 
 PARAM_DTYPES = {Precision.BF16: torch.bfloat16, Precision.FP16: torch.float16}
@@ -86,17 +92,11 @@ class FsdpRunner:
         self.model.set_requires_gradient_sync(last)
         inputs = move_batch(batch, self.device)
         loss = self.problem.loss_fn(self.model, inputs)
-        scaled = loss / self.accumulation
-        (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()
+        scaled_backward(loss, accumulation=self.accumulation, scaler=self.scaler)
         return loss.detach()
 
     def optimizer_step(self) -> None:
-        if self.scaler is not None:
-            self.scaler.step(self.optimizer)
-            self.scaler.update()
-        else:
-            self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        scaled_step(self.optimizer, self.scaler)
 
     def save(self, directory: Path, tag: str) -> None:
         save_dcp(self.model, self.optimizer, directory, tag)
