@@ -93,10 +93,10 @@ def cmd_operator(args: argparse.Namespace) -> int:
         daemon=True,
     ).start()
     if settings.admission_check_seconds:
-        from memfit.controller.admission_check import MemoryFitController
+        from memfit.controller.admission.controller import MemoryFitController
 
         threading.Thread(
-            target=MemoryFitController(api).run_forever,
+            target=MemoryFitController(api, post_event=runtime.events.post).run_forever,
             args=(runtime.stop, settings.admission_check_seconds),
             name="memfit-memory-fit",
             daemon=True,

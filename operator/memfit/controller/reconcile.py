@@ -10,9 +10,9 @@ writes nothing the second time; a crash after any write ends like the clean run 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from memfit import metrics
@@ -22,7 +22,8 @@ from memfit.controller.kubeapi import KubeApi
 from memfit.controller.read_snapshot import observe_snapshot
 from memfit.controller.settings import OperatorSettings
 from memfit.kube.train_job import PLAN_KEY
-from memfit.lifecycle import Decision, Delete, Ensure, Event, World, WriteData, decide
+from memfit.lifecycle import Decision, Delete, Effect, Ensure, Event, World, WriteData, decide
+from memfit.lifecycle.result import PostEvent, SetAdmissionCheck
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +64,7 @@ def reconcile_job(
     operator's background poster), else straight to the API server."""
     snap = observe_snapshot(api, body, settings=settings, world=world, world_source=world_source, now=now)
     decision = decide(snap, timer=metrics.PLAN_SECONDS.time)
-    apply_effects(api, snap.job.namespace, decision)
+    apply_writes(api, snap.job.namespace, decision.effects, post_event=post_event)
     if decision.profile_seconds is not None:
         metrics.PROFILE_SECONDS.observe(decision.profile_seconds)  # the profiler's own wall time
     if decision.status == snap.status and body.get("status"):
@@ -98,10 +99,23 @@ def with_deletions(stored: Manifest, wire: Manifest, *, top: bool = True) -> Man
     return patch
 
 
-def apply_effects(api: KubeApi, namespace: str, decision: Decision) -> None:
-    """Make the decision's writes, in order (the order is part of its crash-safety contract)."""
-    for effect in decision.effects:
-        if isinstance(effect, Ensure):
+def apply_writes(
+    api: KubeApi, namespace: str, effects: Sequence[Effect], *, post_event: Callable[[Manifest], None] | None = None
+) -> None:
+    """Make the writes of a decision (a MOTJ's, or an AdmissionCheck's: lifecycle.admission), in order."""
+    for effect in effects:
+        if isinstance(effect, SetAdmissionCheck):
+            api.apply_workload_check(effect.namespace, effect.workload, {
+                "name": effect.check, "state": effect.state, "message": effect.message,
+                "lastTransitionTime": effect.now})
+        elif isinstance(effect, PostEvent):
+            manifest = event_manifest(effect.involved, reason=effect.reason, message=effect.message,
+                                      type_=effect.type.value, now=datetime.now(UTC))
+            try:
+                (post_event or api.create_event)(manifest)
+            except Exception as error:  # an Event never fails the decision
+                log.warning("could not post event %s for %s: %s", effect.reason, effect.involved.get("name"), error)
+        elif isinstance(effect, Ensure):
             stored, created = api.ensure(effect.manifest)
             wanted = effect.manifest.get("data", {}).get(PLAN_KEY)
             if effect.record and not created and stored.get("data", {}).get(PLAN_KEY) != wanted:

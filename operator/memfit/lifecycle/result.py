@@ -53,7 +53,31 @@ class WriteData:
     exists: bool = False
 
 
-Effect = Ensure | Delete | WriteData
+@dataclass(frozen=True, slots=True)
+class SetAdmissionCheck:
+    """Set one AdmissionCheck's state on a Kueue Workload (server-side apply of its own entry of
+    `status.admissionChecks`): memfit's answer to the memory-fit check (lifecycle.admission)."""
+
+    namespace: str
+    workload: str
+    check: str
+    state: str  # Ready | Retry | Rejected
+    message: str
+    now: str  # lastTransitionTime (RFC 3339)
+
+
+@dataclass(frozen=True, slots=True)
+class PostEvent:
+    """An Event about another object than the MOTJ (a Job memfit did not launch); best effort, posted by
+    the operator's event poster."""
+
+    involved: Manifest  # apiVersion, kind, name, namespace, uid
+    type: EventType
+    reason: str
+    message: str
+
+
+Effect = Ensure | Delete | WriteData | SetAdmissionCheck | PostEvent
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,4 +1,4 @@
-"""The memfit.dev/memory-fit AdmissionCheck's verdicts (memfit.lifecycle.memory_fit): pure, no cluster."""
+"""The memfit.dev/memory-fit AdmissionCheck's verdicts (memfit.lifecycle.admission.memory_fit): pure, no cluster."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import yaml
 from memfit.api.job import MemoryOptimizedTrainingJob
 from memfit.api.pool import GPUNodePool
 from memfit.catalog import CATALOG
-from memfit.lifecycle.memory_fit import (
+from memfit.lifecycle.admission.memory_fit import (
     GpuRequest,
     Verdict,
     check_memory_fit,
