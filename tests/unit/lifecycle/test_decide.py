@@ -112,6 +112,8 @@ def test_profiling_failure_fails_the_job(case: str) -> None:
     assert h.stored.phase == Phase.FAILED
     assert h.condition("Failed") == ("True", "ProfilingFailed", message)
     assert decision.reasons() == ["ProfilingFailed"]
+    # What the operator counts and does next comes with the decision (no event-reason matching).
+    assert decision.profiling_failed and decision.replans == () and decision.requeue
     assert not any(c.startswith("Job/j-train") for c in h.children())
     assert_idempotent(h)
 
@@ -316,6 +318,7 @@ def test_oom_replans_with_escalation() -> None:
     decision = h.reconcile()
     status = h.stored
     assert status.phase == Phase.REPLANNING
+    assert decision.replans == (AttemptOutcome.OUT_OF_MEMORY,) and decision.requeue and not decision.profiling_failed
     assert status.attempts[0].outcome == AttemptOutcome.OUT_OF_MEMORY
     assert status.attempts[0].measured_peak_bytes == 15 * 2**30
     assert status.attempts[0].reason == f"CUDAOutOfMemory at step 3 on {first['nodePool']} (peak 15.00Gi)"
