@@ -72,10 +72,10 @@ def strategy_from_pins(pins: StrategySpec, *, optimizer: OptimizerKind, world_si
     engine = Engine.DDP if pins.engine == Engine.AUTO else pins.engine
     micro = pins.micro_batch_size if isinstance(pins.micro_batch_size, int) else 1
     if accumulation_steps is None:
-        # The rule's split where it divides; otherwise 1 (an estimate of one configuration, not a plan).
+        # The rule's split where it divides; otherwise the nearest split below (an estimate, not a plan).
         exact = accumulation_steps_for(global_batch_size, world_size=world_size, micro_batch_size=micro) \
             if global_batch_size else None
-        accumulation_steps = exact or 1
+        accumulation_steps = exact or (max(1, global_batch_size // (world_size * micro)) if global_batch_size else 1)
     config = TrainingConfig.model_construct(
         engine=engine,
         zero_stage=DEFAULT_STAGE[engine] if pins.zero_stage == "auto" else int(pins.zero_stage),
