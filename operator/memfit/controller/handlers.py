@@ -57,12 +57,14 @@ class Runtime:
         self._written: dict[Key, str] = {}  # resourceVersion our last status patch made
         self._terminal: set[Key] = set()
 
-    def note(self, key: Key, *, phase: str, written: str) -> None:
-        """Remember the job's phase and the resourceVersion of our status patch (if any)."""
+    def note(self, key: Key, *, phase: str, written: str, settled: bool = True) -> None:
+        """Remember the job's phase and the resourceVersion of our status patch (if any). A finished job
+        is known terminal (skipped by the resync) only once its decision asks for no further pass: a
+        job that just failed is not, until the pass that gives its GPUs back went through."""
         with self._guard:
             if written:
                 self._written[key] = written
-            if phase in TERMINAL:
+            if phase in TERMINAL and settled:
                 self._terminal.add(key)
             else:
                 self._terminal.discard(key)
@@ -156,7 +158,8 @@ def _reconcile_once(runtime: Runtime, api: KubeApi, namespace: str, name: str) -
         )
         status = applied.status if applied else (body.get("status") or {})
         written = applied.resource_version if applied else ""
-        runtime.note((namespace, name), phase=str(status.get("phase", "")), written=written)
+        settled = not (applied is not None and applied.decision.requeue)
+        runtime.note((namespace, name), phase=str(status.get("phase", "")), written=written, settled=settled)
         metrics.JOBS.observe(metrics.JobSnapshot.from_status(namespace, name, status))
         if applied:
             _count(namespace, applied.decision)

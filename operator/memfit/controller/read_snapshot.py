@@ -169,6 +169,9 @@ def _leftovers(api: ChildReader, ref: JobRef, status: MemoryOptimizedTrainingJob
         job = api.get_job(ref.namespace, name)
         if job is None:
             continue
+        summary = summarize_job(job, [], name, None)
+        if summary.finished:
+            continue  # holds nothing: kept for inspection, its pods not even listed
         labels = (job.get("metadata") or {}).get("labels") or {}
         attempt = labels.get(LABEL_ATTEMPT)
         component = COMPONENT_PROFILER if name == profile_job_name(ref.name) else COMPONENT_TRAINER

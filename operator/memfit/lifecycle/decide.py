@@ -28,12 +28,12 @@ def decide(snap: Snapshot, *, timer: Timer = nullcontext) -> Decision:
     touches a clock or the cluster."""
     draft = Draft(snap.status, generation=snap.job.generation, now=snap.now)
     spec = snap.spec
-    if spec is None or snap.spec_problems:
-        draft.fail(c.INVALID_SPEC, "; ".join(snap.spec_problems))
-    elif not is_terminal(snap.status):
-        _advance(draft, snap, spec, timer)
     if is_terminal(snap.status):  # finished children stay for inspection; unfinished ones hold GPUs
         release_step(draft, snap)
+    elif spec is None or snap.spec_problems:  # (an edit after the end changes nothing: it is over)
+        draft.fail(c.INVALID_SPEC, "; ".join(snap.spec_problems))
+    else:
+        _advance(draft, snap, spec, timer)
     return draft.decision()
 
 

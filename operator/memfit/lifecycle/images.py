@@ -14,6 +14,9 @@ from memfit.api.job import MemoryOptimizedTrainingJobSpec
 from memfit.api.reasons import Reason
 from memfit.lifecycle.observed import JobSummary, PodSummary
 
+# The condition reasons a Blocker sets while the kubelet retries.
+BLOCKER_REASONS = (Reason.IMAGE_PULL_FAILING, Reason.CONTAINER_CONFIG_ERROR)
+
 
 @dataclass(frozen=True, slots=True)
 class Blocker:

@@ -70,12 +70,15 @@ def monitor_step(draft: Draft, snap: Snapshot, spec: MemoryOptimizedTrainingJobS
     elif job.suspended:
         # Created suspended for Kueue: admission (unsuspend) is Kueue's decision, not a capacity failure;
         # after capacityTimeoutSeconds the job moves to another pool only if that one's quota fits it now.
-        _block(
-            draft,
-            c.WAITING_FOR_ADMISSION,
-            f"training Job {name} is suspended until Kueue admits it (LocalQueue {spec.scheduling.kueue_queue})",
-        )
-        move_if_another_pool_has_quota(draft, snap, spec, plan, job)
+        if not move_if_another_pool_has_quota(draft, snap, spec, plan, job):
+            checked = draft.current is not None and draft.current.quota_checked_at is not None
+            said = c.find(draft.conditions, c.RUNNING)
+            if checked and said is not None and said.reason == c.WAITING_FOR_ADMISSION:
+                # Between two looks at the quota (QUOTA_RECHECK_SECONDS), the last look's words stand.
+                draft.enter(draft.phase, f"{c.WAITING_FOR_ADMISSION}: {said.message}")
+            else:
+                _block(draft, c.WAITING_FOR_ADMISSION, f"training Job {name} is suspended until Kueue admits it "
+                                                       f"(LocalQueue {spec.scheduling.kueue_queue})")
     elif any(p.unschedulable_since is not None for p in job.pods):
         _unschedulable(draft, snap, spec, plan, job)
     elif not _pods_not_created(draft, snap, spec, job):
@@ -84,12 +87,16 @@ def monitor_step(draft: Draft, snap: Snapshot, spec: MemoryOptimizedTrainingJobS
         current = draft.current
         if children.trainer is not None and children.trainer.attempt == index:
             _read_progress(draft, snap, spec, plan, children.trainer)
-        if len(running) >= plan.nodes and current is not None and current.outcome != AttemptOutcome.RUNNING:
-            draft.update_current(outcome=AttemptOutcome.RUNNING)
+        if len(running) >= plan.nodes and current is not None and (
+            current.outcome != AttemptOutcome.RUNNING or not draft.condition_is(c.RUNNING, True)
+        ):
+            # Also after a replaced pod that was blocked for a while runs again: Running=True comes back.
             msg = f"{len(running)} training pod(s) running on {plan.node_pool}: {plan.describe()}"
+            if current.outcome != AttemptOutcome.RUNNING:
+                draft.update_current(outcome=AttemptOutcome.RUNNING)
+                draft.event(c.PODS_RUNNING, msg)
             draft.set(c.RUNNING, True, c.PODS_RUNNING, msg)
             draft.enter(Phase.RUNNING, msg)
-            draft.event(c.PODS_RUNNING, msg)
 
 
 def _read_progress(

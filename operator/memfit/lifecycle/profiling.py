@@ -24,7 +24,7 @@ from memfit.kube.profile_cache import CachedProfile, build_profile_cache
 from memfit.kube.profile_job import build_profile_input, build_profile_job
 from memfit.lifecycle import conditions as c
 from memfit.lifecycle.draft import Draft
-from memfit.lifecycle.images import pod_blocker
+from memfit.lifecycle.images import BLOCKER_REASONS, pod_blocker
 from memfit.lifecycle.observed import JobSummary
 from memfit.lifecycle.profile_fit import (
     ANALYTIC,
@@ -225,13 +225,17 @@ def _record_spend(draft: Draft, snap: Snapshot, job: JobSummary, pool: str, outc
 
 
 def _profiling(draft: Draft, pool: str, name: str, choice: ProfilingChoice) -> None:
-    if draft.phase != Phase.PROFILING:
+    """Profiling: entered once with an Event; a blocker that cleared (the Secret created, the image
+    pulled) gives the condition and the MESSAGE column back to the profiling message."""
+    unblocked = draft.condition_reason(c.PROFILED) in BLOCKER_REASONS
+    if draft.phase != Phase.PROFILING or unblocked:
         depth = f", depth-reduced: {choice.reason}" if choice.depth == REDUCED and choice.reason else (
             ", depth-reduced" if choice.depth == REDUCED else "")
         msg = f"profiling on pool {pool} (Job {name}{depth})"
+        if draft.phase != Phase.PROFILING:
+            draft.event(c.PROFILING, msg)
         draft.enter(Phase.PROFILING, msg)
         draft.set(c.PROFILED, False, c.PROFILING, msg)
-        draft.event(c.PROFILING, msg)
 
 
 def _move_queued(

@@ -26,8 +26,8 @@ def move_if_another_pool_has_quota(
     False while the job should keep waiting in its queue (the Running condition then says why)."""
     current = draft.current
     world, cache = snap.world, snap.profile_cache
-    if current is None or current.started_at is None or world is None or world.queue_quota is None or cache is None:
-        return False
+    if current is None or current.started_at is None or world is None:
+        return False  # not due (the reader read no pools: lifecycle.snapshot.needs_quota_to_monitor)
     if current.outcome == AttemptOutcome.RUNNING:
         return False  # it ran, and Kueue evicted it: Kueue re-queues it where it ran, with its checkpoints
     waited = int((snap.now - current.started_at).total_seconds())
@@ -35,6 +35,10 @@ def move_if_another_pool_has_quota(
     if waited < timeout:
         return False
     quota = world.queue_quota
+    if quota is None or cache is None:
+        # No ClusterQueue quota (or profile) to compare against: look again QUOTA_RECHECK_SECONDS later.
+        draft.update_current(quota_checked_at=snap.now)
+        return False
     excluded = frozenset(a.node_pool for a in draft.attempts if a.outcome == AttemptOutcome.NO_CAPACITY)
     outcome = plan_job(
         spec=spec,

@@ -290,3 +290,25 @@ def test_a_job_plans_onto_quota_its_queue_can_borrow() -> None:
     h.objects[("ClusterQueue", "research")] = cohort_queue("research", "org", {"t4-spot": 0, "l4-ondemand": 4}, {})
     h.reconcile()
     assert h.stored.plan is not None and h.stored.plan.node_pool == "l4-ondemand"
+
+
+def test_between_two_looks_at_the_quota_nothing_is_written() -> None:
+    """Past the capacity timeout the quota is looked at every QUOTA_RECHECK_SECONDS; the passes between
+    two looks (resyncs) change nothing, so the status is not written on every resync."""
+    h = queued_harness({"t4-spot": 1, "l4-ondemand": 0}, {})
+    h.reconcile()
+    h.objects[("ClusterQueue", "cq")] = cluster_queue({"t4-spot": 1, "l4-ondemand": 0}, {"t4-spot": 1})
+    workload(h, "j-train-0", QuotaReserved=("False", "Pending", NO_QUOTA))
+    h.later(660)
+    h.reconcile()  # the first look
+    looked = h.status
+    assert "it keeps its place in the queue" in h.condition("Running")[2]
+    assert h.stored.message.startswith("WaitingForAdmission: LocalQueue team-a has not admitted")
+    for _ in range(5):
+        h.later(5)
+        h.reconcile()
+        assert h.status == looked
+    h.later(5)  # 30 s after the first look: the second, whose only change is when it looked
+    h.reconcile()
+    assert h.stored.attempts[0].quota_checked_at == T0 + timedelta(seconds=690)
+    assert "it keeps its place in the queue" in h.condition("Running")[2]

@@ -97,3 +97,48 @@ def test_the_message_shows_what_blocks_then_the_plan_again() -> None:
     h.add_pod("j-train-0", phase="Pending")  # the Secret was created: the pod starts
     h.reconcile()
     assert h.stored.message == planned and h.condition("Running")[1] == "Launching"
+
+
+def test_a_running_job_whose_replacement_pod_was_blocked_gets_running_true_back() -> None:
+    h = launched(recovery={"capacityTimeoutSeconds": 600})
+    h.start("j-train-0")
+    h.add_pod("j-train-0")
+    h.reconcile()
+    assert h.condition("Running")[:2] == ("True", "PodsRunning")
+    h.pods.clear()
+    _secret_missing(h)  # the replacement pod waits for a Secret
+    h.reconcile()
+    assert h.condition("Running")[:2] == ("False", "ContainerConfigError")
+    h.pods.clear()
+    h.add_pod("j-train-0")  # the Secret exists: it runs again
+    decision = h.reconcile()
+    assert h.condition("Running")[:2] == ("True", "PodsRunning") and h.stored.message.startswith("1 training pod(s)")
+    assert "PodsRunning" not in decision.reasons(), "the attempt was already Running: no second event"
+    assert h.reconcile().effects == () and h.reconcile().status == decision.status
+
+
+def test_a_profiling_pod_that_was_blocked_shows_profiling_again() -> None:
+    h = Harness(spec=quickstart())
+    h.reconcile()
+    h.start("j-profile")
+    init = {"name": "profiler", "state": {"waiting": {"reason": "CreateContainerConfigError",
+                                                      "message": 'secret "hf-token" not found'}}}  # fmt: skip
+    h.add_pod("j-profile", phase="Pending", containerStatuses=[init])
+    h.reconcile()
+    assert h.condition("Profiled")[1] == "ContainerConfigError"
+    assert h.stored.message.startswith("ContainerConfigError: profiling pod j-profile-0")
+    h.pods.clear()
+    h.add_pod("j-profile")
+    h.reconcile()
+    assert h.condition("Profiled")[:2] == ("False", "Profiling") and h.stored.message.startswith("profiling on pool")
+
+
+def test_a_spec_edited_after_success_leaves_the_job_succeeded() -> None:
+    h = launched()
+    h.start("j-train-0")
+    h.finish("j-train-0")
+    h.reconcile()
+    assert h.stored.phase == Phase.SUCCEEDED
+    h.spec = quickstart(training={"globalBatchSize": -1})
+    decision = h.reconcile()
+    assert h.stored.phase == Phase.SUCCEEDED and decision.events == () and not decision.requeue

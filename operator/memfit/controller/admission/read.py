@@ -48,7 +48,8 @@ def observe_workload(api: KubeApi, workload: Manifest, pending: tuple[str, ...],
     ref = problem_config_map(job)
     config_map = api.get_config_map(namespace, ref) if ref else None
     problem = dict(config_map.get("data") or {}) if config_map is not None else None
-    request = gpu_request(workload)
+    # The flavor and the queue's pools matter only to a Job that names a problem memfit can read.
+    request = gpu_request(workload) if problem is not None else None
     flavor = (api.get_resource_flavor(request.flavor) or {}) if request is not None else {}
     return WorkloadSnapshot(
         workload=workload,
