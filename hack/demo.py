@@ -7,7 +7,12 @@ finishes, and prints the plan, the savings against the baseline and where the me
 Where the machine supports it (root, containerd, the node binaries: the capability check is printed),
 the profiler and trainer pods run as containers of the trainer image built from trainer-image/Dockerfile
 on a real node (kubelet + containerd, docs/realnode.md) standing in for the `t4-spot` pool; elsewhere
-they run, on CPU, as processes of the local pod runner (docs/testcluster.md). The demo prints which.
+they run, on CPU, as processes of the local pod runner (docs/testcluster.md). The demo prints which, and
+at the end the node and container runtime each pod of the job ran on.
+
+`--finetune` (`make demo-finetune`) runs examples/finetune-tiny.yaml instead, on claims `models` and
+`corpus` holding a tiny pretrained Llama and a JSONL corpus made here (memfit_testbed.claims: on the real
+node, hostPath volumes on it; with the pod runner, the provisioner's folders).
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -22,6 +28,7 @@ import urllib.request
 from pathlib import Path
 
 from memfit_testbed import kwok_pools, testcluster
+from memfit_testbed.memfit_api import install_memfit_api
 from memfit_testbed.paths import REPO
 
 
@@ -57,36 +64,33 @@ def choose_runtime(wanted: str) -> bool:
     return False
 
 
-def describe_runtime(kubeconfig: Path, job: str) -> str:
-    """The nodes and container runtimes the job's pods ran on, from their status."""
+def observe_pod_runtimes(kubeconfig: Path, job: str) -> dict[str, str]:
+    """Pod name -> the node and container runtime it runs on, from the pods' status (memfit deletes a
+    finished attempt's pods: call it while the job runs)."""
     pods = json.loads(kubectl(kubeconfig, "get", "pods", "-l", f"memfit.dev/job={job}", "-o", "json"))["items"]
-    seen = set()
+    seen = {}
     for pod in pods:
         cid = ((pod.get("status", {}).get("containerStatuses") or [{}])[0]).get("containerID", "")
-        runtime = cid.split("://")[0] or "?"
+        runtime = cid.split("://")[0]
+        if not runtime:
+            continue  # not started yet
         kind = "real kubelet, containers" if runtime == "containerd" else "local pod runner, processes"
-        seen.add(f"{pod['spec'].get('nodeName')} ({runtime}: {kind})")
-    return ", ".join(sorted(seen)) or "no pods found"
+        seen[pod["metadata"]["name"]] = f"{pod['spec'].get('nodeName')} ({runtime}: {kind})"
+    return seen
 
 
-def prepare_finetune_volumes(kubeconfig: Path, workdir: Path, namespace: str) -> None:
+def prepare_finetune_claims(kubeconfig: Path, workdir: Path, namespace: str) -> dict[str, Path]:
     """Claims `models` (a tiny pretrained Llama + tokenizer at tiny-llama/) and `corpus` (train.jsonl,
-    eval.jsonl), bound by the test bed's provisioner to the folders the pod runner mounts."""
-    from memfit_testbed.finetune_data import make_volumes
+    eval.jsonl), as `hack/testcluster claims --finetune-data` makes them; claim name -> host folder."""
+    from kubernetes import client, config
+    from memfit_testbed.claims import FINETUNE_CLAIMS, ensure_claims, fill_finetune_claims
 
-    for claim in ("models", "corpus"):
-        doc = {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": claim, "namespace": namespace},
-               "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "1Gi"}}}}
-        subprocess.run(["kubectl", "apply", "-f", "-"], input=json.dumps(doc), text=True, check=True,
-                       capture_output=True, env={**os.environ, "KUBECONFIG": str(kubeconfig)})
-        kubectl(kubeconfig, "wait", "--for=jsonpath={.status.phase}=Bound", "--timeout=60s", "-n", namespace,
-                f"pvc/{claim}")
-    claims = workdir / "pod-runner" / "claims" / namespace
-    made = make_volumes(claims)  # models/tiny-llama and data/*.jsonl
-    (claims / "corpus").mkdir(parents=True, exist_ok=True)
-    for name in ("train.jsonl", "eval.jsonl"):
-        (claims / "corpus" / name).write_bytes((made / "data" / name).read_bytes())
-    print(f"==> claims models (tiny pretrained Llama) and corpus (JSONL) ready under {claims}", flush=True)
+    api = client.CoreV1Api(config.new_client_from_config(config_file=str(kubeconfig)))
+    made = ensure_claims(api, workdir=workdir, namespace=namespace, names=FINETUNE_CLAIMS)
+    fill_finetune_claims(made)
+    print(f"==> claims models (tiny pretrained Llama) and corpus (JSONL) ready ({made[0].where}): "
+          f"{', '.join(str(c.folder) for c in made)}", flush=True)
+    return {c.name: c.folder for c in made}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -99,11 +103,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="where the pods run: a real node when supported (auto), or force one")
     ap.add_argument("--finetune", action="store_true",
                     help="the fine-tune demo: examples/finetune-tiny.yaml on claims `models` and `corpus` holding "
-                         "a tiny pretrained Llama and a JSONL corpus made here (pod runner)")
+                         "a tiny pretrained Llama and a JSONL corpus made here")
     args = ap.parse_args(argv)
     if args.finetune:
         args.job = REPO / "examples" / "finetune-tiny.yaml"
-        args.runtime = "pod-runner"
 
     real = choose_runtime(args.runtime)
     cluster = testcluster.TestCluster(workdir=args.dir.resolve(), pod_runner=not real)
@@ -132,9 +135,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"==> real node {node.node_name} Ready in {secs:.0f}s for pool {node.pool}; trainer image "
                   f"{node.images.trainer}", flush=True)
             operator_args = ["--trainer-image", node.images.trainer]
-        kubectl(kube, "apply", "--server-side", "-f", str(REPO / "crds"))
-        kubectl(kube, "wait", "--for=condition=Established", "--timeout=60s", "crd", "--all")
-        kubectl(kube, "apply", "-f", str(REPO / "hack" / "kwok" / "gpunodepools.yaml"))
+        install_memfit_api(kube)  # crds/ and hack/kwok/gpunodepools.yaml, as `hack/testcluster up` does
         log_path = args.dir / "operator.log"
         print(f"==> starting memfit operator (log: {log_path}, metrics: http://127.0.0.1:{metrics_port}/metrics)")
         env = {**os.environ, "KUBECONFIG": str(kube)}
@@ -147,14 +148,18 @@ def main(argv: list[str] | None = None) -> int:
         print(kubectl(kube, "get", "gpunodepools"))
         doc_name = json.loads(kubectl(kube, "create", "--dry-run=client", "-o", "json", "-f", str(args.job)))
         name = doc_name["metadata"]["name"]
+        claim_folders: dict[str, Path] = {}
         if args.finetune:
-            prepare_finetune_volumes(kube, cluster.workdir, doc_name["metadata"].get("namespace") or "default")
+            claim_folders = prepare_finetune_claims(kube, cluster.workdir,
+                                                    doc_name["metadata"].get("namespace") or "default")
         kubectl(kube, "apply", "-f", str(args.job))
         print(f"==> applied {args.job.name}; phases:", flush=True)
         last = ""
         deadline = time.monotonic() + args.timeout
         job: dict = {}
+        ran_on: dict[str, str] = {}
         while time.monotonic() < deadline:
+            ran_on.update(observe_pod_runtimes(kube, name))
             job = json.loads(kubectl(kube, "get", "motj", name, "-o", "json"))
             status = job.get("status") or {}
             line = f"{status.get('phase', 'Pending')}: {status.get('message', '')}"
@@ -180,16 +185,23 @@ def main(argv: list[str] | None = None) -> int:
         with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5) as resp:
             lines = [x for x in resp.read().decode().splitlines() if x.startswith("memfit_job")]
         print("==> metrics (memfit_job_*):\n  " + "\n  ".join(lines[:12]))
-        print(f"==> the pods ran on: {describe_runtime(kube, name)}")
+        ran_on.update(observe_pod_runtimes(kube, name))
+        print("==> the pods ran on: " + (", ".join(sorted(set(ran_on.values()))) or "no pods seen running"))
+        for pod, where in sorted(ran_on.items()):
+            print(f"  {pod}: {where}")
         ok = status.get("phase") == "Succeeded"
         if args.finetune and ok:
-            ns = doc_name["metadata"].get("namespace") or "default"
             output = doc_name["spec"]["output"]
-            saved = cluster.workdir / "pod-runner" / "claims" / ns / output["volumeClaim"] / output["path"]
+            saved = claim_folders[output["volumeClaim"]] / output["path"]
             summary = json.loads((saved / "memfit_training.json").read_text())
             print(f"==> eval loss: {summary['initial_eval_loss']:.3f} -> {summary['final_eval_loss']:.3f}")
             print(f"==> saved: {saved} (claim {output['volumeClaim']}, path {output['path']})")
-        print(f"==> {name} {status.get('phase')} in {time.monotonic() - started:.0f}s")
+            if real and not args.keep:  # the node's folders go with it at the end: keep a copy
+                kept = args.dir.resolve() / "finetuned" / output["path"]
+                shutil.copytree(saved, kept, dirs_exist_ok=True)
+                print(f"==> copied to {kept} (the real node's volumes are removed when it stops)")
+        where = f"on the real node {node.node_name} (containers)" if node else "with the local pod runner (processes)"
+        print(f"==> {name} {status.get('phase')} in {time.monotonic() - started:.0f}s, {where}")
         if args.keep:
             print(f"cluster and operator keep running: export KUBECONFIG={kube}; stop with "
                   f"`hack/testcluster down --dir {args.dir}` and `kill {operator.pid}`")

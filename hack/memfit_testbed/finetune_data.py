@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import random
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -77,6 +79,19 @@ def make_volumes(root: Path, *, seed: int = 0, tied: bool = False, dtype: str = 
                                  for t in train[:40]])
     _jsonl(data / "numbers.jsonl", [{"text": i} for i in range(10)])
     return root
+
+
+def write_example_claims(models: Path, corpus: Path, *, seed: int = 0) -> None:
+    """What examples/finetune-tiny.yaml reads, written into two claims' folders: `models`/tiny-llama (model
+    and tokenizer) and `corpus`/{train,eval}.jsonl; the output goes to `models`/out/ later."""
+    with tempfile.TemporaryDirectory() as tmp:
+        made = make_volumes(Path(tmp), seed=seed)
+        shutil.copytree(made / MODEL_CLAIM / MODEL_PATH, models / MODEL_PATH, dirs_exist_ok=True)
+        corpus.mkdir(parents=True, exist_ok=True)
+        for name in ("train.jsonl", "eval.jsonl"):
+            shutil.copy2(made / DATA_CLAIM / name, corpus / name)
+    for path in (models / MODEL_PATH, *sorted((models / MODEL_PATH).rglob("*")), corpus, *corpus.iterdir()):
+        path.chmod(0o755 if path.is_dir() else 0o644)  # readable by the pods' non-root user
 
 
 def _jsonl(path: Path, rows: list[dict[str, Any]]) -> None:

@@ -5,7 +5,6 @@ printed, where the machine cannot run a real node; the pod-runner tiers cover th
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -15,6 +14,7 @@ import pytest
 from kubernetes import config
 from memfit_testbed import testcluster
 from memfit_testbed.cluster_helpers import Kube
+from memfit_testbed.memfit_api import install_memfit_api
 from memfit_testbed.operator_helpers import operator_process
 from memfit_testbed.realnode.cluster import real_node_cluster
 from memfit_testbed.realnode.node import RealNode, unsupported_reason
@@ -56,15 +56,9 @@ def rnode(real_cluster: tuple[testcluster.TestCluster, RealNode]) -> RealNode:
 
 @pytest.fixture(scope="session")
 def rcrds(real_cluster: tuple[testcluster.TestCluster, RealNode]) -> None:
+    """memfit's CRDs and the GPUNodePools of hack/kwok/gpunodepools.yaml, as `hack/testcluster up` installs them."""
     cluster, _ = real_cluster
-    env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig)}
-    repo = Path(__file__).resolve().parents[2]
-    subprocess.run(["kubectl", "apply", "--server-side", "--force-conflicts", "-f", str(repo / "crds")],
-                   check=True, env=env, capture_output=True)
-    subprocess.run(["kubectl", "wait", "--for=condition=Established", "--timeout=60s", "crd", "--all"],
-                   check=True, env=env, capture_output=True)
-    subprocess.run(["kubectl", "apply", "-f", str(repo / "hack" / "kwok" / "gpunodepools.yaml")],
-                   check=True, env=env, capture_output=True)
+    install_memfit_api(cluster.kubeconfig)
 
 
 @pytest.fixture(scope="module")

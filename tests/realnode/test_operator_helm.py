@@ -18,7 +18,9 @@ from memfit_testbed.operator_helpers import create_job, get_job, quickstart, wai
 from memfit_testbed.realnode.node import RealNode
 
 pytestmark = [pytest.mark.realnode, pytest.mark.slow]
-CHART = Path(__file__).resolve().parents[2] / "charts" / "memfit"
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "charts" / "memfit"
+OPERATOR_VALUES = REPO / "hack" / "realnode" / "operator-values.yaml"
 NS = "memfit-system"
 
 
@@ -34,18 +36,12 @@ def helm(cluster: testcluster.TestCluster, *args: str, check: bool = True) -> su
 @pytest.fixture(scope="module")
 def helm_operator(real_cluster: Any, rkube: Kube, rnode: RealNode, rcrds: None) -> Iterator[str]:
     cluster, _ = real_cluster
-    assert rnode.images is not None
-    op_repo, _, op_tag = rnode.images.operator.partition(":")
-    tr_repo, _, tr_tag = rnode.images.trainer.partition(":")
     rkube.core.create_namespace({"metadata": {"name": NS, "labels": {
         "pod-security.kubernetes.io/enforce": "restricted"}}})
-    # The CRDs are already applied (rcrds, server-side): the chart must not own them too.
-    helm(cluster, "install", "memfit", str(CHART), "-n", NS, "--wait", "--timeout", "180s", "--set", "crds.enabled=false",
-         "--set", f"image.repository={op_repo}", "--set", f"image.tag={op_tag}",
-         "--set", f"trainer.image.repository={tr_repo}", "--set", f"trainer.image.tag={tr_tag}",
-         "--set-string", r"operator.nodeSelector.memfit\.dev/real-node=true",
-         "--set", "operator.tolerations[0].key=nvidia.com/gpu",
-         "--set", "operator.tolerations[0].operator=Exists",
+    # The values of docs/realnode.md: the committed file puts the operator on the real node (not a KWOK node)
+    # and leaves the CRDs to rcrds; the node's images file names the images it holds.
+    helm(cluster, "install", "memfit", str(CHART), "-n", NS, "--wait", "--timeout", "180s",
+         "-f", str(OPERATOR_VALUES), "-f", str(rnode.images_values),
          "--set-json", 'operator.extraArgs=["--resync-seconds","1"]')
     try:
         yield NS

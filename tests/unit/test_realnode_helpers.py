@@ -1,12 +1,15 @@
 """The real node's pure helpers: image tags from input hashes, image names as containerd stores them,
-the node's labels from its pool (docs/realnode.md). The node itself is tested in tests/realnode."""
+the node's labels from its pool, the Helm values naming its images and placing the operator on it, its
+hostPath volumes (docs/realnode.md). The node itself is tested in tests/realnode."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
-from memfit_testbed.realnode import images
+import yaml
+from memfit_testbed.paths import REPO
+from memfit_testbed.realnode import images, volumes
 from memfit_testbed.realnode.node import RealNode
 
 
@@ -54,3 +57,38 @@ def test_readme_is_a_stub_in_the_image_hash(tmp_path: Path) -> None:
     first = images.digest_paths(tmp_path, ["README.md"])
     (tmp_path / "README.md").write_text("two\n")
     assert images.digest_paths(tmp_path, ["README.md"]) == first
+
+
+@pytest.mark.parametrize(("operator", "trainer", "values"), [
+    ("memfit/operator:test-1", "memfit/trainer:test-2",
+     {"image": {"repository": "memfit/operator", "tag": "test-1"},
+      "trainer": {"image": {"repository": "memfit/trainer", "tag": "test-2"}}}),
+    ("localhost:5000/op:v1", "localhost:5000/tr:v2",
+     {"image": {"repository": "localhost:5000/op", "tag": "v1"},
+      "trainer": {"image": {"repository": "localhost:5000/tr", "tag": "v2"}}}),
+], ids=["test tags", "registry with a port"])
+def test_helm_values_name_the_node_images(operator: str, trainer: str, values: dict[str, object]) -> None:
+    imgs = images.Images(base="b", pause="p", operator=operator, trainer=trainer)
+    assert imgs.helm_values() == values
+
+
+def test_operator_values_select_the_real_node_and_tolerate_its_taint() -> None:
+    """hack/realnode/operator-values.yaml matches what the node registers with (its label and its taint)."""
+    values = yaml.safe_load((REPO / "hack" / "realnode" / "operator-values.yaml").read_text())
+    labels = dict(kv.split("=", 1) for kv in RealNode(cluster_dir=Path("/x"), apiserver_port=1)._labels().split(","))
+    assert values["operator"]["nodeSelector"].items() <= labels.items()
+    assert values["operator"]["tolerations"] == [
+        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    assert values["crds"] == {"enabled": False}  # hack/testcluster up applies crds/ server-side
+
+
+def test_local_volume_is_a_hostpath_pinned_to_the_node_and_prebound_to_its_claim() -> None:
+    pv, pvc = volumes.build_local_volume(namespace="ml", claim="models", node_name="memfit-real-0", size="2Gi")
+    assert pv["metadata"]["name"] == "ml-models" == pvc["spec"]["volumeName"]
+    assert pv["spec"]["hostPath"] == {"path": "/var/lib/memfit-kubelet/volumes-local/ml-models", "type": "Directory"}
+    assert pv["spec"]["claimRef"] == {"namespace": "ml", "name": "models"}
+    term = pv["spec"]["nodeAffinity"]["required"]["nodeSelectorTerms"][0]["matchExpressions"][0]
+    assert term == {"key": "kubernetes.io/hostname", "operator": "In", "values": ["memfit-real-0"]}
+    # storageClassName "" on both: the default StorageClass (the test bed's provisioner) stays out.
+    assert pv["spec"]["storageClassName"] == "" == pvc["spec"]["storageClassName"]
+    assert pv["spec"]["capacity"]["storage"] == "2Gi" == pvc["spec"]["resources"]["requests"]["storage"]

@@ -27,6 +27,7 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from memfit_testbed.paths import HACK, REPO
 
@@ -73,6 +74,14 @@ class Images:
 
     def as_dict(self) -> dict[str, str]:
         return {"base": self.base, "pause": self.pause, "operator": self.operator, "trainer": self.trainer}
+
+    def helm_values(self) -> dict[str, dict[str, Any]]:
+        """charts/memfit values naming the operator and trainer images as the node holds them (a tag per
+        input hash, never `latest`, so the chart's IfNotPresent pulls nothing)."""
+        op_repo, _, op_tag = self.operator.rpartition(":")
+        tr_repo, _, tr_tag = self.trainer.rpartition(":")
+        return {"image": {"repository": op_repo, "tag": op_tag},
+                "trainer": {"image": {"repository": tr_repo, "tag": tr_tag}}}
 
 
 def log(msg: str) -> None:

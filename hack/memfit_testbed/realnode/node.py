@@ -31,6 +31,7 @@ APISERVER_PORT = 6443  # the forwarder's port on NODE_IP (the `kubernetes` Servi
 CNI_NAME = "memfit-realnode"
 NODE_NAME = "memfit-real-0"
 DEFAULT_POOL = "t4-spot"
+IMAGES_VALUES = "realnode-images.yaml"  # in the cluster's folder: Helm values naming the node's images
 
 
 class NodeError(RuntimeError):
@@ -111,6 +112,7 @@ class RealNode:
             self._start("containerd", ["containerd", f"--config={RUN / 'containerd.toml'}"])
             self._wait(lambda: (RUN / "containerd.sock").exists(), 30, "containerd's socket")
             self.images = ensure_images(load_into=RUN / "containerd.sock")
+            self._write_images_values()
             self._start("forward", [sys.executable, "-m", "memfit_testbed.realnode.forward",
                                     f"{NODE_IP}:{APISERVER_PORT}", f"127.0.0.1:{self.apiserver_port}",
                                     f"--tag={RUN}"])
@@ -137,22 +139,23 @@ class RealNode:
     def local_volume(self, namespace: str, claim: str, size: str = "1Gi") -> Path:
         """A PersistentVolumeClaim bound to a hostPath PersistentVolume on this node (static provisioning:
         the folder lives under the kubelet's root, which the teardown removes); returns the folder."""
-        folder = KUBELET_ROOT / "volumes-local" / f"{namespace}-{claim}"
-        folder.mkdir(parents=True, exist_ok=True)
-        folder.chmod(0o1777)  # any pod UID may write, as on a fresh volume
-        api = self._api()
-        api.create_persistent_volume({
-            "metadata": {"name": f"{namespace}-{claim}", "labels": {"memfit.dev/real-node": "true"}},
-            "spec": {"capacity": {"storage": size}, "accessModes": ["ReadWriteOnce"], "storageClassName": "",
-                     "persistentVolumeReclaimPolicy": "Retain", "claimRef": {"namespace": namespace, "name": claim},
-                     "hostPath": {"path": str(folder), "type": "Directory"},
-                     "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [
-                         {"key": "kubernetes.io/hostname", "operator": "In", "values": [self.node_name]}]}]}}}})
-        api.create_namespaced_persistent_volume_claim(namespace, {
-            "metadata": {"name": claim},
-            "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": "", "volumeName": f"{namespace}-{claim}",
-                     "resources": {"requests": {"storage": size}}}})
-        return folder
+        from memfit_testbed.realnode.volumes import ensure_local_volume
+
+        return ensure_local_volume(self._api(), namespace=namespace, claim=claim, node_name=self.node_name,
+                                   size=size)
+
+    @property
+    def images_values(self) -> Path:
+        """The Helm values file naming the node's operator and trainer images (written by start())."""
+        return self.cluster_dir / IMAGES_VALUES
+
+    def _write_images_values(self) -> None:
+        import yaml
+
+        assert self.images is not None
+        header = ("# charts/memfit values: the operator and trainer images this machine built and loaded into\n"
+                  f"# the real node {self.node_name} (written by `hack/testcluster up --real-node`; docs/realnode.md).\n")
+        self.images_values.write_text(header + yaml.safe_dump(self.images.helm_values(), sort_keys=False))
 
     # --- configuration ---------------------------------------------------------------------------
 
