@@ -33,7 +33,7 @@ from typing import Any
 
 import yaml
 
-from memfit_testbed.paths import HACK
+from memfit_testbed.paths import testbin_dir
 from memfit_testbed.testcluster import _die_with_parent, free_port
 
 NAMESPACE = "kueue-system"
@@ -58,12 +58,7 @@ class KueueError(RuntimeError):
 
 def find_kueue_dir() -> Path:
     """Kueue's folder (bin/kueue, config/crd, config/webhook): $MEMFIT_KUEUE_DIR, else install-testbin's."""
-    env = os.environ.get("MEMFIT_KUEUE_DIR")
-    if env:
-        return Path(env)
-    out = subprocess.run(["bash", str(HACK / "install-testbin.sh"), "--print-kueue-dir"],
-                         capture_output=True, text=True, check=True)
-    return Path(out.stdout.strip())
+    return testbin_dir("--print-kueue-dir", "MEMFIT_KUEUE_DIR")
 
 
 def missing_kueue(kueue_dir: Path) -> str | None:

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from memfit_testbed.paths import HACK, KWOK
+from memfit_testbed.paths import KWOK, testbin_dir
 
 DEFAULT_DIR = Path(os.environ.get("MEMFIT_TESTCLUSTER_DIR", "/tmp/memfit-testcluster"))
 DEFAULT_STAGES = KWOK / "stages.yaml"
@@ -35,13 +35,7 @@ class ClusterError(RuntimeError):
 
 def find_bin_dir() -> Path:
     """The test binaries' folder: $MEMFIT_TESTBIN_DIR, else the one hack/install-testbin.sh builds into."""
-    env = os.environ.get("MEMFIT_TESTBIN_DIR")
-    if env:
-        return Path(env)
-    out = subprocess.run(
-        ["bash", str(HACK / "install-testbin.sh"), "--print-dir"], capture_output=True, text=True, check=True
-    )
-    return Path(out.stdout.strip())
+    return testbin_dir("--print-dir", "MEMFIT_TESTBIN_DIR")
 
 
 def missing_binaries(bin_dir: Path) -> list[str]:

@@ -39,14 +39,10 @@ class NodeError(RuntimeError):
 
 
 def node_bin_dir() -> Path:
-    env = os.environ.get("MEMFIT_NODEBIN_DIR")
-    if env:
-        return Path(env)
-    from memfit_testbed.paths import HACK
+    """The kubelet's, kube-proxy's and CoreDNS's folder: $MEMFIT_NODEBIN_DIR, else install-testbin's."""
+    from memfit_testbed.paths import testbin_dir
 
-    out = subprocess.run(["bash", str(HACK / "install-testbin.sh"), "--print-node-dir"],
-                         capture_output=True, text=True, check=True)
-    return Path(out.stdout.strip())
+    return testbin_dir("--print-node-dir", "MEMFIT_NODEBIN_DIR")
 
 
 def unsupported_reason() -> str | None:
