@@ -114,5 +114,5 @@ def test_every_failure_path_gives_the_gpus_back(
                                       if j.metadata.name.startswith("nofit-train")]
     # The pool's free GPUs are back (pods of earlier tests may still be terminating: wait on the state).
     rkube.wait("every GPU of t4-spot free again",
-               lambda: (lambda s: s.get("freeGPUs") == s.get("allocatableGPUs") > 0 or None)(_pool(rkube, "t4-spot")),
+               lambda: (lambda s: s.get("freeGpus") == s.get("allocatableGpus", 0) > 0 or None)(_pool(rkube, "t4-spot")),
                timeout=60)
