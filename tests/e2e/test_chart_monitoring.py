@@ -50,9 +50,9 @@ def test_pod_monitor_scrapes_trainer_pods(monitoring: Rendered) -> None:
 
 
 def test_trainer_pods_expose_the_port_the_pod_monitor_scrapes() -> None:
-    from memfit.kube import names
+    from memfit.api import pod
 
-    assert names.METRICS_PORT == 9400
+    assert pod.METRICS_PORT == 9400
 
 
 def test_dashboard_configmap(monitoring: Rendered) -> None:
