@@ -62,7 +62,7 @@ test: venv testbin prometheus realnode lint ## everything this machine supports:
 demo: venv testbin-demo realnode ## local cluster + simulated GPU pools (+ the real node when supported) + operator: the quickstart to Succeeded
 	$(PY) hack/demo.py
 
-demo-finetune: venv testbin realnode ## a real fine-tune on the local cluster (on the real node when supported): tiny pretrained Llama + JSONL corpus on claims -> eval loss A -> B, saved model
+demo-finetune: venv testbin-demo realnode ## a real fine-tune on the local cluster (on the real node when supported): tiny pretrained Llama + JSONL corpus on claims -> eval loss A -> B, saved model
 	$(PY) hack/demo.py --finetune --dir /tmp/memfit-demo-finetune
 
 plan: venv ## offline plan of the quickstart with the built-in GPU catalog
