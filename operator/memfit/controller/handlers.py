@@ -38,7 +38,14 @@ from memfit.lifecycle import Decision
 log = logging.getLogger("memfit.operator")
 
 TERMINAL = (Phase.SUCCEEDED, Phase.FAILED)
+ROUTINE_PHASES = frozenset({Phase.LAUNCHING, Phase.RUNNING, *TERMINAL})
 CHILD_SELECTOR = f"{LABEL_MANAGED_BY}={MANAGED_BY},{LABEL_JOB}"  # only memfit's Jobs, not the cluster's
+# The longest a job goes without a look when nothing it watches changes (a missed event is found then).
+MAX_RECHECK_SECONDS = 60.0
+# The resync reads every MOTJ's name from the API server this often (also right after start); between
+# these full lists it walks the jobs the watch showed. A full list, even as metadata, decoded every
+# resync interval was a seventh of the operator's CPU at 1,000 jobs (benchmarks/scale.py).
+FULL_LIST_SECONDS = 60.0
 
 
 class Runtime:
@@ -56,18 +63,76 @@ class Runtime:
         self._guard = threading.Lock()
         self._written: dict[Key, str] = {}  # resourceVersion our last status patch made
         self._terminal: set[Key] = set()
+        self._known: set[Key] = set()  # every MOTJ the watch showed (the resync's list between full lists)
+        self._recheck_at: dict[Key, float] = {}  # monotonic time of a job's next look (Decision.recheck_after)
+        self._phase: dict[Key, str] = {}  # the phase the last reconcile left
+        # The newest MOTJ body seen (watch event or our own status patch's answer): a reconcile starts from
+        # it instead of a GET. Only this operator writes the status, and every status patch is guarded by
+        # the resourceVersion, so a body older than the stored one fails its patch (409): then it is
+        # dropped and the next pass reads the job from the API server.
+        self._bodies: dict[Key, dict[str, Any]] = {}
 
-    def note(self, key: Key, *, phase: str, written: str, settled: bool = True) -> None:
+    def note(
+        self, key: Key, *, phase: str, written: str, settled: bool = True, recheck_after: float | None = None
+    ) -> None:
         """Remember the job's phase and the resourceVersion of our status patch (if any). A finished job
         is known terminal (skipped by the resync) only once its decision asks for no further pass: a
-        job that just failed is not, until the pass that gives its GPUs back went through."""
+        job that just failed is not, until the pass that gives its GPUs back went through. A decision
+        that needs no look before `recheck_after` seconds (unless a watched object changes) is skipped
+        by the resync until then."""
         with self._guard:
+            self._known.add(key)
+            self._phase[key] = phase
             if written:
                 self._written[key] = written
             if phase in TERMINAL and settled:
                 self._terminal.add(key)
             else:
                 self._terminal.discard(key)
+            if recheck_after is None:
+                self._recheck_at.pop(key, None)
+            else:
+                self._recheck_at[key] = time.monotonic() + min(recheck_after, MAX_RECHECK_SECONDS)
+
+    def routine(self, key: Key) -> bool:
+        """The job's training pods are launched or running (or it is finished): a pass for it refreshes
+        its status, and waits behind jobs still to be launched or re-planned (workqueue.py)."""
+        with self._guard:
+            return self._phase.get(key) in ROUTINE_PHASES
+
+    def remember(self, key: Key, body: dict[str, Any]) -> None:
+        """Keep `body` as the job's newest known state unless a newer one is kept (managedFields dropped:
+        the decision never reads them)."""
+        meta = body.get("metadata") or {}
+        slim = {**body, "metadata": {k: v for k, v in meta.items() if k != "managedFields"}}
+        with self._guard:
+            kept = self._bodies.get(key)
+            if kept is None or not _older(slim, kept):
+                self._bodies[key] = slim
+
+    def body(self, key: Key) -> dict[str, Any] | None:
+        with self._guard:
+            return self._bodies.get(key)
+
+    def drop_body(self, key: Key) -> None:
+        """The kept body proved stale (a 409 on the status patch): the next pass reads the job."""
+        with self._guard:
+            self._bodies.pop(key, None)
+
+    def seen(self, key: Key) -> None:
+        """The watch showed this MOTJ (created, changed, or listed after a restart)."""
+        with self._guard:
+            self._known.add(key)
+
+    def known(self) -> list[Key]:
+        with self._guard:
+            return list(self._known)
+
+    def recheck_due(self, key: Key) -> bool:
+        """The resync may look at the job: its last decision asked for no later look."""
+        with self._guard:
+            at = self._recheck_at.get(key)
+        return at is None or time.monotonic() >= at
 
     def own_write(self, key: Key, resource_version: str) -> bool:
         """The MOTJ event shows exactly what our last status patch wrote: nothing new to reconcile."""
@@ -83,6 +148,10 @@ class Runtime:
         with self._guard:
             self._written.pop(key, None)
             self._terminal.discard(key)
+            self._known.discard(key)
+            self._recheck_at.pop(key, None)
+            self._phase.pop(key, None)
+            self._bodies.pop(key, None)
         self.queue.forget(key)
 
 
@@ -142,31 +211,44 @@ def _reconcile_once(runtime: Runtime, api: KubeApi, namespace: str, name: str) -
     """One reconcile pass; errors are logged and counted, never crash the operator. True when the
     decision asks for another pass now (a re-plan, or releasing a failed job's GPUs): the event of our
     own status patch is skipped, so nothing else would trigger it before the resync."""
+    key = (namespace, name)
     try:
-        body = api.get_motj(namespace, name)
+        body = runtime.body(key) or api.get_motj(namespace, name)
         if body is None:
             metrics.JOBS.forget(namespace, name)
             runtime.forget((namespace, name))
             return False
         started = time.perf_counter()
+        decisions: list[Decision] = []
         applied = reconcile_job(
             api,
             body,
             settings=runtime.settings,
             world_source=runtime.world.source(api),
             post_event=runtime.events.post,
+            decided=decisions.append,
         )
+        (decision,) = decisions
         status = applied.status if applied else (body.get("status") or {})
         written = applied.resource_version if applied else ""
-        settled = not (applied is not None and applied.decision.requeue)
-        runtime.note((namespace, name), phase=str(status.get("phase", "")), written=written, settled=settled)
+        settled = not decision.requeue
+        runtime.note(
+            (namespace, name), phase=str(status.get("phase", "")), written=written, settled=settled,
+            recheck_after=decision.recheck_after,
+        )
+        if applied is not None and applied.stored:
+            runtime.remember(key, applied.stored)
         metrics.JOBS.observe(metrics.JobSnapshot.from_status(namespace, name, status))
         if applied:
             _count(namespace, applied.decision)
             log.debug("reconciled %s/%s in %.3fs", namespace, name, time.perf_counter() - started)
-        return applied is not None and applied.decision.requeue
+        return applied is not None and decision.requeue
     except ApiException as error:
-        if error.status == 409:  # a concurrent write; the next event or resync retries
+        if error.status == 409:  # a concurrent write, or a stale kept body: the next event or resync reads it
+            runtime.drop_body(key)
+            return False
+        if error.status == 404:  # deleted after the body was kept (its DELETED event forgets it too)
+            runtime.drop_body(key)
             return False
         metrics.RECONCILE_ERRORS.labels("MemoryOptimizedTrainingJob").inc()
         log.warning("reconcile %s/%s: API error %s %s", namespace, name, error.status, error.reason)
@@ -183,6 +265,18 @@ def _reconcile_once(runtime: Runtime, api: KubeApi, namespace: str, name: str) -
         metrics.RECONCILE_ERRORS.labels("MemoryOptimizedTrainingJob").inc()
         log.exception("reconcile %s/%s failed", namespace, name)
     return False
+
+
+def _older(body: dict[str, Any], than: dict[str, Any]) -> bool:
+    """`body` is an older version of the same object than `than` (resourceVersions are etcd revisions;
+    one that is not a number, or another uid, counts as newer: the watch's order wins)."""
+    a, b = body.get("metadata") or {}, than.get("metadata") or {}
+    if a.get("uid") != b.get("uid"):
+        return False
+    try:
+        return int(a.get("resourceVersion", "")) < int(b.get("resourceVersion", ""))
+    except ValueError:
+        return False
 
 
 def _count(namespace: str, decision: Decision) -> None:
@@ -231,6 +325,9 @@ async def on_motj_event(
         metrics.JOBS.forget(namespace, name)
         runtime.forget(key)
         return
+    runtime.seen(key)
+    if isinstance(event.get("object"), dict):
+        runtime.remember(key, event["object"])
     if runtime.own_write(key, str(meta.get("resourceVersion", ""))):
         return  # the echo of our own status patch: that reconcile already saw this state
     runtime.queue.add(key)
@@ -244,8 +341,9 @@ async def on_motj_event(
 async def on_child_job_event(labels: dict[str, str], namespace: str, memo: kopf.Memo, **_: Any) -> None:
     runtime: Runtime = memo.runtime
     job = labels[LABEL_JOB]
-    if not runtime.terminal((namespace, job)):  # a finished job never changes again
-        runtime.queue.add((namespace, job))
+    key = (namespace, job)
+    if not runtime.terminal(key):  # a finished job never changes again
+        runtime.queue.add(key, urgent=not runtime.routine(key))
 
 
 @kopf.on.event(API_GROUP, API_VERSION, "gpunodepools")
@@ -263,23 +361,37 @@ def on_pool_event(memo: kopf.Memo, **_: Any) -> None:
             log.exception("pool status update failed")
 
 
-def resync_forever(runtime: Runtime, interval_seconds: float) -> None:
-    """Queue every unfinished job that nothing reconciled within the interval, and update the pools:
-    capacity timeouts, missed events, crashes."""
+def resync_forever(runtime: Runtime, interval_seconds: float, full_list_seconds: float = FULL_LIST_SECONDS) -> None:
+    """Queue every unfinished job that nothing reconciled within the interval and whose last decision
+    asked for no later look, and update the pools: capacity timeouts, missed events, crashes.
+
+    The jobs are read from the API server (metadata only) at start and every `full_list_seconds`;
+    between two full lists, the jobs the watch showed."""
+    listed_at: float | None = None
     while not runtime.stop.wait(interval_seconds):
         api = runtime.api
         if api is None:
             continue
         try:
             reconcile_pools(api, nodes=runtime.world.nodes(api))
-            for ns in runtime.settings.namespaces or (None,):
-                # Metadata only: a job this process saw finish is skipped; one it has not seen yet (after a
-                # restart) is reconciled once, which reads its phase.
-                for key in api.list_motj_keys(ns):
-                    if runtime.terminal(key):
-                        continue
-                    if not runtime.queue.busy_within(key, interval_seconds):
-                        runtime.queue.add(key)
+            full = listed_at is None or time.monotonic() - listed_at >= full_list_seconds
+            keys: list[Key] = []
+            if full:
+                for ns in runtime.settings.namespaces or (None,):
+                    keys.extend(api.list_motj_keys(ns))
+                listed_at = time.monotonic()
+                for gone in set(runtime.known()) - set(keys):  # deleted while the watch was away
+                    runtime.drop_body(gone)  # its next pass reads it from the API server, finds none, forgets it
+                    runtime.queue.add(gone)
+            for key in keys or runtime.known():
+                if runtime.terminal(key):
+                    continue
+                if full:
+                    runtime.seen(key)
+                # A job this process saw finish is skipped; one it has not seen yet (after a restart) is
+                # reconciled once, which reads its phase.
+                if runtime.recheck_due(key) and not runtime.queue.busy_within(key, interval_seconds):
+                    runtime.queue.add(key, urgent=not runtime.routine(key))
         except TransportError as error:
             metrics.RECONCILE_ERRORS.labels("Resync").inc()
             log.warning(

@@ -41,6 +41,7 @@ class Applied:
     decision: Decision
     resource_version: str = ""  # of the MOTJ after the status patch (its watch event is our own write)
     status: Manifest = field(default_factory=dict)  # wire form (camelCase), as patched
+    stored: Manifest = field(default_factory=dict)  # the whole MOTJ as the status patch left it
 
     @property
     def events(self) -> list[tuple[str, str, str]]:
@@ -56,14 +57,19 @@ def reconcile_job(
     world_source: Callable[[], World] | None = None,
     post_event: Callable[[Manifest], None] | None = None,
     now: datetime | None = None,
+    decided: Callable[[Decision], None] | None = None,
 ) -> Applied | None:
     """Reconcile one MOTJ; returns what it persisted, or None when nothing changed.
 
     The pools come from `world`, else from `world_source` (the operator's shared snapshot), else from
     the API server; only the steps that plan or place pods read them. Events go to `post_event` (the
-    operator's background poster), else straight to the API server."""
+    operator's background poster), else straight to the API server. `decided` is handed the decision
+    also when it changes nothing (the operator schedules the job's next look from it:
+    `Decision.recheck_after`)."""
     snap = observe_snapshot(api, body, settings=settings, world=world, world_source=world_source, now=now)
     decision = decide(snap, timer=metrics.PLAN_SECONDS.time)
+    if decided is not None:
+        decided(decision)
     apply_writes(api, snap.job.namespace, decision.effects, post_event=post_event)
     if decision.profile_seconds is not None:
         metrics.PROFILE_SECONDS.observe(decision.profile_seconds)  # the profiler's own wall time
@@ -73,7 +79,7 @@ def reconcile_job(
     wire = decision.status.to_wire()
     patch = with_deletions(body.get("status") or {}, wire)
     patched = api.patch_motj_status(meta["namespace"], meta["name"], patch, meta["resourceVersion"])
-    applied = Applied(decision, str((patched.get("metadata") or {}).get("resourceVersion", "")), wire)
+    applied = Applied(decision, str((patched.get("metadata") or {}).get("resourceVersion", "")), wire, patched)
     for event in decision.events:
         _post_event(api, body, event, now=snap.now, post=post_event)
     return applied

@@ -4,6 +4,11 @@ kopf delivers every watch event; many events of one job mean one more reconcile,
 in the queue at most once; a key added while a worker reconciles it is queued again when that worker
 is done, so no event is lost and no job is reconciled twice at the same time. Events no longer wait
 in an executor holding their bodies: at 1,000 jobs that backlog was most of the operator's memory.
+
+Two priorities (the shape of controller-runtime's priority queue): a job that waits to be launched or
+re-planned comes before a pass that refreshes a running job's status, so a burst of new jobs is not
+queued behind the watch events of the ones already running. A waiting routine pass is taken first once
+it waited `routine_max_wait` seconds, so routine work is delayed, never starved.
 """
 
 from __future__ import annotations
@@ -16,43 +21,72 @@ from collections.abc import Callable
 Key = tuple[str, str]  # (namespace, name)
 
 
-class WorkQueue:
-    """FIFO of keys, each queued at most once and processed by one worker at a time."""
+ROUTINE_MAX_WAIT_SECONDS = 30.0
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+
+class WorkQueue:
+    """Two FIFOs of keys (urgent, routine), each key queued at most once and processed by one worker at
+    a time."""
+
+    def __init__(
+        self, clock: Callable[[], float] = time.monotonic, routine_max_wait: float = ROUTINE_MAX_WAIT_SECONDS
+    ) -> None:
         self._clock = clock
+        self._routine_max_wait = routine_max_wait
         self._cond = threading.Condition()
-        self._queue: deque[Key] = deque()
-        self._queued: set[Key] = set()
+        self._urgent: deque[Key] = deque()
+        self._routine: deque[tuple[float, Key]] = deque()  # (queued at, key); may hold promoted keys
+        self._queued: dict[Key, bool] = {}  # key -> urgent
         self._processing: set[Key] = set()
-        self._dirty: set[Key] = set()
+        self._dirty: dict[Key, bool] = {}
         self._done_at: dict[Key, float] = {}
         self._closed = False
 
-    def add(self, key: Key) -> None:
+    def add(self, key: Key, *, urgent: bool = True) -> None:
+        """Queue `key` (once); an urgent add of a key queued as routine moves it ahead."""
         with self._cond:
             if key in self._processing:
-                self._dirty.add(key)
-            elif key not in self._queued:
-                self._queued.add(key)
-                self._queue.append(key)
-                self._cond.notify()
+                self._dirty[key] = self._dirty.get(key, False) or urgent
+            else:
+                self._enqueue(key, urgent)
+
+    def _enqueue(self, key: Key, urgent: bool) -> None:
+        was = self._queued.get(key)
+        if was is None or (urgent and not was):
+            self._queued[key] = urgent
+            if urgent:
+                self._urgent.append(key)
+            else:
+                self._routine.append((self._clock(), key))
+            self._cond.notify()
 
     def get(self, timeout: float | None = None) -> Key | None:
         """The next key (now being processed), or None when closed or after `timeout` seconds."""
         with self._cond:
             deadline = None if timeout is None else self._clock() + timeout
-            while not self._queue and not self._closed:
+            while True:
+                if self._closed:
+                    return None
+                key = self._next()
+                if key is not None:
+                    del self._queued[key]
+                    self._processing.add(key)
+                    return key
                 remaining = None if deadline is None else deadline - self._clock()
                 if remaining is not None and remaining <= 0:
                     return None
                 self._cond.wait(remaining)
-            if self._closed:
-                return None
-            key = self._queue.popleft()
-            self._queued.discard(key)
-            self._processing.add(key)
-            return key
+
+    def _next(self) -> Key | None:
+        """A routine key that waited too long, else the first urgent key, else the first routine key
+        (skipping entries of keys since promoted to urgent or already taken)."""
+        while self._routine and self._queued.get(self._routine[0][1]) is not False:
+            self._routine.popleft()
+        if self._routine and (not self._urgent or self._clock() - self._routine[0][0] >= self._routine_max_wait):
+            return self._routine.popleft()[1]
+        if self._urgent:
+            return self._urgent.popleft()
+        return None
 
     def done(self, key: Key) -> None:
         """The worker finished `key`; queue it again if it was added meanwhile."""
@@ -60,10 +94,7 @@ class WorkQueue:
             self._processing.discard(key)
             self._done_at[key] = self._clock()
             if key in self._dirty:
-                self._dirty.discard(key)
-                self._queued.add(key)
-                self._queue.append(key)
-                self._cond.notify()
+                self._enqueue(key, self._dirty.pop(key))
 
     def busy_within(self, key: Key, seconds: float) -> bool:
         """Queued, being processed, or finished less than `seconds` ago."""
@@ -83,4 +114,4 @@ class WorkQueue:
 
     def __len__(self) -> int:
         with self._cond:
-            return len(self._queue)
+            return len(self._queued)

@@ -48,6 +48,9 @@ class Draft:
         self.profile_seconds: float | None = None
         self.replans: list[AttemptOutcome] = []  # attempts this decision ended for a re-plan (metrics)
         self.profiling_failed = False
+        # Seconds until the next look this job needs when no watched object changes (None: the operator's
+        # resync interval); set when everything that can still happen shows in the Job's status.
+        self.recheck_after: float | None = None
 
     # --- conditions and phase ----------------------------------------------------------------------
     def set(self, type_: str, value: bool | None, reason: str, message: str) -> None:
@@ -145,6 +148,7 @@ class Draft:
             events=tuple(self.events),
             profile_seconds=self.profile_seconds,
             requeue=self._requeue(),
+            recheck_after=self.recheck_after,
             replans=tuple(self.replans),
             profiling_failed=self.profiling_failed,
         )

@@ -3,6 +3,8 @@ capacity fallback or failure."""
 
 from __future__ import annotations
 
+from datetime import UTC
+
 from memfit.api.job import AttemptOutcome, MemoryOptimizedTrainingJobSpec, Phase
 from memfit.api.plan import Plan
 from memfit.api.termination import (
@@ -87,6 +89,8 @@ def monitor_step(draft: Draft, snap: Snapshot, spec: MemoryOptimizedTrainingJobS
         current = draft.current
         if children.trainer is not None and children.trainer.attempt == index:
             _read_progress(draft, snap, spec, plan, children.trainer)
+        if len(running) >= plan.nodes and len(job.pods) == len(running):
+            draft.recheck_after = snap.settings.progress_seconds  # steady: the Job's events say the rest
         if len(running) >= plan.nodes and current is not None and (
             current.outcome != AttemptOutcome.RUNNING or not draft.condition_is(c.RUNNING, True)
         ):
@@ -254,7 +258,11 @@ def _unschedulable(
         draft.enter(Phase.REPLANNING, f"attempt {plan.attempt}: {reason}; re-planning without it")
         draft.event(c.NO_CAPACITY, reason, warning=True)
         return
-    _block(draft, c.PODS_PENDING, f"{len(stuck)} pod(s) unschedulable for {int(waited)}s on {plan.node_pool}")
+    # Said with the time it started, not a count of seconds: the message (and the stored status) stays the
+    # same on every pass while the pods wait, so waiting costs no status write.
+    since_text = since.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    _block(draft, c.PODS_PENDING, f"{len(stuck)} pod(s) unschedulable on {plan.node_pool} since {since_text} "
+                                  f"(capacityTimeoutSeconds {timeout})")
 
 
 def _pods_not_created(

@@ -21,8 +21,11 @@ from memfit.memory.strategy import Strategy
 from memfit.planner import MeasuredPeak, PlanResult, plan, plan_summary
 from memfit.planner.measured import MeasuredDevice, PeakKind
 from memfit.planner.measured_speed import MeasuredStepTime
+from memfit.planner.memo import PlanMemo
 from memfit.planner.offers import FreeGpus
 from memfit.planner.plan_job import job_adapter
+
+PLAN_MEMO: PlanMemo[PlanResult] = PlanMemo()
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,16 +191,30 @@ def plan_job(
     elif quota is not None and free is not None:
         free = {name: _capped(room, quota.free(name)) for name, room in free.items()}
     peaks, devices = measured_peaks(observations, spec)
-    result = plan(
-        spec,
-        pools=usable,
-        catalog=catalog,
-        profile=profile,
-        measured_peaks=peaks,
-        measured_devices=devices,
-        free_gpus=free,
-        measured_step_times=measured_step_times(observations),
+
+    def run() -> PlanResult:
+        return plan(
+            spec,
+            pools=usable,
+            catalog=catalog,
+            profile=profile,
+            measured_peaks=peaks,
+            measured_devices=devices,
+            free_gpus=free,
+            measured_step_times=measured_step_times(observations),
+        )
+
+    # Identical inputs give the identical result (planner.memo): the spec, profile, measurements, quota
+    # and exclusions by value; the pools and the capacity snapshot by identity.
+    key = (
+        spec.model_dump_json(),
+        profile.model_dump_json() if profile is not None else None,
+        repr(observations),
+        excluded_pools,
+        ignore_capacity,
+        repr(quota),
     )
+    result = PLAN_MEMO.get(key, (pools, capacity, catalog), run)
     if result.plan is None:
         if excluded_pools:
             note = f"excluded after no capacity: {', '.join(sorted(excluded_pools))}"

@@ -93,6 +93,11 @@ class Decision:
     events: tuple[Event, ...] = ()
     profile_seconds: float | None = None  # the profiler's wall time, when this decision read its result
     requeue: bool = False  # reconcile again right after this one is stored (a re-plan or a release is due)
+    # When nothing the operator watches changes, look again after this many seconds (None: at the
+    # operator's resync interval). Set for a training Job whose pods all run: every change that still
+    # matters (a pod failed, finished, evicted or replaced; Kueue suspending it) shows in the Job's status,
+    # which is watched, so the resync only refreshes status.progress (progress_seconds).
+    recheck_after: float | None = None
     # What the operator's counters record for this decision (memfit_replans_total,
     # memfit_profiling_failures_total): the handlers count these, never event reasons.
     replans: tuple[AttemptOutcome, ...] = ()

@@ -69,8 +69,12 @@ def _offer_choices(offer: Offer, choices: Sequence[Choice], failures: OfferFailu
     fp16_dominated = offer.supports_bf16 and has_bf16_choice and (
         offer.speed.fp16_tflops <= offer.speed.bf16_tflops
     )
+    known: dict[tuple[Precision, Offload], frozenset[Lack]] = {}  # what a choice lacks depends on these two
     for c in choices:
-        lacks = _lacks(offer, c)
+        needs = (c.config.precision, c.config.offload)
+        lacks = known.get(needs)
+        if lacks is None:
+            lacks = known[needs] = _lacks(offer, c)
         if lacks:
             lacking.append(lacks)
         elif not (c.config.precision == Precision.FP16 and fp16_dominated):

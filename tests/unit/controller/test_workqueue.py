@@ -53,3 +53,43 @@ def test_close_wakes_a_waiting_worker() -> None:
     q.close()
     worker.join(timeout=5)
     assert got == [None]
+
+
+def test_urgent_keys_go_before_routine_ones() -> None:
+    q = WorkQueue()
+    q.add(A, urgent=False)
+    q.add(B)
+    assert [q.get(0), q.get(0)] == [B, A]
+
+
+def test_an_urgent_add_moves_a_routine_key_ahead_once() -> None:
+    q = WorkQueue()
+    C = ("ns", "c")
+    q.add(A, urgent=False)
+    q.add(C)
+    q.add(A)  # now urgent: behind C, and only once
+    assert len(q) == 2
+    assert [q.get(0), q.get(0), q.get(0)] == [C, A, None]
+
+
+def test_a_routine_key_is_delayed_not_starved() -> None:
+    now = [0.0]
+    q = WorkQueue(clock=lambda: now[0], routine_max_wait=5)
+    q.add(A, urgent=False)
+    for i in range(3):
+        q.add(("ns", f"new-{i}"))
+    assert q.get(0) == ("ns", "new-0")
+    now[0] = 5.0  # A waited its limit: it goes before the urgent keys still queued
+    assert q.get(0) == A
+    assert q.get(0) == ("ns", "new-1")
+
+
+def test_urgency_of_a_key_added_while_processing_is_kept() -> None:
+    q = WorkQueue()
+    q.add(A)
+    assert q.get(0) == A
+    q.add(A, urgent=False)
+    q.add(A)  # urgent wins
+    q.add(B)
+    q.done(A)
+    assert [q.get(0), q.get(0)] == [B, A]  # both urgent, in the order they became queued

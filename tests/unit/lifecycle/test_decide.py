@@ -258,6 +258,23 @@ def test_all_pods_running_is_running() -> None:
     assert_idempotent(h)
 
 
+def test_a_job_whose_pods_all_run_needs_a_look_only_for_its_progress() -> None:
+    """Every later change of a running job shows in its Job's status (watched): the resync only has to
+    refresh status.progress, so the decision asks for the next look after progress_seconds."""
+    h = launched()
+    h.start("j-train-0")
+    assert h.reconcile().recheck_after is None  # no pod yet: the resync interval
+    h.add_pod("j-train-0")
+    assert h.reconcile().recheck_after == 15.0
+
+
+def test_a_job_with_a_pod_not_running_is_looked_at_every_resync() -> None:
+    h = running()
+    h.add_pod("j-train-0", 1, phase="Pending")  # a replacement waiting for a node
+    decision = h.reconcile()
+    assert decision.recheck_after is None
+
+
 def test_success_records_the_measured_peak_and_a_cpu_allocator_peak_teaches_the_tensor_terms() -> None:
     h = running()
     done = json.dumps({"reason": "Completed", "peakBytes": 3 * 2**20, "memoryMeter": "cpu-allocator-profiler",
@@ -375,7 +392,7 @@ def test_host_oom_killed_is_an_oom_too() -> None:
 
 
 CAPACITY: dict[str, tuple[int, str, str]] = {
-    "pending under the capacity timeout": (59, "PodsPending", "1 pod(s) unschedulable for 59s on"),
+    "pending under the capacity timeout": (59, "PodsPending", "1 pod(s) unschedulable on t4-spot since "),
     "capacity timeout falls back": (60, "NoCapacity", "had no capacity for 60s (capacityTimeoutSeconds 60)"),
 }
 
@@ -389,6 +406,21 @@ def test_unschedulable_training_pods(case: str) -> None:
     h.later(waited)
     h.reconcile()
     assert h.condition("Running")[:2] == ("False", reason) and message in h.condition("Running")[2]
+
+
+def test_pods_waiting_for_capacity_cost_no_status_write_per_pass() -> None:
+    """The PodsPending message names when the wait started, not how long it has lasted: a pass while the
+    pods still wait changes nothing."""
+    h = launched()
+    h.start("j-train-0")
+    h.unschedulable("j-train-0", since=T0)
+    h.later(5)
+    h.reconcile()
+    assert h.condition("Running")[2].startswith("1 pod(s) unschedulable on t4-spot since 20")
+    before = h.status
+    h.later(20)
+    assert_idempotent(h)
+    assert h.status == before
 
 
 def test_capacity_fallback_replans_without_the_pool() -> None:
@@ -665,3 +697,4 @@ def test_spend_counts_profiling_and_every_finished_attempt_failed_ones_included(
     h.reconcile()  # the re-plan: attempt 1 runs, the spend so far is unchanged
     assert h.stored.spend is not None and h.stored.spend.items == spend.items
     assert_idempotent(h)
+

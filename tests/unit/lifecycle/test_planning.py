@@ -250,3 +250,22 @@ def test_a_lora_run_is_keyed_with_its_adapters_and_never_read_as_a_full_fine_tun
     full_only = run(spec(24)).plan
     assert full_only is not None
     assert run(spec(24), (seen,)).plan == full_only
+
+
+def test_identical_inputs_against_one_capacity_snapshot_are_planned_once() -> None:
+    """planner.memo: a burst of identical jobs planned against the operator's shared capacity snapshot runs
+    one search; an equal spec parsed again hits, a new snapshot or a measured peak plans again."""
+    from memfit.lifecycle.planning import PLAN_MEMO
+
+    snapshot: dict[str, PoolCapacity] = {}
+    first = run(spec(24), capacity=snapshot)
+    hits = PLAN_MEMO.hits
+    again = run(spec(24), capacity=snapshot)  # another job, the same spec
+    assert PLAN_MEMO.hits == hits + 1 and again.plan == first.plan
+    misses = PLAN_MEMO.misses
+    run(spec(24), capacity={})  # the next snapshot
+    assert first.plan is not None
+    seen = Observation(config_key(first.plan), first.plan.gpu_product, first.plan.memory.peak_bytes,
+                       first.plan.memory.peak_bytes // 2, first.plan.gpu_memory_bytes, False, "j")
+    run(spec(24), (seen,), capacity=snapshot)
+    assert PLAN_MEMO.misses == misses + 2
