@@ -12,6 +12,7 @@ from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
 from memfit_trainer.optim import LocalShardOptimizer
+from memfit_trainer.strategies.base import scaled_step
 
 
 def _rank_file(directory: Path, tag: str) -> Path:
@@ -55,3 +56,24 @@ def load_dcp(model: nn.Module, optimizer: Any, directory: Path, tag: str) -> Non
     dcp.load(state, checkpoint_id=str(target))
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"],
                    options=options)
+
+
+class DcpRunnerSteps:
+    """The optimizer step and the checkpoints of a runner with a torch optimizer (gradients possibly
+    scaled for fp16) and DCP checkpoints: DDP and FSDP, which differ only in the module they checkpoint
+    (`checkpointed`: DDP's unwrapped module, FSDP's sharded model)."""
+
+    optimizer: Any
+    scaler: Any | None
+
+    def checkpointed(self) -> nn.Module:
+        raise NotImplementedError
+
+    def optimizer_step(self) -> None:
+        scaled_step(self.optimizer, self.scaler)
+
+    def save(self, directory: Path, tag: str) -> None:
+        save_dcp(self.checkpointed(), self.optimizer, directory, tag)
+
+    def load(self, directory: Path, tag: str) -> None:
+        load_dcp(self.checkpointed(), self.optimizer, directory, tag)

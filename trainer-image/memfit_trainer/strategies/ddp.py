@@ -11,12 +11,12 @@ views into the reducer's flat buckets instead of a second 4 B/parameter copy (to
 from __future__ import annotations
 
 import contextlib
-from pathlib import Path
 from typing import Any
 
 import torch
 from memfit.api.common import Precision
 from memfit.api.plan import Plan
+from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from memfit_trainer.optim import bnb_optimizer, torch_optimizer
@@ -26,14 +26,13 @@ from memfit_trainer.strategies.base import (
     optimizer_state_facts,
     parameter_facts,
     scaled_backward,
-    scaled_step,
 )
-from memfit_trainer.strategies.dcp import load_dcp, save_dcp
+from memfit_trainer.strategies.dcp import DcpRunnerSteps
 
 AUTOCAST_DTYPES = {Precision.BF16: torch.bfloat16, Precision.FP16: torch.float16}
 
 
-class DdpRunner:
+class DdpRunner(DcpRunnerSteps):
     """DistributedDataParallel with no_sync() on all but the last micro-batch of a step."""
 
     engine = "ddp"
@@ -81,14 +80,8 @@ class DdpRunner:
             scaled_backward(loss, accumulation=self.accumulation, scaler=self.scaler)
         return loss.detach()
 
-    def optimizer_step(self) -> None:
-        scaled_step(self.optimizer, self.scaler)
-
-    def save(self, directory: Path, tag: str) -> None:
-        save_dcp(self.module, self.optimizer, directory, tag)
-
-    def load(self, directory: Path, tag: str) -> None:
-        load_dcp(self.module, self.optimizer, directory, tag)
+    def checkpointed(self) -> nn.Module:
+        return self.module
 
     def facts(self) -> dict[str, Any]:
         return {

@@ -7,12 +7,12 @@ sharded.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import torch
 from memfit.api.common import Offload, Precision
 from memfit.api.plan import Plan
+from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
@@ -23,9 +23,8 @@ from memfit_trainer.strategies.base import (
     optimizer_state_facts,
     parameter_facts,
     scaled_backward,
-    scaled_step,
 )
-from memfit_trainer.strategies.dcp import load_dcp, save_dcp
+from memfit_trainer.strategies.dcp import DcpRunnerSteps
 
 PARAM_DTYPES = {Precision.BF16: torch.bfloat16, Precision.FP16: torch.float16}
 
@@ -45,7 +44,7 @@ def offload_policy(offload: Offload, device: torch.device) -> OffloadPolicy:
     return OffloadPolicy()
 
 
-class FsdpRunner:
+class FsdpRunner(DcpRunnerSteps):
     """FSDP2 over all ranks (1-D mesh), gradient sync only on the last micro-batch of a step."""
 
     engine = "fsdp"
@@ -95,14 +94,8 @@ class FsdpRunner:
         scaled_backward(loss, accumulation=self.accumulation, scaler=self.scaler)
         return loss.detach()
 
-    def optimizer_step(self) -> None:
-        scaled_step(self.optimizer, self.scaler)
-
-    def save(self, directory: Path, tag: str) -> None:
-        save_dcp(self.model, self.optimizer, directory, tag)
-
-    def load(self, directory: Path, tag: str) -> None:
-        load_dcp(self.model, self.optimizer, directory, tag)
+    def checkpointed(self) -> nn.Module:
+        return self.model
 
     def facts(self) -> dict[str, Any]:
         mp = self.settings["mp_policy"]
