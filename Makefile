@@ -8,7 +8,7 @@ PURE := operator/memfit/api operator/memfit/memory operator/memfit/planner opera
 export TORCH_EXTENSIONS_DIR ?= $(HOME)/.cache/memfit/torch_extensions
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: help venv testbin testbin-demo prometheus realnode lint test test-unit test-integration test-e2e test-realnode crds dashboard demo demo-finetune plan clean
+.PHONY: help venv testbin testbin-demo testbin-demo-node prometheus realnode lint test test-unit test-integration test-e2e test-realnode crds dashboard demo demo-realnode demo-finetune plan clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -19,8 +19,11 @@ venv: ## create or reuse the venv (outside the repo) with every extra installed
 testbin: ## build etcd, kube-apiserver, controller-manager, scheduler, kwok, helm, kubelet, kube-proxy, CoreDNS, Kueue (cached by version)
 	@hack/install-testbin.sh >/dev/null
 
-testbin-demo: ## only what `make demo` runs: the control plane, KWOK and the node binaries (no Helm, no Kueue)
+testbin-demo: ## only what `make demo` runs: the control plane and KWOK (no Helm, no Kueue, no node binaries)
 	@hack/install-testbin.sh --demo >/dev/null
+
+testbin-demo-node: ## what `make demo-realnode` runs: the control plane, KWOK and the real node's binaries
+	@hack/install-testbin.sh --demo-node >/dev/null
 
 prometheus: ## prometheus + promtool from Debian into ~/.cache/memfit/prometheus (no service)
 	@hack/install-prometheus.sh >/dev/null
@@ -59,11 +62,14 @@ test-realnode: venv testbin realnode ## kubelet + containerd node running the im
 test: venv testbin prometheus realnode lint ## everything this machine supports: lint + unit + trainer + integration + e2e + realnode
 	MEMFIT_REQUIRE_CLUSTER=$${MEMFIT_REQUIRE_CLUSTER:-1} $(PY) -m pytest tests -q -ra
 
-demo: venv testbin-demo realnode ## local cluster + simulated GPU pools (+ the real node when supported) + operator: the quickstart to Succeeded
+demo: venv testbin-demo ## local cluster + simulated GPU pools + operator: the quickstart to Succeeded (on the real node when it and its images are ready, else the local pod runner)
 	$(PY) hack/demo.py
 
-demo-finetune: venv testbin-demo realnode ## a real fine-tune on the local cluster (on the real node when supported): tiny pretrained Llama + JSONL corpus on claims -> eval loss A -> B, saved model
-	$(PY) hack/demo.py --finetune --dir /tmp/memfit-demo-finetune
+demo-realnode: venv testbin-demo-node realnode ## the quickstart in containers on a real kubelet node (builds the node's images on first use: about 13 min cold)
+	$(PY) hack/demo.py --runtime real-node
+
+demo-finetune: venv testbin-demo-node realnode ## a real fine-tune on the local cluster (on the real node when supported): tiny pretrained Llama + JSONL corpus on claims -> eval loss A -> B, saved model
+	$(PY) hack/demo.py --finetune --dir /tmp/memfit-demo-finetune --images build
 
 plan: venv ## offline plan of the quickstart with the built-in GPU catalog
 	$(VENV)/bin/memfit plan examples/quickstart.yaml

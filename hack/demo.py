@@ -40,8 +40,11 @@ def kubectl(kubeconfig: Path, *args: str, check: bool = True) -> str:
     return result.stdout
 
 
-def choose_runtime(wanted: str) -> bool:
-    """True for the real node: printed capability check (auto), or the forced choice."""
+def choose_runtime(wanted: str, images: str = "build") -> bool:
+    """True for the real node: printed capability check (auto), or the forced choice. With `images`
+    "ready-only", auto takes the real node only when its images are built for these sources: a cold build
+    (the trainer image and its import into the node's containerd, about 13 min on 2 cores) never holds up
+    the quickstart, which then runs on the local pod runner and says how to see the real node."""
     if wanted == "pod-runner":
         print("==> runtime: local pod runner (asked for)")
         return False
@@ -55,12 +58,20 @@ def choose_runtime(wanted: str) -> bool:
 
         if _cluster_alive(state):
             reason = f"the real node is in use by the cluster in {state.get('cluster_dir')}"
+    if reason is None and wanted == "auto" and images == "ready-only":
+        from memfit_testbed.realnode.images import images_current
+
+        if not images_current():
+            print("==> runtime: local pod runner (the real node's images are not built for these sources yet; "
+                  "`make demo-realnode` builds them, about 13 min cold, and runs this demo there)")
+            return False
     if reason is None:
         print("==> runtime: real node (kubelet + containerd); capability check passed")
         return True
     if wanted == "real-node":
         raise SystemExit(f"real node not supported here: {reason}")
-    print(f"==> runtime: local pod runner (real node unsupported: {reason})")
+    print(f"==> runtime: local pod runner (real node unsupported: {reason}; `make demo-realnode` installs what "
+          "it needs and runs this demo there)")
     return False
 
 
@@ -104,11 +115,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--finetune", action="store_true",
                     help="the fine-tune demo: examples/finetune-tiny.yaml on claims `models` and `corpus` holding "
                          "a tiny pretrained Llama and a JSONL corpus made here")
+    ap.add_argument("--images", choices=["ready-only", "build"], default="ready-only",
+                    help="auto runtime: take the real node only when its images are built (ready-only), or "
+                         "build them first (build)")
     args = ap.parse_args(argv)
     if args.finetune:
         args.job = REPO / "examples" / "finetune-tiny.yaml"
 
-    real = choose_runtime(args.runtime)
+    real = choose_runtime(args.runtime, args.images)
     cluster = testcluster.TestCluster(workdir=args.dir.resolve(), pod_runner=not real)
     if cluster.running():
         testcluster.stop_real_node(cluster.workdir)

@@ -4,9 +4,10 @@
 # version; the real node's (kubelet, kube-proxy, CoreDNS) into a sibling folder; and the Kueue manager
 # (with its CRDs and webhook manifests, docs/kueue.md) into another. Idempotent: does nothing when the
 # binaries are already there. Go builds run at `nice` (the machine is shared).
-# Usage: hack/install-testbin.sh [--print-dir | --print-node-dir | --print-kueue-dir | --no-node | --demo]
+# Usage: hack/install-testbin.sh [--print-dir | --print-node-dir | --print-kueue-dir | --no-node | --demo | --demo-node]
 #   --print-*-dir print a folder and build nothing; --no-node skips the node binaries; --demo builds only
-#   what `make demo` runs (the control plane, KWOK and the node binaries: no Helm, no Kueue).
+#   what `make demo` runs (the control plane and KWOK: no Helm, no Kueue, no node binaries); --demo-node
+#   adds the real node's binaries to that (`make demo-realnode`).
 # Recipe and pins: docs/testcluster.md, docs/realnode.md (from shared/reference/{testcluster,realnode}.md).
 set -euo pipefail
 
@@ -118,7 +119,7 @@ esac
 mkdir -p "$BIN"
 if [ ! -x "$BIN/etcd" ]; then log "building etcd"; build_etcd; fi
 if [ ! -x "$BIN/kwok" ]; then log "building kwok v$KWOK_VERSION"; GOBIN="$BIN" go install "sigs.k8s.io/kwok/cmd/kwok@v$KWOK_VERSION"; fi
-DEMO=""; [ "${1:-}" = "--demo" ] && DEMO=1
+DEMO=""; case "${1:-}" in --demo|--demo-node) DEMO=1 ;; esac
 if [ -z "$DEMO" ] && [ ! -x "$BIN/helm" ]; then log "building helm v$HELM_VERSION"; GOBIN="$BIN" go install "helm.sh/helm/v3/cmd/helm@v$HELM_VERSION"; fi
 if [ ! -x "$BIN/kube-apiserver" ] || [ ! -x "$BIN/kube-controller-manager" ] || [ ! -x "$BIN/kube-scheduler" ]; then
   log "building kubernetes v$K8S_VERSION (cold: tens of minutes on 2 cores)"; build_kubernetes
@@ -126,7 +127,7 @@ fi
 if [ -z "$DEMO" ] && [ ! -x "$KUEUE_DIR/bin/kueue" ]; then
   log "building kueue v$KUEUE_VERSION (cold: module downloads and a full compile, minutes)"; (build_kueue)
 fi
-if [ "${1:-}" != "--no-node" ]; then
+if [ "${1:-}" != "--no-node" ] && [ "${1:-}" != "--demo" ]; then
   mkdir -p "$NODE_BIN"
   if [ ! -x "$NODE_BIN/coredns" ]; then
     log "building coredns v$COREDNS_VERSION"

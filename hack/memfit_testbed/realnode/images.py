@@ -370,6 +370,13 @@ def ensure_images(roles: Sequence[str] = ("operator", "trainer"), load_into: Pat
         return Images(**refs)
 
 
+def images_current() -> bool:
+    """Whether the last build's images match these sources (no build needed; a node may still import
+    them into its containerd, once per cache)."""
+    recorded = expected_images()
+    return bool(recorded) and _recorded_is_current(recorded or {})
+
+
 def _recorded_is_current(recorded: dict[str, str]) -> bool:
     """Whether the recorded operator/trainer tags still match the sources (a cheap hash, no docker)."""
     for role, (_, base_arg, paths, fixed) in DOCKERFILE_IMAGES.items():
