@@ -98,6 +98,17 @@ def main(argv: list[str] | None = None) -> int:
         "down_price_per_hour": [r["price_per_hour"] for r in down],
         "down_all_succeeded": all(r["phase"] == "Succeeded" for r in down),
         "up_pools": [r["pool"] for r in up], "up_all_succeeded": all(r["phase"] == "Succeeded" for r in up),
+        "down_estimated_cost": [r["estimated_cost"] for r in down],
+        # A run moved to a cheaper pool is also predicted to cost less (issue #30: CPU step times were
+        # learned as GPU speed, so later predictions were 4x slower and a 3x cheaper pool cost more).
+        "cheaper_pool_costs_less": all(r["estimated_cost"] < down[0]["estimated_cost"] for r in down[1:]
+                                       if r["price_per_hour"] < down[0]["price_per_hour"]),
+        # The same configuration on the same pool is predicted the same step time in every run: nothing is
+        # learned from the simulated device's (CPU) step times.
+        "no_step_time_learned_from_the_simulated_device": all(
+            abs(a["predicted_step_seconds"] - b["predicted_step_seconds"]) <= 1e-3 * b["predicted_step_seconds"]
+            for runs in (down, up) for a in runs for b in runs
+            if (a["pool"], a["configuration"]) == (b["pool"], b["configuration"])),
         "later_predictions_cover_the_measured_device_peak": all(
             r["measured_device_mib"] is None or r["predicted_peak_mib"] >= r["measured_device_mib"]
             for runs in (down[1:], up[1:]) for r in runs),
@@ -116,7 +127,8 @@ def main(argv: list[str] | None = None) -> int:
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     print(f"wrote {args.json}")
-    ok = summary["down_all_succeeded"] and summary["up_all_succeeded"]
+    ok = (summary["down_all_succeeded"] and summary["up_all_succeeded"] and summary["cheaper_pool_costs_less"]
+          and summary["no_step_time_learned_from_the_simulated_device"])
     return 0 if ok and summary["down_later_pools"] and set(summary["down_later_pools"]) == {"down-small"} else 1
 
 

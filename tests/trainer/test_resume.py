@@ -60,6 +60,19 @@ def test_killed_run_resumes_from_its_checkpoint(
     assert (tmp_path / "ckpt" / "latest").read_text() == "step-00000006"
 
 
+@pytest.mark.parametrize(
+    ("planned", "pinned", "saved"),
+    [(2, None, [2, 4, 5]), (2, 3, [3, 5])],
+    ids=["the plan's chosen interval", "the job's pinned interval wins"],
+)
+def test_the_trainer_saves_at_the_plans_interval(
+    planned: int, pinned: int | None, saved: list[int], tmp_path: Path, train_local: Callable[..., Any]
+) -> None:
+    folder = tmp_path / "ckpt"
+    plan = make_plan().ddp().steps(5).planned_every(planned, pinned=pinned).checkpoint_dir(folder)
+    assert train_local(plan, checkpoint_dir=folder).checkpoints_saved == saved
+
+
 def _first_leg(plan: PlanBuilder, folder: Path, train_local: Callable[..., Any]) -> list[float]:
     result = train_local(plan.steps(4, every=EVERY).checkpoint_dir(folder), checkpoint_dir=folder)
     return [loss for _, loss in result.losses]

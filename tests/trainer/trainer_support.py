@@ -66,6 +66,10 @@ class PlanBuilder:
     def steps(self, max_steps: int, every: int = 1000) -> PlanBuilder:
         return self._with(maxSteps=max_steps, everySteps=every)
 
+    def planned_every(self, steps: int, *, pinned: int | None = None) -> PlanBuilder:
+        """The interval memfit chose (plan.checkpointEverySteps), beside the job's pin or none."""
+        return self._with(checkpointEverySteps=steps, everySteps=pinned)
+
     def checkpoint_dir(self, path: Path | str) -> PlanBuilder:
         return self._with(checkpointDir=str(path))
 
@@ -114,7 +118,7 @@ class PlanBuilder:
             "maxSteps": f["maxSteps"],
             "optimizer": f["optimizer"],
             "learningRate": f["learningRate"],
-            "checkpoint": {"everySteps": f["everySteps"]},
+            "checkpoint": {} if f["everySteps"] is None else {"everySteps": f["everySteps"]},
         }
         plan = {
             key: f[key]
@@ -139,7 +143,7 @@ class PlanBuilder:
             "problem": f.get("problemSpec", {"builtin": TINY_GPT}),
             "training": training,
         }  # fmt: skip
-        for optional in ("checkpointDir", "nvmePath", "peft", "adapter", "data"):
+        for optional in ("checkpointDir", "nvmePath", "peft", "adapter", "data", "checkpointEverySteps"):
             if optional in f:
                 plan[optional] = f[optional]
         return plan

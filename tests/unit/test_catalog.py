@@ -36,7 +36,7 @@ def test_lookup_by_gfd_product(label: str, key: str) -> None:
 
 def test_t4_has_no_bf16_and_ampere_does() -> None:
     assert not find_gpu("t4").supports_bf16  # type: ignore[union-attr]
-    assert all(g.supports_bf16 for g in CATALOG if g.key != "t4")
+    assert all(g.supports_bf16 == (g.architecture not in ("volta", "turing")) for g in CATALOG)
 
 
 def test_keys_unique_and_unknown_is_none() -> None:

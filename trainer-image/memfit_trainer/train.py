@@ -363,7 +363,7 @@ def _train_steps(
     training = plan.training
     accumulation = plan.gradient_accumulation_steps
     micro = plan.micro_batch_size
-    every = training.checkpoint.every_steps
+    every = plan.checkpoint_interval_steps  # the job's pinned everySteps, else the plan's choice
     check = FirstStepsCheck.for_plan(plan, environ=options.first_steps)
     for step in range(start_step + 1, training.max_steps + 1):
         progress.step = step

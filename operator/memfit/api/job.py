@@ -61,6 +61,10 @@ class OptimizerKind(StrEnum):
     SGD = "sgd"
 
 
+# The trainer's interval when neither the job nor the plan names one (the old fixed default).
+DEFAULT_CHECKPOINT_EVERY_STEPS = 500
+
+
 class CheckpointSpec(ApiModel):
     """Where and how often training state is saved; a re-plan or a replaced pod resumes from the latest one.
 
@@ -79,7 +83,12 @@ class CheckpointSpec(ApiModel):
         description="Keep checkpoints in an emptyDir (lost with the pod: a re-plan or a replaced pod "
         "starts again at step 0). Only when asked; excludes volumeClaim.",
     )
-    every_steps: int = Field(default=500, ge=1, le=10_000_000, description="Save every N optimizer steps.")
+    every_steps: int | None = Field(
+        default=None, ge=1, le=10_000_000,
+        description="Save every N optimizer steps (and at the last). Unset = memfit chooses per plan: on a "
+        "spot pool the interval that minimises expected hours (checkpoint writes against work lost to "
+        "interruptions), elsewhere 500 or more, keeping checkpoint writes within 1 % of the run.",
+    )
 
     @model_validator(mode="after")
     def _one_volume(self) -> Self:

@@ -8,7 +8,7 @@ from pydantic import Field
 
 from memfit.api.common import ApiModel
 from memfit.api.data import DataSpec
-from memfit.api.job import PlanSummary, TrainingSpec
+from memfit.api.job import DEFAULT_CHECKPOINT_EVERY_STEPS, PlanSummary, TrainingSpec
 from memfit.api.peft import AdapterSettings
 from memfit.api.problem import Problem
 from memfit.api.training_config import TrainingConfig
@@ -38,6 +38,7 @@ class BaselineCost(ApiModel):
     cost_per_hour: float = Field(ge=0)
     cost: float = Field(ge=0)
     savings_percent: float
+    hours: float | None = Field(default=None, ge=0, description="Its predicted hours (the wall-clock beside the cost).")
 
 
 class MemoryBreakdown(ApiModel):
@@ -91,7 +92,8 @@ class Plan(TrainingConfig):
         default=False,
         description="DDP find_unused_parameters: the profile saw trainable parameters without a gradient.",
     )
-    baseline: BaselineCost | None = Field(default=None, description="The default (plain) baseline and savings.")
+    baseline: BaselineCost | None = Field(
+        default=None, description="The default baseline (the practitioner's setup without a planner) and savings.")
     declared_baseline: BaselineCost | None = Field(default=None, description="placement.baseline, beside it.")
     adapter: AdapterSettings | None = Field(
         default=None, description="LoRA/QLoRA: rank, alpha, dropout, target modules, 4-bit settings.")
@@ -102,6 +104,11 @@ class Plan(TrainingConfig):
     cost_notes: list[str] = Field(
         default_factory=list, max_length=8,
         description="Why it costs what it does: the part of a node it uses, spot interruptions priced as risk.")
+    checkpoint_every_steps: int | None = Field(
+        default=None, ge=1, le=100_000_000,
+        description="Steps between checkpoints: the job's training.checkpoint.everySteps, or the interval "
+        "memfit chose for this plan when the job leaves it unset (see costNotes).",
+    )
     attempt: int = Field(default=0, ge=0)
     checkpoint_dir: str | None = Field(default=None, max_length=1024)
     nvme_path: str | None = Field(default=None, max_length=1024)
@@ -109,6 +116,13 @@ class Plan(TrainingConfig):
     @property
     def world_size(self) -> int:
         return self.nodes * self.gpus_per_node
+
+    @property
+    def checkpoint_interval_steps(self) -> int:
+        """The steps between the trainer's checkpoints: the job's pinned `everySteps` wins, then the plan's
+        choice, then the old fixed default (a plan written before memfit chose intervals)."""
+        pinned = self.training.checkpoint.every_steps if self.training is not None else None
+        return pinned or self.checkpoint_every_steps or DEFAULT_CHECKPOINT_EVERY_STEPS
 
     @property
     def trainable_fraction(self) -> float | None:

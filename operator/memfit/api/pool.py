@@ -37,16 +37,25 @@ class GPUSpec(ApiModel):
     bf16_tflops: float | None = Field(
         default=None, ge=0, le=100_000, alias="bf16TFLOPS", description="Dense bf16 TFLOPS; 0 = no bf16."
     )
+    memory_bandwidth_g_bps: float | None = Field(
+        default=None, gt=0, le=100_000, alias="memoryBandwidthGBps",
+        description="GPU memory bandwidth, GB/s (datasheet); default from the catalog for a known product.",
+    )
 
 
 class HostSpec(ApiModel):
-    """Host resources available to offload."""
+    """Host resources available to offload, and the node's write bandwidth to checkpoint storage."""
 
     memory_gi_b: int | None = Field(
         default=None, ge=0, le=65536, alias="memoryGiB", description="Host RAM per node."
     )
     nvme_gi_b: int | None = Field(
         default=None, ge=0, le=1_048_576, alias="nvmeGiB", description="Local NVMe per node."
+    )
+    checkpoint_write_g_bps: float | None = Field(
+        default=None, gt=0, le=1000, alias="checkpointWriteGBps",
+        description="GB/s (10^9 bytes/s, not Gbit/s) one node writes to the checkpoint volume. Unset = "
+        "0.125, an AWS EBS gp3 volume's baseline 125 MiB/s rounded down; prices checkpoint writes.",
     )
 
 

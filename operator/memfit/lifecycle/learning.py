@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from memfit.api.plan import Plan
 from memfit.api.termination import (
+    DEVICE_CUDA,
     KEY_DEVICE,
     KEY_DEVICE_PEAK_BYTES,
     KEY_MEMORY_METER,
@@ -43,6 +44,10 @@ def learn(draft: Draft, snap: Snapshot, plan: Plan, digest: str, *, measured: in
     reserved = max((int(v) for m in messages if isinstance(v := m.get(KEY_RESERVED_PEAK_BYTES), int)), default=0)
     nvml = max((int(v) for m in messages if isinstance(v := m.get(KEY_DEVICE_PEAK_BYTES), int)), default=0)
     steps = [float(v) for m in messages if isinstance(v := m.get(KEY_STEP_SECONDS), int | float)]
+    devices = {str(m.get(KEY_DEVICE, "")) for m in messages}
+    # A step time is a GPU's speed only when every rank ran on a real CUDA device: a CPU run, or the test
+    # bed's simulated GPU (the CPU under a simulated memory budget), says nothing about a GPU's speed.
+    real_gpu_speed = devices == {DEVICE_CUDA}
     on_cpu = any(str(m.get(KEY_DEVICE, "")) == DEVICE_CPU or str(m.get(KEY_MEMORY_METER, "")).startswith("cpu")
                  for m in messages)
     observation = Observation(
@@ -58,7 +63,7 @@ def learn(draft: Draft, snap: Snapshot, plan: Plan, digest: str, *, measured: in
         rank_peaks=ranks,
         reserved_peak_bytes=reserved or None,
         device_peak_bytes=nvml or None,
-        step_seconds=max(steps) if steps else None,
+        step_seconds=max(steps) if steps and (real_gpu_speed or on_cpu) else None,
         predicted_step_seconds=plan.step_seconds,
     )
     if any(o.job == observation.job for o in cached.observations):

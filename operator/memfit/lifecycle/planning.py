@@ -137,9 +137,21 @@ def measured_peaks(
 
 def measured_step_times(observations: Sequence[Observation]) -> list[MeasuredStepTime]:
     """Step times of attempts that ran on a GPU and reported them, with the step time their plan predicted
-    (an out-of-memory attempt's few steps are not a speed)."""
-    return [MeasuredStepTime(o.measured_on, o.step_seconds, o.predicted_step_seconds) for o in observations
-            if o.on_gpu and not o.out_of_memory and o.step_seconds and o.predicted_step_seconds]
+    and the precision and engine they ran with (an out-of-memory attempt's few steps are not a speed)."""
+    out: list[MeasuredStepTime] = []
+    for o in observations:
+        if not (o.on_gpu and not o.out_of_memory and o.step_seconds and o.predicted_step_seconds):
+            continue
+        parts = o.config_key.split("/")
+        if len(parts) < 3:
+            continue
+        try:
+            engine, precision = Engine(parts[0]), Precision(parts[2])
+        except ValueError:
+            continue
+        out.append(MeasuredStepTime(o.measured_on, o.step_seconds, o.predicted_step_seconds,
+                                    precision=precision, engine=engine))
+    return out
 
 
 def free_gpus(pools: Sequence[GPUNodePool], capacity: Mapping[str, PoolCapacity]) -> dict[str, FreeGpus]:

@@ -12,6 +12,7 @@ from memfit.planner.explain import plan_summary
 from memfit.planner.measured import MeasuredPeak
 from memfit.planner.offers import Offer, PoolRejection, catalog_pools, resolve_offers
 from memfit.planner.plan_job import ANALYTIC_HEADROOM_PERCENT, build_plan, plan, resolve_shape, search_context
+from memfit.planner.practitioner import practitioner_baseline
 from memfit.planner.result import BaselineResult, Candidate, PlanResult
 
 __all__ = [
@@ -29,6 +30,7 @@ __all__ = [
     "plain_baseline",
     "plan",
     "plan_summary",
+    "practitioner_baseline",
     "resolve_offers",
     "resolve_shape",
     "search_context",

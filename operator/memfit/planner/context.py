@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from memfit.api.common import Engine, Offload, PeftMethod
 from memfit.api.job import Minimize, OptimizerKind
@@ -16,10 +17,20 @@ from memfit.memory.predict import MemoryTerms, memory_terms
 from memfit.memory.shape import Shape
 from memfit.memory.strategy import Strategy
 from memfit.memory.timing import TimeTerms, time_terms
-from memfit.planner.interruptions import expected_hours
+from memfit.planner.checkpoint_writes import DEFAULT_CHECKPOINT_WRITE_GBPS, checkpoint_bytes, write_seconds
+from memfit.planner.interruptions import (
+    NO_PERSISTENT_CHECKPOINT,
+    ON_DEMAND_EVERY_STEPS,
+    CheckpointPolicy,
+    chosen_every_steps,
+    expected_hours,
+)
 from memfit.planner.measured import PeakCorrections
 from memfit.planner.offers import Layout, Offer
 from memfit.planner.space import ENGINES, OFFLOADS, Choice
+
+if TYPE_CHECKING:
+    from memfit.planner.result import Candidate
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,8 +52,10 @@ class SearchContext:
     flops_per_sample: float
     mfu: float | None
     adapter: AdapterLayout | None = None  # the LoRA/QLoRA layout PEFT choices train
-    # Steps between persistent checkpoints (None: none survive a lost node), for interruption risk.
-    checkpoint_every_steps: int | None = None
+    # Persistent checkpoints (or none: they die with a lost node), at the job's interval or memfit's.
+    checkpoint: CheckpointPolicy = NO_PERSISTENT_CHECKPOINT
+    # Pool -> GB/s a node writes checkpoints at (host.checkpointWriteGBps; absent: the default).
+    checkpoint_write_gbps: Mapping[str, float] = field(default_factory=dict)
     # The pinned strategy fields by path (`strategy.precision` -> `bf16`): the reasons name them.
     pins: Mapping[str, str] = field(default_factory=dict)
     # Keyed by choice rank or memory id (unique within one plan call), world size (and GPUs per node).
@@ -53,6 +66,16 @@ class SearchContext:
     # Leanest member of a group at a world size, once every member's smallest peak is known.
     group_min_cache: dict[tuple[tuple[int, ...], int], tuple[int, Choice]] = field(default_factory=dict)
     group_cache: dict[tuple[int, ...], list[tuple[tuple[int, ...], list[Choice]]]] = field(default_factory=dict)
+    # Bytes the busiest node writes per checkpoint, by choice rank, world size and GPUs per node.
+    checkpoint_bytes_cache: dict[tuple[int, int, int], float] = field(default_factory=dict)
+
+    @property
+    def checkpoint_every_steps(self) -> int | None:
+        """The interval of an estimate at a fixed interval: the job's, the old default when memfit
+        chooses, None without a persistent checkpoint."""
+        if not self.checkpoint.persistent:
+            return None
+        return self.checkpoint.every_steps or ON_DEMAND_EVERY_STEPS
 
     def trainable(self, choice: Choice) -> int:
         """Parameters the choice trains: all of them, or the LoRA/QLoRA adapters."""
@@ -74,12 +97,64 @@ class SearchContext:
     def accumulation(self, world_size: int, micro_batch_size: int) -> int | None:
         return accumulation_steps(self.global_batch, world_size=world_size, micro_batch_size=micro_batch_size)
 
-    def expected_hours(self, offer: Offer, layout: Layout, step_seconds: float) -> float:
-        """Hours of the run on `layout` of `offer`, with the expected lost work and restarts of its
-        interruptions (planner.interruptions); non-decreasing in `step_seconds`."""
+    def expected_hours(self, offer: Offer, layout: Layout, step_seconds: float, write_seconds: float = 0.0) -> float:
+        """Hours of the run on `layout` of `offer`, with its checkpoint writes (`write_seconds` each) and
+        the expected lost work and restarts of its interruptions (planner.interruptions); non-decreasing
+        in `step_seconds`, and in `write_seconds` but where memfit chooses the interval on a pool without
+        interruptions (`bound_write_seconds`)."""
+        every = self.every_steps(offer, layout.nodes, step_seconds, write_seconds)
         return expected_hours(hours=self.steps * step_seconds / 3600, step_seconds=step_seconds,
                               rate_per_node_hour=offer.interruption_rate_per_hour, nodes=layout.nodes,
-                              checkpoint_every_steps=self.checkpoint_every_steps)
+                              checkpoint_every_steps=every, write_seconds=write_seconds)
+
+    def every_steps(self, offer: Offer, nodes: int, step_seconds: float, write_seconds: float) -> int | None:
+        """Steps between persistent checkpoints on `nodes` nodes of `offer`: the job's, or memfit's
+        choice (planner.interruptions); None without a persistent checkpoint."""
+        if not self.checkpoint.chosen:
+            return self.checkpoint_every_steps
+        return chosen_every_steps(steps=self.steps, step_seconds=step_seconds, write_seconds=write_seconds,
+                                  rate_per_hour=max(0.0, offer.interruption_rate_per_hour) * nodes)
+
+    def candidate_checkpoints(self, candidate: Candidate, offer: Offer) -> tuple[int | None, float]:
+        """(steps between persistent checkpoints, seconds per checkpoint write) of a candidate on its
+        offer, as the search priced them; (None, 0) without a persistent checkpoint."""
+        if not self.checkpoint.persistent:
+            return None, 0.0
+        writes = write_seconds(self.checkpoint_bytes_per_node(candidate.strategy),
+                               write_gbps=self.write_gbps(offer.pool))
+        return self.every_steps(offer, candidate.nodes, candidate.step.step_seconds, writes), writes
+
+    def write_seconds(self, offer: Offer, layout: Layout, choice: Choice) -> float:
+        """Seconds one checkpoint of `choice` takes to write on `layout` of `offer` (0 without a
+        persistent checkpoint: writes to the pod's own disk are not priced)."""
+        if not self.checkpoint.persistent:
+            return 0.0
+        key = (choice.rank, layout.world_size, layout.gpus_per_node)
+        per_node = self.checkpoint_bytes_cache.get(key)
+        if per_node is None:
+            strategy = choice.strategy(optimizer=self.optimizer, world_size=layout.world_size,
+                                       gpus_per_node=layout.gpus_per_node, adapter=self.adapter)
+            per_node = self.checkpoint_bytes_cache[key] = self.checkpoint_bytes_per_node(strategy)
+        return write_seconds(per_node, write_gbps=self.write_gbps(offer.pool))
+
+    def checkpoint_bytes_per_node(self, strategy: Strategy) -> float:
+        """Bytes the busiest node writes per checkpoint of `strategy` (planner.checkpoint_writes)."""
+        trainable = self.shape.trainable
+        if strategy.config.peft != PeftMethod.NONE and self.adapter is not None:
+            trainable = self.shape.layers * self.adapter.adapter_parameters_per_block
+        return checkpoint_bytes(self.shape, strategy, trainable=trainable).per_node(strategy.nodes)
+
+    def write_gbps(self, pool: str) -> float:
+        """GB/s a node of `pool` writes checkpoints at."""
+        return self.checkpoint_write_gbps.get(pool, DEFAULT_CHECKPOINT_WRITE_GBPS)
+
+    def bound_write_seconds(self, offer: Offer, layout: Layout, members: list[Choice]) -> float:
+        """A lower bound on the write seconds of every member, for the search's bound. When memfit
+        chooses the interval on a pool without interruptions, 0: the interval then grows with the write
+        time, so expected hours are not monotone in it there (its writes stay within 1 % of the run)."""
+        if self.checkpoint.chosen and offer.interruption_rate_per_hour <= 0:
+            return 0.0
+        return min(self.write_seconds(offer, layout, c) for c in members)
 
     def fits_gpu(self, peak_bytes: float, usable_bytes: int) -> bool:
         """The fit rule: predicted peak x (1 + headroom) <= usable GPU memory."""

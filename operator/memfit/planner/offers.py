@@ -24,7 +24,14 @@ from memfit.api.pool import (
     IntraNode,
 )
 from memfit.catalog import GpuCatalog, GPUModel
-from memfit.memory.timing import NVLINK_GBPS, PCIE_GBPS, GpuSpeed
+from memfit.memory.timing import (
+    DEFAULT_MATMUL_EFFICIENCY,
+    NVLINK_GBPS,
+    PCIE_GBPS,
+    UNKNOWN_HBM_GBPS,
+    UNKNOWN_SM_COUNT,
+    GpuSpeed,
+)
 from memfit.planner.measured import DeviceTerms
 
 GIB = 1024**3
@@ -159,18 +166,30 @@ def _speed(spec: GPUNodePoolSpec, gpu: GPUModel | None) -> tuple[GpuSpeed, bool,
         fp16 = bf16 or UNKNOWN_BF16_TFLOPS
         fp32 = fp16 * UNKNOWN_FP32_RATIO
     if gpu is not None and spec.gpu.bf16_tflops:
-        # The pool overrides the tensor-core figure: scale fp16 and fp32 alike.
+        # The pool overrides the tensor-core figure (a power-capped or down-clocked part): scale fp16 and
+        # fp32 alike. bf16TFLOPS 0 only says the GPU has no bf16; fp16 and fp32 stay the catalog's.
         ratio = spec.gpu.bf16_tflops / (gpu.bf16_tflops or gpu.fp16_tflops)
         fp16, fp32 = fp16 * ratio, fp32 * ratio
     intra = spec.interconnect.intra_node or (IntraNode(gpu.intra_node) if gpu else IntraNode.PCIE)
-    inter = spec.interconnect.inter_node_gbps or DEFAULT_INTER_NODE_GBITS[intra]
+    inter = spec.interconnect.inter_node_gbps or (
+        gpu.network_gbits_per_node if gpu is not None else DEFAULT_INTER_NODE_GBITS[intra])
+    pcie = gpu.pcie_gbps if gpu is not None else PCIE_GBPS
+    nvlink = (gpu.nvlink_gbps if gpu is not None and gpu.nvlink_gbps else NVLINK_GBPS)
+    if gpu is None and spec.gpu.memory_bandwidth_g_bps is None:
+        notes.append(f"memory bandwidth unknown: assumed {UNKNOWN_HBM_GBPS:.0f} GB/s (set gpu.memoryBandwidthGBps)")
     speed = GpuSpeed(
         bf16_tflops=bf16,
         fp16_tflops=fp16,
         fp32_tflops=fp32,
-        intra_node_gbps=NVLINK_GBPS if intra == IntraNode.NVLINK else PCIE_GBPS,
+        tf32_tflops=gpu.tf32_tflops if gpu is not None else 0.0,
+        intra_node_gbps=nvlink if intra == IntraNode.NVLINK else pcie,
         inter_node_gbits=inter,
-        pcie_gbps=PCIE_GBPS,
+        pcie_gbps=pcie,
+        hbm_gbps=spec.gpu.memory_bandwidth_g_bps or (gpu.hbm_gbps if gpu is not None else UNKNOWN_HBM_GBPS),
+        sm_count=gpu.sm_count if gpu is not None else UNKNOWN_SM_COUNT,
+        matmul_efficiency=gpu.matmul_efficiency if gpu is not None else DEFAULT_MATMUL_EFFICIENCY,
+        flash_attention=gpu.flash_attention if gpu is not None else bf16 > 0,
+        architecture=gpu.architecture if gpu is not None else "ampere",
     )
     return speed, bf16 > 0, notes
 

@@ -20,12 +20,21 @@ from memfit.memory.adapter import AdapterLayout, adapter_layout
 from memfit.memory.calibration import Calibration, calibrate
 from memfit.memory.problems import ShapeError, shape_from_problem
 from memfit.memory.shape import Shape
-from memfit.planner.baseline import cheapest_plain_baseline, plain_baseline, plain_config
+from memfit.planner.baseline import plain_baseline, plain_config
 from memfit.planner.context import SearchContext
-from memfit.planner.cost_notes import cost_notes
+from memfit.planner.cost_notes import NOTES_MAX, cost_notes
+from memfit.planner.interruptions import NO_PERSISTENT_CHECKPOINT, CheckpointPolicy
 from memfit.planner.measured import MeasuredDevice, MeasuredPeak, peak_corrections
-from memfit.planner.measured_speed import MeasuredStepTime, step_time_factors, with_measured_speed
+from memfit.planner.measured_speed import (
+    LearnedSpeed,
+    MeasuredStepTime,
+    SpeedKey,
+    learned_speed_notes,
+    step_time_factors,
+    with_measured_speed,
+)
 from memfit.planner.offers import FreeGpus, Offer, PoolRejection, catalog_pool, resolve_offer, resolve_offers
+from memfit.planner.practitioner import practitioner_baseline
 from memfit.planner.result import BaselineResult, Candidate, PlanResult
 from memfit.planner.search import any_fit, objective_key, prepare_offer, search_offer
 from memfit.planner.space import Choice, pinned_fields, strategy_choices
@@ -69,8 +78,10 @@ def _baseline_offer(name: str, pools: Sequence[GPUNodePool], catalog: GpuCatalog
 
 def search_context(spec: MemoryOptimizedTrainingJobSpec, shape: ModelShape, *, profile: Profile | None = None,
                    measured_peaks: Sequence[MeasuredPeak] = (),
-                   measured_devices: Sequence[MeasuredDevice] = ()) -> SearchContext:
-    """The job's search context (calibrated from the profile's measurements when there are any)."""
+                   measured_devices: Sequence[MeasuredDevice] = (),
+                   pools: Sequence[GPUNodePool] = ()) -> SearchContext:
+    """The job's search context (calibrated from the profile's measurements when there are any; the
+    checkpoint write bandwidth of `pools`)."""
     hot = Shape.of(shape)
     calibration: Calibration | None = None
     mfu: float | None = None
@@ -99,16 +110,21 @@ def search_context(spec: MemoryOptimizedTrainingJobSpec, shape: ModelShape, *, p
         corrections=peak_corrections(measured_peaks, hot, calibration=calibration, devices=measured_devices),
         flops_per_sample=flops,
         mfu=mfu,
-        checkpoint_every_steps=persistent_checkpoint_steps(spec),
+        checkpoint=checkpoint_policy(spec),
+        checkpoint_write_gbps={p.metadata.name: p.spec.host.checkpoint_write_g_bps for p in pools
+                               if p.spec.host.checkpoint_write_g_bps is not None},
         pins=pinned_fields(spec.strategy),
     )
 
 
-def persistent_checkpoint_steps(spec: MemoryOptimizedTrainingJobSpec) -> int | None:
-    """Steps between checkpoints that survive a lost node: on a claim (the user's, or the one the operator
-    creates by default); with `emptyDir` they go with the pod and an interruption loses them (None)."""
+def checkpoint_policy(spec: MemoryOptimizedTrainingJobSpec) -> CheckpointPolicy:
+    """Checkpoints that survive a lost node: on a claim (the user's, or the one the operator creates by
+    default), every `everySteps` or at the interval memfit chooses when it is unset; with `emptyDir` they
+    go with the pod and an interruption loses them."""
     checkpoint = spec.training.checkpoint
-    return None if checkpoint.empty_dir else checkpoint.every_steps
+    if checkpoint.empty_dir:
+        return NO_PERSISTENT_CHECKPOINT
+    return CheckpointPolicy(persistent=True, every_steps=checkpoint.every_steps)
 
 
 def job_adapter(spec: MemoryOptimizedTrainingJobSpec) -> AdapterLayout | None:
@@ -192,8 +208,8 @@ def plan(
     """Choose the configuration, pool and node count that minimise the job's objective.
 
     Returns a PlanResult: the Plan, up to `max_alternatives` alternatives (the best on each other
-    pool), a rejection reason for every pool where nothing fits, and the fp32 baseline with the
-    savings; or NoFit (plan None) with all reasons. Never raises on bad pools or impossible pins.
+    pool), a rejection reason for every pool where nothing fits, and the practitioner's baseline
+    (planner.practitioner) with the savings; or NoFit (plan None) with all reasons. Never raises on bad pools or impossible pins.
     `catalog` fills what a pool leaves unset (and stands in for a baseline pool that is not in `pools`);
     `free_gpus` (pool -> a GPU cap, or live free nodes and shared-node GPUs) limits the layouts;
     `measured_step_times` of finished GPU runs calibrate each product's throughput (planner.measured_speed); `measured_peaks` correct the predictions.
@@ -202,7 +218,7 @@ def plan(
     if isinstance(shape, str):
         return _no_fit([shape])
     ctx = search_context(spec, shape, profile=profile, measured_peaks=measured_peaks,
-                         measured_devices=measured_devices)
+                         measured_devices=measured_devices, pools=pools)
     choices, pin_problems = strategy_choices(spec.strategy)
     peft_reasons: list[str] = []
     choices = _peft_choices(ctx, choices, peft_reasons)
@@ -212,7 +228,7 @@ def plan(
                                         free_gpus=free_gpus)
     speed_factors = step_time_factors(measured_step_times)
     offers = [with_measured_speed(with_device_terms(o, ctx), speed_factors) for o in offers]
-    baseline = _plain_default(ctx, spec, pools, catalog, speed_factors)
+    baseline = _practitioner_default(ctx, spec, pools, catalog, speed_factors)
     declared = _declared_baseline(ctx, spec, pools, catalog, speed_factors)
     if not choices:
         return PlanResult(None, None, (), tuple(rejections), baseline, None, tuple(pin_problems),
@@ -234,7 +250,8 @@ def plan(
     chosen_plan = build_plan(chosen, spec, calibration=ctx.calibration, profile=profile,
                              offer=device, full_finetune=comparison).model_copy(update={
         "baseline": _recorded(baseline, savings), "declared_baseline": _recorded(declared, declared_savings),
-        "cost_notes": list(cost_notes(ctx, chosen, ranked, offers)),
+        "cost_notes": _with_learned(list(cost_notes(ctx, chosen, ranked, offers)), learned_speed_notes(device)),
+        "checkpoint_every_steps": ctx.candidate_checkpoints(chosen, device)[0] if device is not None else None,
     })
     notes = tuple(f"{o.pool}: {n}" for o in offers for n in o.notes) + tuple(peft_reasons)
     if ctx.calibration is not None:
@@ -250,6 +267,13 @@ def plan(
         declared_baseline=declared,
         declared_savings_percent=declared_savings,
     )
+
+
+def _with_learned(notes: list[str], learned: list[str]) -> list[str]:
+    """The cost notes with what the plan's GPU learned from measured step times, within the Plan's
+    eight notes (the learned ones kept: they say why the step time differs from the model's)."""
+    learned = learned[:NOTES_MAX // 2]
+    return [*notes[: NOTES_MAX - len(learned)], *learned]
 
 
 def _full_finetune(ctx: SearchContext, spec: MemoryOptimizedTrainingJobSpec,
@@ -320,20 +344,21 @@ def _recorded(baseline: BaselineResult | None, savings: float | None) -> Baselin
     if baseline is None or savings is None:
         return None
     return BaselineCost(label=baseline.label[:256], cost_per_hour=round_cost(baseline.price_per_hour),
-                        cost=round_cost(baseline.total_cost), savings_percent=round(savings, 3))
+                        cost=round_cost(baseline.total_cost), savings_percent=round(savings, 3),
+                        hours=round_cost(baseline.hours))
 
 
-def _plain_default(ctx: SearchContext, spec: MemoryOptimizedTrainingJobSpec, pools: Sequence[GPUNodePool],
-                   catalog: GpuCatalog, speed_factors: Mapping[str, float]) -> BaselineResult | None:
-    """The plain setup on the cheapest allowed pool where it fits (capacity aside: it is what the
-    job would have cost, not what is free now), with the same calibration as the plan."""
+def _practitioner_default(ctx: SearchContext, spec: MemoryOptimizedTrainingJobSpec, pools: Sequence[GPUNodePool],
+                          catalog: GpuCatalog, speed_factors: Mapping[SpeedKey, LearnedSpeed]) -> BaselineResult | None:
+    """The practitioner's setup under the job's pins on the allowed pools (capacity aside: it is what the
+    job would have cost, not what is free now), with the same calibration and measured speeds as the plan."""
     offers, _ = resolve_offers(pools, catalog=catalog, allowed=spec.placement.node_pools)
-    return cheapest_plain_baseline(ctx, [with_measured_speed(with_device_terms(o, ctx), speed_factors)
-                                         for o in offers])
+    return practitioner_baseline(ctx, [with_measured_speed(with_device_terms(o, ctx), speed_factors)
+                                       for o in offers], pins=spec.strategy)
 
 
 def _declared_baseline(ctx: SearchContext, spec: MemoryOptimizedTrainingJobSpec, pools: Sequence[GPUNodePool],
-                       catalog: GpuCatalog, speed_factors: Mapping[str, float]) -> BaselineResult | None:
+                       catalog: GpuCatalog, speed_factors: Mapping[SpeedKey, LearnedSpeed]) -> BaselineResult | None:
     """The plain setup on the pool and node count of `placement.baseline`, when the user named one."""
     placement = spec.placement.baseline
     if placement is None:

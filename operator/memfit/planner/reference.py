@@ -17,6 +17,7 @@ from memfit.api.pool import GPUNodePool
 from memfit.api.training_config import TrainingConfig
 from memfit.catalog import GpuCatalog
 from memfit.memory import Strategy, estimate_step_seconds, predict_memory, strategy_problem
+from memfit.planner.checkpoint_writes import write_seconds
 from memfit.planner.offers import resolve_offers
 from memfit.planner.plan_job import resolve_shape, search_context
 
@@ -54,7 +55,7 @@ def best_objective(spec: MemoryOptimizedTrainingJobSpec, pools: Sequence[GPUNode
     shape = resolve_shape(spec, None)
     if isinstance(shape, str):
         return None
-    ctx = search_context(spec, shape)
+    ctx = search_context(spec, shape, pools=pools)
     offers, _ = resolve_offers(pools, catalog=catalog, allowed=spec.placement.node_pools)
     pins, objective = spec.strategy, spec.objective
     headroom = objective.memory_headroom_percent
@@ -100,7 +101,9 @@ def best_objective(spec: MemoryOptimizedTrainingJobSpec, pools: Sequence[GPUNode
                                         if m.nvme_bytes * g > offer.nvme_bytes_per_node:
                                             continue
                                         seconds = estimate_step_seconds(ctx.shape, s, offer.speed).step_seconds
-                                        hours = ctx.expected_hours(offer, layout, seconds)
+                                        writes = 0.0 if not ctx.checkpoint.persistent else write_seconds(
+                                            ctx.checkpoint_bytes_per_node(s), write_gbps=ctx.write_gbps(offer.pool))
+                                        hours = ctx.expected_hours(offer, layout, seconds, writes)
                                         if hours == float("inf"):
                                             continue
                                         if objective.deadline_hours is not None and hours > objective.deadline_hours:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from memfit.api.plan import Plan, savings_text
+from memfit.api.training_config import TrainingConfig
 from memfit.memory.predict import MemoryEstimate
 from memfit.memory.strategy import Strategy
 from memfit.memory.timing import StepTime
@@ -58,6 +59,17 @@ class BaselineResult:
     hours: float
     total_cost: float
     note: str = ""
+    config: TrainingConfig | None = None  # what it runs, with its micro-batch and accumulation
+    # The practitioner's rungs before this one, each with why it was left (planner.practitioner).
+    escalation: tuple[str, ...] = ()
+
+
+def wall_clock_text(plan_hours: float, baseline_hours: float) -> str:
+    """`0.42x the wall-clock` (memfit's hours over the baseline's): shown beside every cost ratio, since a
+    cheaper plan may well take longer."""
+    if baseline_hours <= 0 or baseline_hours == float("inf"):
+        return "wall-clock n/a"
+    return f"{plan_hours / baseline_hours:.2f}x the wall-clock"
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,10 +115,11 @@ class PlanResult:
         )
         if self.baseline is not None and self.savings_percent is not None:
             text += (
-                f" vs {self.baseline.label} ${self.baseline.total_cost:.2f}: {savings_text(self.savings_percent)}"
+                f" vs {self.baseline.label} ${self.baseline.total_cost:.2f}: {savings_text(self.savings_percent)}, "
+                f"{wall_clock_text(c.hours, self.baseline.hours)}"
             )
         elif self.baseline is None:
-            text += "; the plain setup (bf16 DDP) fits no allowed pool"
+            text += "; no practitioner setup (DDP, checkpointing, FSDP, CPU offload) fits an allowed pool"
         if self.declared_baseline is not None and self.declared_savings_percent is not None:
             text += (
                 f" ({self.declared_baseline.label} ${self.declared_baseline.total_cost:.2f}: "

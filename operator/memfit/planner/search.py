@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 from memfit.api.common import Offload, Precision
 from memfit.api.job import Minimize
 from memfit.memory.predict import MemoryTerms
-from memfit.memory.timing import OVERLAP, SATURATION_TOKENS, ring_seconds_per_byte
+from memfit.memory.timing import MIN_EXPOSED, ring_seconds_per_byte
 from memfit.planner.context import SearchContext, peak_bytes_int
 from memfit.planner.explain import Lack, OfferFailures
 from memfit.planner.offers import Layout, Offer
@@ -106,24 +106,22 @@ def _micro_batch(ctx: SearchContext, terms: MemoryTerms, per_gpu: int, usable: i
 
 def _bound_seconds(ctx: SearchContext, offer: Offer, layout: Layout, choice: Choice, per_gpu: int) -> float:
     """A lower bound on the step seconds of every configuration sharing `choice`'s precision and
-    checkpointing on `layout`: compute at the best micro-batch the layout allows, plus half of the
-    smallest gradient exchange any engine needs (a ring all-reduce of 16-bit gradients for mixed
-    precision, 32-bit otherwise: ZeRO-2/3 and FSDP move at least as much; at most half hides)."""
-    peak = offer.speed.peak_flops(choice.config.precision)
-    if peak <= 0:
+    checkpointing on `layout`: the compute every engine runs (no engine's own parameter traffic or
+    optimizer step, the lowest learned factor of the precision) at the best micro-batch the layout
+    allows, plus the part of the smallest gradient exchange any engine needs that never hides (a ring
+    all-reduce of 16-bit gradients for mixed precision, 32-bit otherwise: ZeRO-2/3 and FSDP move at
+    least as much)."""
+    if offer.speed.peak_flops(choice.config.precision) <= 0:
         return float("inf")
     tt = ctx.time(choice, layout)
     b = ctx.pinned_micro_batch or per_gpu
-    tokens = b * tt.tokens_per_sample
-    efficiency = tt.mfu * tokens / (tokens + SATURATION_TOKENS)
-    compute = tt.flops_per_gpu_step / (peak * efficiency)
+    compute = tt.compute_seconds(offer.speed, b, floor=True)
     n = layout.world_size
     if n == 1:
         return compute
     grad_bytes = 2.0 if choice.config.precision != Precision.FP32 else 4.0
     volume = 2 * (n - 1) / n * ctx.trainable(choice) * grad_bytes
-    comm = volume * ring_seconds_per_byte(n, layout.gpus_per_node, offer.speed)
-    return compute + comm - OVERLAP * min(comm, compute)
+    return compute + MIN_EXPOSED * volume * ring_seconds_per_byte(n, layout.gpus_per_node, offer.speed)
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,7 +162,8 @@ def prepare_offer(ctx: SearchContext, offer: Offer, choices: Sequence[Choice]) -
         per_gpu = ctx.samples_per_gpu(layout.world_size)
         for gi, (group_ranks, members) in enumerate(groups):
             seconds = _bound_seconds(ctx, offer, layout, members[0], per_gpu)
-            hours = ctx.expected_hours(offer, layout, seconds)  # non-decreasing in seconds: still a bound
+            writes = ctx.bound_write_seconds(offer, layout, members)
+            hours = ctx.expected_hours(offer, layout, seconds, writes)  # non-decreasing in both: still a bound
             if hours == float("inf"):
                 failures.note_interruptions(layout.world_size)  # no member would finish between interruptions
                 continue
@@ -199,7 +198,7 @@ def search_offer(ctx: SearchContext, prepared: PreparedOffer, *, cutoff: float =
             if not choice.config.optimizer8bit and twins_share_terms and key in eight_bit_results:
                 twin = eight_bit_results[key]
                 all_out_of_memory = all_out_of_memory and key in memory_failed_twins
-                candidate = None if twin is None else _as_32bit(ctx, choice, twin, layout)
+                candidate = None if twin is None else _as_32bit(ctx, offer, choice, twin, layout)
             else:
                 candidate, out_of_memory = _evaluate(ctx, offer, layout, choice, failures, best_objective)
                 all_out_of_memory = all_out_of_memory and out_of_memory
@@ -209,7 +208,7 @@ def search_offer(ctx: SearchContext, prepared: PreparedOffer, *, cutoff: float =
                         memory_failed_twins.add(key)
             if candidate is not None and _better(candidate, best, ctx.minimize):
                 best = candidate
-                best_objective = _objective(ctx, offer, layout, candidate.step.step_seconds)
+                best_objective = candidate.hours if ctx.minimize == Minimize.TIME else candidate.total_cost
         if all_out_of_memory and known is None and cutoff == float("inf"):
             computed = [c for c in members if ctx.has_min_peak(c, layout)]
             leanest = min(computed, key=lambda c: (ctx.min_peak(c, layout), c.rank))
@@ -238,9 +237,11 @@ def _note_lean_on_gpu(ctx: SearchContext, failures: OfferFailures, members: list
                              ctx.min_peak_micro_batch(lean, layout))
 
 
-def _as_32bit(ctx: SearchContext, choice: Choice, eight_bit: Candidate | None, layout: Layout) -> Candidate | None:
-    """The 32-bit twin of an evaluated 8-bit candidate: same time model, more memory, so it is no
-    better unless it fits at the same micro-batch (then it ties and wins on preference)."""
+def _as_32bit(ctx: SearchContext, offer: Offer, choice: Choice, eight_bit: Candidate | None,
+              layout: Layout) -> Candidate | None:
+    """The 32-bit twin of an evaluated 8-bit candidate: same step time, more memory and larger
+    checkpoints, so it is no better unless it fits at the same micro-batch (then it ties, or costs its
+    extra checkpoint writes, and wins ties on preference)."""
     if eight_bit is None:
         return None
     b = eight_bit.strategy.config.micro_batch_size
@@ -248,12 +249,16 @@ def _as_32bit(ctx: SearchContext, choice: Choice, eight_bit: Candidate | None, l
     terms = ctx.memory(choice, layout.world_size, layout.gpus_per_node)
     if not ctx.fits_gpu(peak_bytes_int(terms, b, per_gpu), eight_bit.usable_bytes):
         return None
+    hours = ctx.expected_hours(offer, layout, eight_bit.step.step_seconds, ctx.write_seconds(offer, layout, choice))
+    if hours == float("inf") or (ctx.deadline_hours is not None and hours > ctx.deadline_hours):
+        return None
     strategy = eight_bit.strategy.with_config(optimizer8bit=False)
-    return replace(eight_bit, strategy=strategy, memory=terms.at(b, per_gpu // b), rank=choice.rank)
+    return replace(eight_bit, strategy=strategy, memory=terms.at(b, per_gpu // b), rank=choice.rank,
+                   hours=hours, total_cost=hours * eight_bit.price_per_hour)
 
 
-def _objective(ctx: SearchContext, offer: Offer, layout: Layout, seconds: float) -> float:
-    hours = ctx.expected_hours(offer, layout, seconds)
+def _objective(ctx: SearchContext, offer: Offer, layout: Layout, seconds: float, write_seconds: float) -> float:
+    hours = ctx.expected_hours(offer, layout, seconds, write_seconds)
     return hours if ctx.minimize == Minimize.TIME else hours * layout.price_per_hour
 
 
@@ -279,7 +284,8 @@ def _evaluate(ctx: SearchContext, offer: Offer, layout: Layout, choice: Choice,
     tt = ctx.time(choice, layout)
     optimistic_b = ctx.pinned_micro_batch or per_gpu
     optimistic = tt.step_seconds(offer.speed, optimistic_b)
-    if _objective(ctx, offer, layout, optimistic.step_seconds) > best_objective:
+    writes = ctx.write_seconds(offer, layout, choice)
+    if _objective(ctx, offer, layout, optimistic.step_seconds, writes) > best_objective:
         return None, False
     if not memory_first and not _fits_at_smallest(ctx, offer, layout, choice, failures):
         return None, True
@@ -294,7 +300,7 @@ def _evaluate(ctx: SearchContext, offer: Offer, layout: Layout, choice: Choice,
         failures.note_nvme(nvme_needed, choice, n)
         return None, False
     step = optimistic if b == optimistic_b else tt.step_seconds(offer.speed, b)
-    hours = ctx.expected_hours(offer, layout, step.step_seconds)
+    hours = ctx.expected_hours(offer, layout, step.step_seconds, writes)
     if hours == float("inf"):
         failures.note_interruptions(n)
         return None, False

@@ -33,6 +33,13 @@ def test_every_example_validates(path: Path) -> None:
     assert loaded
 
 
+def test_checkpoint_interval_unset_is_left_to_memfit_and_a_pinned_one_is_kept() -> None:
+    assert MemoryOptimizedTrainingJob.model_validate(make_job()).spec.training.checkpoint.every_steps is None
+    pinned = MemoryOptimizedTrainingJob.model_validate(make_job(training={"checkpoint": {"everySteps": 500}}))
+    assert pinned.spec.training.checkpoint.every_steps == 500
+    assert pinned.to_wire()["spec"]["training"]["checkpoint"]["everySteps"] == 500  # type: ignore[index]
+
+
 def test_defaults_are_auto() -> None:
     job = MemoryOptimizedTrainingJob.model_validate(make_job())
     s = job.spec.strategy
@@ -132,6 +139,11 @@ CASES: dict[str, tuple[dict[str, Any], str, str]] = {
         {"scheduling": {"kueueQueue": "team_a"}},
         "spec.scheduling.kueueQueue",
         "must be the name of a LocalQueue in the job's namespace",
+    ),
+    "checkpoint interval of zero steps": (
+        {"training": {"checkpoint": {"everySteps": 0}}},
+        "spec.training.checkpoint.everySteps",
+        "greater than or equal to 1",
     ),
     "kueue queue not a name": (
         {"scheduling": {"kueueQueue": "GPU Queue"}},

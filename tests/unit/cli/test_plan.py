@@ -24,7 +24,8 @@ def test_plan_quickstart_offline_prints_plan_alternatives_and_baseline(capsys: p
     assert main(["plan", QUICKSTART]) == 0
     out = capsys.readouterr().out
     for text in ("memfit plan: quickstart", "Plan (predicted):", "Alternatives (best on each other pool):",
-                 "peak per GPU", "Baseline: plain bf16 DDP on 1x",
+                 # The practitioner: the cheapest catalog GPU per GPU-hour holding 20 B/param, a T4 (no bf16).
+                 "peak per GPU", "Baseline: plain fp16 DDP on 1x8 Tesla-T4 (t4)",
                  "Baseline: declared: plain bf16 DDP on 1x8 NVIDIA-A100-SXM4-80GB (a100-80)",
                  "memfit vs this baseline: saves "):
         assert text in out

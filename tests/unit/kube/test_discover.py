@@ -50,7 +50,7 @@ def test_groups_nodes_by_product_count_instance_and_capacity() -> None:
 
 def test_unknown_product_gets_no_price_but_a_valid_name() -> None:
     pools = discover_pools(
-        [node("x", **{"nvidia.com/gpu.product": "NVIDIA-B200", "nvidia.com/gpu.count": "8"})]
+        [node("x", **{"nvidia.com/gpu.product": "NVIDIA-GB300", "nvidia.com/gpu.count": "8"})]
     )
-    assert pools[0]["metadata"]["name"] == "nvidia-b200-x8"
+    assert pools[0]["metadata"]["name"] == "nvidia-gb300-x8"
     assert "pricePerNodeHour" not in pools[0]["spec"]

@@ -297,6 +297,22 @@ def test_success_records_the_measured_peak_and_a_cpu_allocator_peak_teaches_the_
     assert_idempotent(h)
 
 
+@pytest.mark.parametrize(("device", "meter", "learned"), [("simulated-cuda", "simulated-gpu", False),
+                                                          ("cuda", "cuda-allocator", True)])
+def test_a_step_time_is_learned_as_a_gpu_speed_only_from_a_real_gpu(device: str, meter: str, learned: bool) -> None:
+    """The test bed's simulated GPU runs on the CPU: its step times are not a GPU's speed (issue #30)."""
+    h = running()
+    done = json.dumps({"reason": "Completed", "peakBytes": 3 * 2**20, "memoryMeter": meter,
+                       "rankPeaks": [3 * 2**20], "device": device, "stepSeconds": 0.25,
+                       "reservedPeakBytes": 4 * 2**20})
+    h.pods["j-train-0-0"]["status"] = {"phase": "Succeeded", **terminated(0, done, "Completed")}
+    h.finish("j-train-0")
+    write = next(e for e in h.reconcile().effects if isinstance(e, WriteData))
+    (seen,) = json.loads(write.manifest["data"]["observations.json"])
+    assert ("stepSeconds" in seen) is learned
+    assert seen["rankPeaks"] == [3 * 2**20]  # the memory is learned either way
+
+
 def test_a_process_rss_peak_is_reported_not_learned() -> None:
     h = running()
     done = json.dumps({"reason": "Completed", "peakBytes": 300 * 2**20, "memoryMeter": "cpu-rss"})

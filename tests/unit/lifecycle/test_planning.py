@@ -8,6 +8,7 @@ import pytest
 import yaml
 from cluster_manifests import gfd_node, inference_pod
 from memfit.api.job import MemoryOptimizedTrainingJobSpec
+from memfit.api.plan import Plan
 from memfit.api.pool import GPUNodePool
 from memfit.catalog import CATALOG
 from memfit.kube.profile_cache import Observation
@@ -59,7 +60,9 @@ def run(s: MemoryOptimizedTrainingJobSpec, observations: tuple[Observation, ...]
 
 def test_measured_peak_below_prediction_moves_to_a_cheaper_plan() -> None:
     job = spec(24)
-    first = run(job).plan
+    # Without the A100s (where one GPU is already the cheapest plan, whatever the peak) memory binds.
+    others = frozenset({"a100-80-ondemand"})
+    first = run(job, excluded=others).plan
     assert first is not None
     seen = Observation(
         config_key(first),
@@ -70,10 +73,12 @@ def test_measured_peak_below_prediction_moves_to_a_cheaper_plan() -> None:
         False,
         "j/0",
     )
-    second = run(job, (seen,)).plan
+    second = run(job, (seen,), excluded=others).plan
     assert second is not None
     assert second.estimated_cost < first.estimated_cost
-    assert second.world_size < first.world_size or second.node_pool != first.node_pool
+    def shape(p: Plan) -> tuple[object, ...]:
+        return (p.node_pool, p.world_size, p.micro_batch_size, p.zero_stage, p.activation_checkpointing, p.optimizer8bit)
+    assert shape(second) != shape(first)  # a smaller layout, or a larger micro-batch / fewer savers on it
 
 
 def test_oom_makes_the_failed_configuration_need_the_whole_gpu() -> None:
@@ -148,7 +153,7 @@ def test_a_plan_that_fits_in_part_of_a_node_uses_a_shared_node_and_pays_for_its_
     assert p is not None and p.node_pool == "a100-80-ondemand"
     assert (p.nodes, p.gpus_per_node) == (1, gpus)
     assert p.price_per_hour == pytest.approx(27.45 * gpus / 8)
-    assert p.estimated_cost == pytest.approx(p.price_per_hour * p.estimated_hours, rel=1e-5)
+    assert p.estimated_cost == pytest.approx(p.price_per_hour * p.estimated_hours, rel=1e-4)  # both rounded
     note = f"uses {gpus} of the 8 GPUs of {where} (a100-80-ondemand): priced {gpus}/8 of $27.45/h"
     assert p.cost_notes[0].startswith(note)
     assert ("stay free for other pods" in p.cost_notes[0]) == (not shared)

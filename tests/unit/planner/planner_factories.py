@@ -100,9 +100,10 @@ def make_job() -> JobBuilder:
 
 def make_pool(name: str, product: str = "l4", *, per_node: int = 1, price: float | None = None,
               memory_mib: int | None = None, max_nodes: int = 4, host_gib: int | None = None,
-              nvme_gib: int | None = None, bf16_tflops: float | None = None, **spec: Any) -> GPUNodePool:
+              nvme_gib: int | None = None, bf16_tflops: float | None = None,
+              gpu_extra: dict[str, Any] | None = None, **spec: Any) -> GPUNodePool:
     """A GPUNodePool; unset fields fall back to the catalog like a real pool."""
-    gpu: dict[str, Any] = {"product": product, "perNode": per_node}
+    gpu: dict[str, Any] = {"product": product, "perNode": per_node, **(gpu_extra or {})}
     if memory_mib is not None:
         gpu["memoryMiB"] = memory_mib
     if bf16_tflops is not None:

@@ -1,11 +1,11 @@
-"""Baselines: fp32 DDP on the spec's pool, and the static (weights + grads + Adam) x 1.2 rule."""
+"""Baselines: plain and fp32 DDP on a pool, the cheapest plain pool, and the static x 1.2 strawman."""
 
 from __future__ import annotations
 
 import pytest
 from memfit.catalog import CATALOG
 from memfit.planner import fp32_baseline, resolve_offers, resolve_shape, search_context, static_baseline
-from memfit.planner.baseline import static_bytes
+from memfit.planner.baseline import cheapest_plain_baseline, plain_baseline, static_bytes
 from memfit.planner.offers import Offer, resolve_offer
 from planner_factories import LLAMA_1B_CONFIG, LLAMA_7B_CONFIG, make_job, make_pool
 
@@ -52,7 +52,7 @@ def test_static_rule_picks_the_smallest_gpu_holding_19_2_bytes_per_parameter() -
     base = static_baseline(ctx, offers)  # type: ignore[arg-type]
     # 22.1 GiB fits the L4's 22.5 GiB by the static rule, but activations and the 128k-vocabulary loss
     # do not: memfit's model says the static choice runs out of memory.
-    assert base is not None and base.pool == "l4"
+    assert base is not None and base.pool == "l4" and base.label.startswith("strawman static ")
     assert not base.fits and "does not fit" in base.note
 
 
@@ -60,3 +60,29 @@ def test_static_rule_finds_nothing_for_a_model_no_gpu_holds() -> None:
     ctx = context(make_job().hf(LLAMA_7B_CONFIG).batch(8))
     offers, _ = resolve_offers([make_pool("l4", "l4")], catalog=CATALOG)
     assert static_baseline(ctx, offers) is None  # type: ignore[arg-type]
+
+
+def test_cheapest_plain_baseline_is_the_cheapest_pool_where_plain_ddp_fits() -> None:
+    ctx = context(make_job().hf(LLAMA_1B_CONFIG).batch(64))
+    offers, _ = resolve_offers([make_pool(p, p) for p in ("t4", "l40s", "a100-80")], catalog=CATALOG)
+    base = cheapest_plain_baseline(ctx, offers)  # type: ignore[arg-type]
+    each = {o.pool: plain_baseline(ctx, o, nodes=1) for o in offers}  # type: ignore[arg-type]
+    assert not each["t4"].fits  # 1B in plain fp16 DDP does not fit 15 GiB
+    assert base is not None and base.total_cost == min(b.total_cost for b in each.values() if b.fits)
+
+
+def test_offload_needs_host_memory_the_pool_has() -> None:
+    from memfit.api.common import Checkpointing, Engine, Offload, Precision
+    from memfit.api.training_config import PLAIN_FP32_DDP
+    from memfit.planner.baseline import setup_baseline
+    ctx = context(make_job().hf(LLAMA_7B_CONFIG).batch(8))
+    offloaded = PLAIN_FP32_DDP.model_copy(update={"engine": Engine.FSDP, "zero_stage": 3, "precision": Precision.BF16,
+                                                  "activation_checkpointing": Checkpointing.FULL,
+                                                  "offload": Offload.CPU})
+    for host, fits in ((16, False), (512, True)):
+        offer = resolve_offer(make_pool("a100", "a100-80", host_gib=host), catalog=CATALOG)
+        assert isinstance(offer, Offer)
+        base = setup_baseline(ctx, offer, offloaded, world_size=1, gpus_per_node=1, nodes=1,  # type: ignore[arg-type]
+                              price_per_hour=offer.price_per_node_hour, label="x")
+        assert base.fits == fits, base.note
+        assert ("of host RAM per node" in base.note) == (not fits)

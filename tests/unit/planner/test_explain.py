@@ -33,8 +33,11 @@ def test_plan_summary_carries_the_status_columns() -> None:
 def test_message_of_a_plan_and_of_no_fit() -> None:
     result = plan(make_job().build(), pools=[make_pool("l4", "l4")], catalog=CATALOG)
     assert result.message().startswith("Planned 1x NVIDIA-L4 (l4) ")
-    assert " vs plain bf16 DDP on 1x1 NVIDIA-L4 (l4) " in result.message()
-    assert result.message().endswith(": same cost")  # the plain setup is what memfit picked
+    # The practitioner's plain DDP on the same L4, with the wall-clock ratio beside the savings.
+    base, chosen = result.baseline, result.chosen
+    assert base is not None and chosen is not None
+    assert f" vs plain bf16 DDP on 1x1 NVIDIA-L4 (l4) ${base.total_cost:.2f}: " in result.message()
+    assert f", {chosen.hours / base.hours:.2f}x the wall-clock" in result.message()
     nofit = plan(make_job().pin(precision="bf16").build(), pools=[make_pool("t4", "t4")], catalog=CATALOG)
     assert nofit.message().startswith("NoFit: t4: ")
     assert plan_summary(nofit) is None

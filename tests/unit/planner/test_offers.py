@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import ast
+import math
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from memfit.api.common import Precision
 from memfit.api.pool import GPUNodePool
 from memfit.catalog import CATALOG, GpuCatalog
-from memfit.planner import catalog_pools, resolve_offers
+from memfit.planner import catalog_pools, plan, resolve_offers
 from memfit.planner import offers as offers_module
 from memfit.planner.offers import Offer, PoolRejection, resolve_offer
-from planner_factories import GIB, make_pool
+from planner_factories import GIB, make_job, make_pool
+from pydantic import ValidationError
 
 
 def _with_spec(pool: GPUNodePool, **changes: object) -> GPUNodePool:
@@ -93,10 +96,11 @@ def test_resolve_offers_sorts_and_filters() -> None:
 
 def test_catalog_pools_are_one_per_gpu_with_8_gpus_per_node() -> None:
     pools = catalog_pools(CATALOG)
-    assert [p.metadata.name for p in pools] == ["t4", "l4", "a10g", "l40s", "a100-40", "a100-80", "h100-80", "h200"]
+    assert [p.metadata.name for p in pools] == ["t4", "l4", "a10g", "v100-16", "v100-32", "l40s",
+                                                     "a100-40", "a100-80", "h100-pcie", "h100-80", "h200", "b200"]
     assert {p.spec.gpu.per_node for p in pools} == {8}
     offers, rejections = resolve_offers(pools, catalog=CATALOG)
-    assert len(offers) == 8 and rejections == []
+    assert len(offers) == len(CATALOG) and rejections == []
 
 
 def test_the_planner_reads_the_catalog_it_is_given() -> None:
@@ -143,3 +147,52 @@ def test_free_gpus_with_zero_quota_rejects_the_pool() -> None:
     rejected = resolve_offer(make_pool("l4", "NVIDIA-L4", per_node=4), catalog=CATALOG,
                              free_gpus=FreeGpus(whole_nodes=2, max_gpus=0))
     assert isinstance(rejected, PoolRejection) and rejected.reason == "no free GPUs right now"
+
+
+# ------------------------------------------------------------------------------------------ impossible rates
+
+
+@pytest.mark.parametrize("field,value", [("bf16TFLOPS", -1.0), ("memoryBandwidthGBps", 0.0),
+                                         ("memoryBandwidthGBps", -5.0)])
+def test_an_impossible_gpu_rate_is_refused_naming_the_field(field: str, value: float) -> None:
+    body = {"metadata": {"name": "bad"}, "spec": {"gpu": {"product": "l4", field: value}, "pricePerNodeHour": 1.0}}
+    with pytest.raises(ValidationError) as caught:
+        GPUNodePool.model_validate(body)
+    assert field in str(caught.value)
+
+
+@pytest.mark.parametrize("field,value", [("pricePerNodeHour", -1.0), ("spec.interconnect.interNodeGbps", 0.0)])
+def test_an_impossible_price_or_network_is_refused_naming_the_field(field: str, value: float) -> None:
+    spec: dict[str, object] = {"gpu": {"product": "l4"}, "pricePerNodeHour": 1.0}
+    if field == "pricePerNodeHour":
+        spec["pricePerNodeHour"] = value
+    else:
+        spec["interconnect"] = {"interNodeGbps": value}
+    with pytest.raises(ValidationError) as caught:
+        GPUNodePool.model_validate({"metadata": {"name": "bad"}, "spec": spec})
+    assert field.split(".")[-1] in str(caught.value)
+
+
+def test_a_zero_price_is_rejected_with_a_reason_not_planned_for_free() -> None:
+    rejected = resolve_offer(make_pool("free", "l4", price=0.0), catalog=CATALOG)
+    assert isinstance(rejected, PoolRejection) and "pricePerNodeHour is 0" in rejected.reason
+
+
+def test_no_bf16_on_a_known_gpu_keeps_its_fp16_and_fp32_rates() -> None:
+    offer = resolve_offer(make_pool("l4-nobf16", "l4", bf16_tflops=0.0), catalog=CATALOG)
+    assert isinstance(offer, Offer)
+    assert not offer.supports_bf16 and offer.speed.peak_flops(Precision.BF16) == 0
+    assert offer.speed.peak_flops(Precision.FP16) == 121e12 and offer.speed.peak_flops(Precision.FP32) > 0
+
+
+def test_extreme_but_valid_rates_give_a_finite_non_negative_cost_or_no_fit_never_nan() -> None:
+    job = make_job().gpt(layers=12, hidden=768, heads=12, vocab=50257, sequenceLength=1024).batch(32).steps(100).build()
+    pools = [make_pool("slow", "mystery-gpu", memory_mib=24576, price=1e-6, bf16_tflops=1e-3,
+                       gpu_extra={"memoryBandwidthGBps": 1e-3}),
+             make_pool("unknown", "mystery-gpu", memory_mib=24576, price=2.0)]
+    result = plan(job, pools=pools, catalog=CATALOG)
+    for candidate in (*((result.chosen,) if result.chosen else ()), *result.alternatives):
+        assert math.isfinite(candidate.total_cost) and candidate.total_cost >= 0
+    if result.plan is not None:
+        assert math.isfinite(result.plan.estimated_cost) and result.plan.estimated_cost >= 0
+    assert any("memory bandwidth unknown" in n for n in result.notes)

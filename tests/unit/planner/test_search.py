@@ -93,6 +93,39 @@ def test_planner_objective_equals_exhaustive_search(
         assert _objective(spec, result.chosen) == pytest.approx(expected, rel=1e-9)
 
 
+@st.composite
+def checkpointed_specs_and_pools(draw: st.DrawFn) -> tuple[MemoryOptimizedTrainingJobSpec, list[GPUNodePool]]:
+    """`varied_specs_and_pools` with spot pools, slow or fast checkpoint storage and every checkpoint
+    policy (memfit's interval, a pinned one, none persistent): the write cost and the chosen interval
+    must keep the search's bounds valid."""
+    spec, pools = draw(varied_specs_and_pools())
+    body = spec.model_dump(by_alias=True, exclude_none=True)
+    body["training"]["maxSteps"] = draw(st.sampled_from([10, 1000, 100_000]))
+    body["training"]["checkpoint"] = draw(st.sampled_from([{}, {}, {"everySteps": 7}, {"emptyDir": True}]))
+    varied = []
+    for pool in pools:
+        doc = pool.model_dump(by_alias=True, exclude_none=True)
+        if draw(st.booleans()):
+            doc["spec"] |= {"capacityType": "spot", "interruptionRatePerHour": draw(st.sampled_from([0.01, 0.2, 2.0]))}
+        doc["spec"]["host"]["checkpointWriteGBps"] = draw(st.sampled_from([0.0001, 0.01, 1.0]))
+        varied.append(GPUNodePool.model_validate(doc))
+    return MemoryOptimizedTrainingJobSpec.model_validate(body), varied
+
+
+@settings(max_examples=200, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(checkpointed_specs_and_pools())
+def test_planner_objective_equals_exhaustive_search_with_checkpoint_writes_and_spot(
+    case: tuple[MemoryOptimizedTrainingJobSpec, list[GPUNodePool]],
+) -> None:
+    spec, pools = case
+    result = plan(spec, pools=pools, catalog=CATALOG)
+    expected = best_objective(spec, pools, catalog=CATALOG)
+    if expected is None:
+        assert result.plan is None
+    else:
+        assert _objective(spec, result.chosen) == pytest.approx(expected, rel=1e-9)
+
+
 def test_planner_finds_the_whole_batch_in_one_micro_step_when_accumulating_does_not_fit() -> None:
     """Accumulating keeps the gradients next to the activations, so micro-batch = per-GPU batch (no
     accumulation) can fit where micro-batch 1 does not (seed 20260 case 50 of benchmarks/planner.py)."""
