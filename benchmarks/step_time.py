@@ -34,17 +34,16 @@ from memfit.api.job import MemoryOptimizedTrainingJobSpec, OptimizerKind
 from memfit.api.training_config import TrainingConfig
 from memfit.catalog import CATALOG, GpuCatalog, GPUModel
 from memfit.memory.strategy import Strategy
-from memfit.memory.timing import time_terms
 from memfit.planner import resolve_shape, search_context
 from memfit.planner.offers import Offer, catalog_pool, resolve_offer
+from memfit.timing.step import time_terms
 from provenance import stamp
 
 REPO = Path(__file__).resolve().parent.parent
 TABLE = REPO / "benchmarks" / "data" / "published_throughput.json"
 RESULT = REPO / "benchmarks" / "results" / "step_time.json"
 MEASURES = [
-    "operator/memfit/memory/timing.py",
-    "operator/memfit/memory/roofline.py",
+    "operator/memfit/timing",
     "operator/memfit/memory/strategy.py",
     "operator/memfit/api/training_config.py",
     "operator/memfit/memory/shape.py",

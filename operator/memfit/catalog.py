@@ -46,7 +46,7 @@ class GPUModel:
     nvlink_gbps: float = 0.0  # GB/s per GPU and direction over NVLink (0 = none)
     pcie_gbps: float = 25.0  # GB/s per GPU and direction to the host, achievable
     network_gbits_per_node: float = 100.0  # the instance's network
-    architecture: str = "ampere"  # volta | turing | ampere | ada | hopper | blackwell (kernels, memory.roofline)
+    architecture: str = "ampere"  # volta | turing | ampere | ada | hopper | blackwell (kernels, timing.roofline)
 
     @property
     def supports_bf16(self) -> bool:
@@ -67,7 +67,7 @@ class GPUModel:
 # (A10G: AWS's figures), L4, L40S, A100 (SXM4), H100 (SXM5 and PCIe), H200 and HGX B200. PCIe achievable
 # per direction: Gen3 x16 12, Gen4 x16 25, Gen5 x16 50 GB/s (about 80 % of the raw rate). NVLink per GPU
 # and direction: V100 NVLink2 150, A100 NVLink3 300, H100/H200 NVLink4 450, B200 NVLink5 900 GB/s.
-# Matmul efficiency: the MAMF table (memory.roofline): A100 SXM 0.859, H100/H200 SXM 0.801, B200 0.776;
+# Matmul efficiency: the MAMF table (timing.roofline): A100 SXM 0.859, H100/H200 SXM 0.801, B200 0.776;
 # GPUs not in that table get 0.80, the middle of its NVIDIA rows. Networks: the instance's documented
 # bandwidth per node (AWS instance type pages).
 BUILTIN_GPUS: tuple[GPUModel, ...] = (

@@ -324,8 +324,9 @@ class PlanSummary(TrainingConfig):  # the TrainingConfig inline: its fields sit 
     estimated_cost: float = Field(ge=0)
     baseline: str | None = Field(
         default=None, max_length=256,
-        description="The default baseline: the plain setup (bf16 DDP, no checkpointing) on the cheapest pool "
-        "where it fits, whole nodes.",
+        description="The default baseline: a practitioner without a planner, with the job's pins (the 20 B/param "
+        "rule picks the cheapest GPU that holds the model, then plain DDP, checkpointing, a bigger GPU, FSDP on "
+        "whole nodes, more nodes, CPU offload until it fits).",
     )
     baseline_cost_per_hour: float | None = Field(default=None, ge=0)
     baseline_cost: float | None = Field(default=None, ge=0)
@@ -333,6 +334,9 @@ class PlanSummary(TrainingConfig):  # the TrainingConfig inline: its fields sit 
         default=None, description="100 x (1 - estimatedCost / baselineCost); negative when the plan costs more."
     )
     savings: str | None = Field(default=None, max_length=24, description="e.g. saves 78%, or costs 5% more.")
+    wall_clock_ratio: float | None = Field(
+        default=None, ge=0, description="estimatedHours / the baseline's hours, shown beside the savings: a "
+        "cheaper plan may take longer.")
     declared_baseline: str | None = Field(
         default=None, max_length=256, description="The plain setup on placement.baseline, reported beside."
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 from pydantic import Field
@@ -158,6 +159,8 @@ class Plan(TrainingConfig):
             baseline_cost=round_cost(base.cost) if base else None,
             savings_percent=round(base.savings_percent, 1) if base else None,
             savings=savings_text(base.savings_percent) if base else None,
+            wall_clock_ratio=(round(self.estimated_hours / base.hours, 3)
+                              if base and base.hours and math.isfinite(base.hours) else None),
             declared_baseline=declared.label if declared else None,
             declared_baseline_cost=round_cost(declared.cost) if declared else None,
             declared_savings_percent=round(declared.savings_percent, 1) if declared else None,

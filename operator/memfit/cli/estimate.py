@@ -30,7 +30,6 @@ from memfit.memory import (
     ShapeError,
     Strategy,
     calibrate,
-    estimate_step_seconds,
     predict_memory,
     shape_from_problem,
     strategy_from_pins,
@@ -39,6 +38,7 @@ from memfit.memory import (
 from memfit.memory.adapter import adapter_layout
 from memfit.planner import PoolRejection, catalog_pools
 from memfit.planner.offers import resolve_offer
+from memfit.timing import estimate_step_seconds
 
 
 def parse_builtin(text: str) -> BuiltinProblem:

@@ -10,6 +10,7 @@ from memfit.api.plan import savings_text
 from memfit.api.profile import ModelShape
 from memfit.memory import MemoryEstimate
 from memfit.planner import Candidate, PlanResult
+from memfit.planner.result import wall_clock_text
 
 GIB = 1024**3
 
@@ -93,7 +94,8 @@ def render_result(result: PlanResult, *, title: str) -> str:
     if result.rejections:
         out += ["", "Rejected pools:"] + [f"  - {r.pool}: {r.reason}" for r in result.rejections]
     if result.baseline is None:
-        out += ["", "Baseline: the plain setup (bf16 DDP, no checkpointing) fits no allowed pool"]
+        out += ["", "Baseline: no setup a practitioner would try (plain DDP up to FSDP with CPU offload) fits an "
+                    "allowed pool"]
     for b, savings in ((result.baseline, result.savings_percent),
                        (result.declared_baseline, result.declared_savings_percent)):
         if b is None:
@@ -105,7 +107,10 @@ def render_result(result: PlanResult, *, title: str) -> str:
         if b.note:
             out.append(f"  note: {b.note}")
         if savings is not None:
-            out.append(f"  memfit vs this baseline: {savings_text(savings)} of the total cost (predicted)")
+            out.append(f"  memfit vs this baseline: {savings_text(savings)} of the total cost, "
+                       f"{wall_clock_text(result.plan.estimated_hours if result.plan else 0.0, b.hours)} (predicted)")
+        for step in b.escalation:
+            out.append(f"  tried: {step}")
     if result.notes:
         out += ["", "Notes:"] + [f"  - {n}" for n in result.notes]
     return "\n".join(out)

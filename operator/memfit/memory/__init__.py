@@ -1,7 +1,8 @@
-"""PURE memory model: model shape + strategy (+ profile calibration) -> per-GPU peak and step time.
+"""PURE memory model: model shape + strategy (+ profile calibration) -> per-GPU peak (the step time is
+`memfit.timing`).
 
-No torch, kopf or Kubernetes imports. The planner calls `memory_terms` / `time_terms` thousands of
-times; one-off callers use `predict_memory` and `estimate_step_seconds`.
+No torch, kopf or Kubernetes imports. The planner calls `memory_terms` thousands of times; one-off
+callers use `predict_memory`.
 """
 
 from __future__ import annotations
@@ -12,35 +13,21 @@ from memfit.memory.problems import ShapeError, shape_from_hf_config, shape_from_
 from memfit.memory.shape import Shape
 from memfit.memory.states import zero_model_state_bytes
 from memfit.memory.strategy import Device, Strategy, strategy_from_pins, strategy_problem
-from memfit.memory.timing import (
-    GpuSpeed,
-    StepTime,
-    TimeTerms,
-    estimate_step_seconds,
-    flops_per_sample,
-    time_terms,
-)
 
 __all__ = [
     "Calibration",
     "Device",
-    "GpuSpeed",
     "MemoryEstimate",
     "MemoryTerms",
     "Shape",
     "ShapeError",
-    "StepTime",
     "Strategy",
-    "TimeTerms",
     "calibrate",
-    "estimate_step_seconds",
-    "flops_per_sample",
     "memory_terms",
     "predict_memory",
     "shape_from_hf_config",
     "shape_from_problem",
     "strategy_from_pins",
     "strategy_problem",
-    "time_terms",
     "zero_model_state_bytes",
 ]

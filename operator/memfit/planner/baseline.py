@@ -25,13 +25,13 @@ from memfit.api.training_config import PLAIN_FP32_DDP, TrainingConfig
 from memfit.memory.predict import MemoryTerms, memory_terms
 from memfit.memory.states import optimizer_state_bytes_per_param
 from memfit.memory.strategy import Strategy
-from memfit.memory.timing import time_terms
 from memfit.planner.checkpoint_writes import write_seconds
 from memfit.planner.context import SearchContext
 from memfit.planner.explain import gib
 from memfit.planner.offers import Layout, Offer
 from memfit.planner.result import BaselineResult
 from memfit.planner.space import divisors
+from memfit.timing.step import time_terms
 
 # Static sizing margin of the strawman: "(weights + grads + Adam) x 1.2".
 STATIC_MARGIN = 1.2

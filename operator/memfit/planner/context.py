@@ -16,7 +16,6 @@ from memfit.memory.peft import peft_activation_terms
 from memfit.memory.predict import MemoryTerms, memory_terms
 from memfit.memory.shape import Shape
 from memfit.memory.strategy import Strategy
-from memfit.memory.timing import TimeTerms, time_terms
 from memfit.planner.checkpoint_writes import DEFAULT_CHECKPOINT_WRITE_GBPS, checkpoint_bytes, write_seconds
 from memfit.planner.interruptions import (
     NO_PERSISTENT_CHECKPOINT,
@@ -28,6 +27,7 @@ from memfit.planner.interruptions import (
 from memfit.planner.measured import PeakCorrections
 from memfit.planner.offers import Layout, Offer
 from memfit.planner.space import ENGINES, OFFLOADS, Choice
+from memfit.timing.step import TimeTerms, time_terms
 
 if TYPE_CHECKING:
     from memfit.planner.result import Candidate

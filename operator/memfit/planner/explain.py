@@ -169,7 +169,8 @@ class OfferFailures:
                 f"no run on it would finish (fastest tried on {self.interrupted_world_size} GPU"
                 f"{'s' if self.interrupted_world_size > 1 else ''}): at {rate:g} interruptions per node-hour "
                 f"({offer.capacity_type}) the work lost since the last checkpoint plus the restart takes as long "
-                "as the time between interruptions (keep checkpoints on a claim instead of an emptyDir, a smaller everySteps, "
+                "as the time between interruptions (keep checkpoints on a claim instead of an emptyDir, a smaller or unset "
+                "everySteps, "
                 "or use on-demand)"
             )
         if self.min_price_over is not None and max_cost_per_hour is not None and not parts:

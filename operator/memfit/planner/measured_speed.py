@@ -6,14 +6,14 @@ over runs, so one noisy run does not swing it -- scales the compute time of late
 GPU product, precision and engine: a bf16 DeepSpeed run that was 1.5x slower than predicted on L4s makes
 later bf16 DeepSpeed plans on L4s 1.5x slower in compute. An L4 says nothing about an A10G. On the same
 GPU, an engine not measured yet at a measured precision takes the median of the measured engines there,
-and a precision not measured at all takes only a slowdown (memory.timing.GpuSpeed.learned_factor): a
+and a precision not measured at all takes only a slowdown (timing.step.GpuSpeed.learned_factor): a
 configuration nobody ran is never planned faster than the model says, so learning that bf16 is slow does
 not make an unmeasured fp32 look attractive. Communication and offload transfer are left as modelled
 (the ratio is mostly compute efficiency, the term the model estimates).
 
 CPU runs and the test bed's simulated GPU are never learned (lifecycle.learning stores no GPU step time
 for them). The factor is bounded to [1/4, 4], and the learned compute is never faster than the GPU's
-peak (memory.timing): a ratio beyond that is a broken measurement, not a calibration; the offer's note
+peak (timing.step): a ratio beyond that is a broken measurement, not a calibration; the offer's note
 says when a bound applied.
 """
 
@@ -25,8 +25,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from memfit.api.common import Engine, Precision
-from memfit.memory.timing import MAX_LEARNED_FACTOR, MIN_LEARNED_FACTOR
 from memfit.planner.offers import Offer
+from memfit.timing.step import MAX_LEARNED_FACTOR, MIN_LEARNED_FACTOR
 
 SpeedKey = tuple[str, Precision, Engine]
 LEARNED_PREFIX = "learned on "  # (GPU product lower-case, precision, engine)

@@ -24,7 +24,8 @@ from memfit.api.pool import (
     IntraNode,
 )
 from memfit.catalog import GpuCatalog, GPUModel
-from memfit.memory.timing import (
+from memfit.planner.measured import DeviceTerms
+from memfit.timing.step import (
     DEFAULT_MATMUL_EFFICIENCY,
     NVLINK_GBPS,
     PCIE_GBPS,
@@ -32,7 +33,6 @@ from memfit.memory.timing import (
     UNKNOWN_SM_COUNT,
     GpuSpeed,
 )
-from memfit.planner.measured import DeviceTerms
 
 GIB = 1024**3
 MIB = 1024**2

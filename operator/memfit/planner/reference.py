@@ -16,10 +16,11 @@ from memfit.api.job import MemoryOptimizedTrainingJobSpec, Minimize
 from memfit.api.pool import GPUNodePool
 from memfit.api.training_config import TrainingConfig
 from memfit.catalog import GpuCatalog
-from memfit.memory import Strategy, estimate_step_seconds, predict_memory, strategy_problem
+from memfit.memory import Strategy, predict_memory, strategy_problem
 from memfit.planner.checkpoint_writes import write_seconds
 from memfit.planner.offers import resolve_offers
 from memfit.planner.plan_job import resolve_shape, search_context
+from memfit.timing import estimate_step_seconds
 
 ENGINES = (Engine.DDP, Engine.FSDP, Engine.DEEPSPEED)
 PRECISIONS = (Precision.BF16, Precision.FP16, Precision.FP32)

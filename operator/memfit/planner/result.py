@@ -8,8 +8,8 @@ from memfit.api.plan import Plan, savings_text
 from memfit.api.training_config import TrainingConfig
 from memfit.memory.predict import MemoryEstimate
 from memfit.memory.strategy import Strategy
-from memfit.memory.timing import StepTime
 from memfit.planner.offers import PoolRejection
+from memfit.timing.step import StepTime
 
 GIB = 1024**3
 

@@ -17,12 +17,12 @@ from dataclasses import dataclass, replace
 from memfit.api.common import Offload, Precision
 from memfit.api.job import Minimize
 from memfit.memory.predict import MemoryTerms
-from memfit.memory.timing import MIN_EXPOSED, ring_seconds_per_byte
 from memfit.planner.context import SearchContext, peak_bytes_int
 from memfit.planner.explain import Lack, OfferFailures
 from memfit.planner.offers import Layout, Offer
 from memfit.planner.result import Candidate
 from memfit.planner.space import Choice, divisors
+from memfit.timing.step import MIN_EXPOSED, ring_seconds_per_byte
 
 
 @dataclass(frozen=True, slots=True)

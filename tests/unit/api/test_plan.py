@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 from memfit.api.job import DEFAULT_CHECKPOINT_EVERY_STEPS
-from memfit.api.plan import Plan
+from memfit.api.plan import BaselineCost, Plan
 
 MEMORY = {"parametersBytes": 0, "gradientsBytes": 0, "optimizerBytes": 0, "activationsBytes": 0,
           "temporariesBytes": 0, "overheadBytes": 0, "peakBytes": 0}
@@ -45,3 +45,14 @@ def test_checkpoint_interval_steps(case: str) -> None:
 def test_a_chosen_interval_of_zero_is_refused() -> None:
     with pytest.raises(ValueError, match="checkpointEverySteps"):
         make_plan(pinned=None, chosen=0)
+
+
+@pytest.mark.parametrize(("baseline_hours", "ratio"), [(4.0, 0.5), (None, None), (0.0, None)])
+def test_the_status_shows_the_wall_clock_ratio_beside_the_savings(baseline_hours: float | None,
+                                                                  ratio: float | None) -> None:
+    plan = make_plan(pinned=None, chosen=None).model_copy(update={
+        "estimated_hours": 2.0, "estimated_cost": 1.0,
+        "baseline": BaselineCost(label="plain bf16 DDP", cost_per_hour=1.0, cost=4.0, savings_percent=75.0,
+                                 hours=baseline_hours)})
+    summary = plan.summary()
+    assert summary.savings == "saves 75%" and summary.wall_clock_ratio == ratio

@@ -9,10 +9,10 @@ from memfit.api.common import Engine, Precision
 from memfit.catalog import CATALOG
 from memfit.kube.profile_cache import Observation
 from memfit.lifecycle.planning import measured_step_times
-from memfit.memory import GpuSpeed, estimate_step_seconds, flops_per_sample
 from memfit.planner import plan
 from memfit.planner.measured_speed import MeasuredStepTime, step_time_factors, with_measured_speed
 from memfit.planner.offers import PoolRejection, resolve_offer
+from memfit.timing import GpuSpeed, estimate_step_seconds, flops_per_sample
 from memory_factories import LLAMA2_7B, S, hf_shape
 from planner_factories import make_job, make_pool
 

@@ -1,7 +1,7 @@
-"""Step-time model: roofline compute per op class (memory.roofline), collectives by interconnect with
+"""Step-time model: roofline compute per op class (timing.roofline), collectives by interconnect with
 overlap by engine and stage, offload transfers, the optimizer step.
 
-- Compute: memory.roofline, one micro-step at a time: GEMMs (forward, input and weight gradients;
+- Compute: timing.roofline, one micro-step at a time: GEMMs (forward, input and weight gradients;
   recomputation repeats the forward), attention, element-wise ops, the loss and kernel launches, each
   against the GPU's peak FLOP/s for the precision (tensor-core bf16/fp16; CUDA-core fp32, because
   PyTorch leaves TF32 matmuls off by default and memfit's trainer does not turn them on), its HBM
@@ -36,8 +36,11 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 from memfit.api.common import Checkpointing, Engine, Offload, PeftMethod, Precision
-from memfit.memory.block_work import block_work
-from memfit.memory.roofline import (
+from memfit.memory.shape import Shape
+from memfit.memory.states import optimizer_state_bytes_per_param
+from memfit.memory.strategy import Strategy
+from memfit.timing.block_work import block_work
+from memfit.timing.roofline import (
     FLASH_EFFICIENCY,
     HBM_EFFICIENCY,
     TILE_ELEMENTS,
@@ -45,9 +48,6 @@ from memfit.memory.roofline import (
     GpuRates,
     micro_step_seconds,
 )
-from memfit.memory.shape import Shape
-from memfit.memory.states import optimizer_state_bytes_per_param
-from memfit.memory.strategy import Strategy
 
 # Link bandwidths in GB/s per GPU and direction when a pool does not say: NVLink 3 (A100, 12 links x
 # 25 GB/s), PCIe Gen4 x16 achievable.
@@ -66,7 +66,7 @@ TORCH_CPU_ADAM_PARAMS_PER_S = 0.25e9
 # Local NVMe throughput per node, GB/s (one PCIe Gen4 NVMe drive, read or write).
 NVME_GBPS = 3.0
 # What the roofline assumes of a GPU nothing describes: HBM2-class bandwidth, an A100's SM count and the
-# middle of the measured MAMF efficiencies (memory.roofline).
+# middle of the measured MAMF efficiencies (timing.roofline).
 UNKNOWN_HBM_GBPS = 900.0
 UNKNOWN_SM_COUNT = 108
 DEFAULT_MATMUL_EFFICIENCY = 0.80
@@ -91,7 +91,7 @@ class GpuSpeed:
     sm_count: int = UNKNOWN_SM_COUNT
     matmul_efficiency: float = DEFAULT_MATMUL_EFFICIENCY
     flash_attention: bool = True  # FlashAttention-2 kernels (compute capability >= 8.0)
-    architecture: str = "ampere"  # volta | turing | ampere | ada | hopper | blackwell (memory.roofline)
+    architecture: str = "ampere"  # volta | turing | ampere | ada | hopper | blackwell (timing.roofline)
     learned: tuple[tuple[Precision, Engine, float], ...] = field(default=())
 
     def peak_flops(self, precision: Precision, *, tf32: bool = False) -> float:

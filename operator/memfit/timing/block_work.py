@@ -1,4 +1,4 @@
-"""What one micro-step of a model computes and moves, per token, for the roofline (memory.roofline):
+"""What one micro-step of a model computes and moves, per token, for the roofline (timing.roofline):
 the GEMMs of a block and the head, attention, element-wise and loss traffic, kernel launches.
 
 Counted from the Hugging Face blocks memfit's trainer runs, in eager PyTorch:
@@ -17,9 +17,9 @@ Counted from the Hugging Face blocks memfit's trainer runs, in eager PyTorch:
 from __future__ import annotations
 
 from memfit.api.common import Checkpointing, PeftMethod, Precision
-from memfit.memory.roofline import KERNELS_PER_BLOCK_FORWARD, LOSS_BYTES_PER_VOCAB, BlockWork, Gemm
 from memfit.memory.shape import Shape
 from memfit.memory.strategy import Strategy
+from memfit.timing.roofline import KERNELS_PER_BLOCK_FORWARD, LOSS_BYTES_PER_VOCAB, BlockWork, Gemm
 
 # Forward bytes per element of one RMSNorm in fp32 (see above) and of one LayerNorm under autocast.
 RMS_NORM_BYTES_PER_ELEMENT = 20.0

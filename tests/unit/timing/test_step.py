@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 from memfit.api.common import Checkpointing
-from memfit.memory import GpuSpeed, estimate_step_seconds, flops_per_sample
-from memfit.memory.timing import BUS_EFFICIENCY, MIN_EXPOSED, recompute_factor, time_terms
+from memfit.timing import GpuSpeed, estimate_step_seconds, flops_per_sample
+from memfit.timing.step import BUS_EFFICIENCY, MIN_EXPOSED, recompute_factor, time_terms
 from memory_factories import LLAMA2_7B, S, hf_shape
 
 SHAPE = hf_shape(LLAMA2_7B, seq=4096)

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 from memfit.catalog import CATALOG
-from memfit.memory import GpuSpeed, estimate_step_seconds, flops_per_sample
-from memfit.memory.block_work import analytic_flops_per_token, block_work
-from memfit.memory.roofline import (
+from memfit.planner.offers import Offer, catalog_pool, resolve_offer
+from memfit.timing import GpuSpeed, estimate_step_seconds, flops_per_sample
+from memfit.timing.block_work import analytic_flops_per_token, block_work
+from memfit.timing.roofline import (
     LAUNCH_SECONDS,
     Gemm,
     GpuRates,
@@ -14,7 +15,6 @@ from memfit.memory.roofline import (
     micro_step_seconds,
     wave_efficiency,
 )
-from memfit.planner.offers import Offer, catalog_pool, resolve_offer
 from memory_factories import GPT2, LLAMA2_7B, LLAMA32_1B, S, hf_shape
 
 
