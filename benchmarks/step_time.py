@@ -19,7 +19,6 @@ on both GPUs, the `pair` field). The numbers are in-sample for whoever tuned the
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import inspect
 import json
 import math
@@ -32,7 +31,7 @@ from typing import Any
 from memfit.api.common import Checkpointing, Engine, Offload, PeftMethod, Precision
 from memfit.api.job import MemoryOptimizedTrainingJobSpec, OptimizerKind
 from memfit.api.training_config import TrainingConfig
-from memfit.catalog import CATALOG, GpuCatalog, GPUModel
+from memfit.catalog import CATALOG, GpuCatalog
 from memfit.memory.strategy import Strategy
 from memfit.planner import resolve_shape, search_context
 from memfit.planner.offers import Offer, catalog_pool, resolve_offer
@@ -45,6 +44,7 @@ RESULT = REPO / "benchmarks" / "results" / "step_time.json"
 MEASURES = [
     "operator/memfit/timing",
     "operator/memfit/memory/strategy.py",
+    "operator/memfit/memory/states.py",
     "operator/memfit/api/training_config.py",
     "operator/memfit/memory/shape.py",
     "operator/memfit/memory/problems.py",
@@ -56,20 +56,7 @@ MEASURES = [
     "benchmarks/data/published_throughput.json",
 ]
 SPLITS = ("dev", "held_out", "all")
-KNOWN_NEW_GPUS = ("v100-16", "v100-32", "h100-pcie", "b200")
 OPTIMIZERS = {"adamw": OptimizerKind.ADAMW, "adam": OptimizerKind.ADAM, "sgd": OptimizerKind.SGD}
-
-# Stand-ins for GPUs the catalog may not hold yet (the lead engineer is adding them): NVIDIA V100
-# datasheet (Tesla V100 SXM2, "NVIDIA Tesla V100 GPU Architecture" whitepaper WP-08608-001, Table 1):
-# 125 TFLOPS fp16 tensor core, 15.7 TFLOPS fp32, 900 GB/s HBM2, NVLink 2; no bf16. Used only while
-# CATALOG.find(key) returns None; the prediction then says so (`offer_source`).
-STAND_IN_GPUS: dict[str, dict[str, Any]] = {
-    "v100-16": {"product": "Tesla-V100-SXM2-16GB", "usable_mib": 15872, "bf16_tflops": 0.0, "fp16_tflops": 125.0,
-                "fp32_tflops": 15.7, "hbm_gbps": 900.0, "price_per_gpu_hour": 2.48, "intra_node": "nvlink"},
-    "v100-32": {"product": "Tesla-V100-SXM2-32GB", "usable_mib": 32256, "bf16_tflops": 0.0, "fp16_tflops": 125.0,
-                "fp32_tflops": 15.7, "hbm_gbps": 900.0, "price_per_gpu_hour": 3.06, "intra_node": "nvlink"},
-}
-
 
 # ------------------------------------------------------------------------------------------ table
 
@@ -113,27 +100,11 @@ def row_strategy(row: Mapping[str, Any]) -> Strategy:
                     gpus_per_node=min(row["gpus_per_node"], row["gpus"]))
 
 
-def _stand_in_model(key: str) -> GPUModel | None:
-    values = STAND_IN_GPUS.get(key)
-    if values is None:
-        return None
-    defaults = {"key": key, "price_source": "stand-in (benchmarks/step_time.py)", "host_memory_gib_per_gpu": 64,
-                "nvme_gib_per_gpu": 0, "instance": "stand-in", **values}
-    names = {f.name for f in dataclasses.fields(GPUModel)}
-    try:
-        return GPUModel(**{k: v for k, v in defaults.items() if k in names})
-    except TypeError:  # the catalog's GPUModel gained required fields: no stand-in
-        return None
-
-
 def row_offer(row: Mapping[str, Any], catalog: GpuCatalog = CATALOG) -> tuple[Offer | None, str]:
     """The row's pool resolved as the planner resolves it, and where its GPU came from."""
     gpu, source, use = catalog.find(row["gpu"]), "catalog", catalog
     if gpu is None:
-        gpu, source = _stand_in_model(row["gpu"]), "stand-in"
-        if gpu is None:
-            return None, f"GPU {row['gpu']!r} is neither in the catalog nor a stand-in"
-        use = GpuCatalog((*catalog.gpus, gpu))
+        return None, f"GPU {row['gpu']!r} is not in the catalog"
     pool = catalog_pool(gpu, gpus_per_node=max(row["gpus_per_node"], 1), max_nodes=max(1, -(-row["gpus"] // 8)))
     if row.get("inter_node_gbits"):
         interconnect = pool.spec.interconnect.model_copy(update={"inter_node_gbps": float(row["inter_node_gbits"])})

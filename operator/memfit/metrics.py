@@ -166,8 +166,9 @@ class JobCollector(Collector):
         )
         savings = GaugeMetricFamily(
             "memfit_job_savings_ratio",
-            "1 - plan total cost / baseline total cost (the plain bf16 DDP setup on the cheapest pool where it "
-            "fits); positive = saved.", labels=["namespace", "job"]
+            "1 - plan total cost / baseline total cost (a practitioner without a planner: the 20 B/param rule, "
+            "escalating from plain DDP to FSDP with offload until it fits); positive = saved.",
+            labels=["namespace", "job"]
         )
         spend = CounterMetricFamily(
             "memfit_job_spend_dollars",

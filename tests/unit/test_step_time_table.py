@@ -50,7 +50,7 @@ def test_row_schema(row: dict[str, Any]) -> None:
     assert source["project"] and source["where"]
     assert row["split"] in ("dev", "held_out")
     assert row["model"] in TABLE["models"]
-    assert CATALOG.find(row["gpu"]) is not None or row["gpu"] in step_time.KNOWN_NEW_GPUS
+    assert CATALOG.find(row["gpu"]) is not None
     assert row["precision"] in ("bf16", "fp16", "fp32")
     assert row["engine"] in ("ddp", "fsdp", "deepspeed")
     assert row["activation_checkpointing"] in ("none", "selective", "full")

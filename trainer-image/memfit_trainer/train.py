@@ -16,6 +16,7 @@ import torch
 from memfit.api import pod as contract
 from memfit.api.common import Engine, PeftMethod, Precision
 from memfit.api.plan import Plan
+from memfit.api.termination import DEVICE_SIMULATED_CUDA
 
 from memfit_trainer import dist as mdist
 from memfit_trainer.checkpoints import (
@@ -236,7 +237,7 @@ def run_training(
         result.peak_bytes = meter.run_peak_bytes
         result.reserved_peak_bytes = getattr(meter, "run_reserved_peak_bytes", None)
         result.device_peak_bytes = getattr(meter, "run_device_peak_bytes", None)
-        result.device = device.type if meter.name != "simulated-gpu" else "simulated-cuda"
+        result.device = device.type if meter.name != "simulated-gpu" else DEVICE_SIMULATED_CUDA
         folder = options.output_dir or (options.checkpoint_dir / "adapter" if options.checkpoint_dir else None)
         if adapters and plan.adapter is not None and folder is not None:
             _save_peft_outputs(problem, plan, folder, options=options, rank=env.rank, device=device, result=result)

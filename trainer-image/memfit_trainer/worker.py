@@ -13,7 +13,13 @@ from dataclasses import asdict
 from pathlib import Path
 
 import torch
-from memfit.api.termination import KEY_BUDGET_BYTES, MAX_RANK_PEAKS
+from memfit.api.termination import (
+    DEVICE_CPU,
+    DEVICE_CUDA,
+    DEVICE_SIMULATED_CUDA,
+    KEY_BUDGET_BYTES,
+    MAX_RANK_PEAKS,
+)
 
 from memfit_trainer import dist as mdist
 from memfit_trainer.file_access import FileAccessError
@@ -88,7 +94,7 @@ def _oom_message(
         resumed_from_step=progress.resumed_from_step,
         memory_meter=meter.name if meter is not None else None,
         reserved_peak_bytes=reserved,
-        device="simulated-cuda" if simulated else "cuda" if reserved is not None else "cpu",
+        device=DEVICE_SIMULATED_CUDA if simulated else DEVICE_CUDA if reserved is not None else DEVICE_CPU,
         message=str(error).splitlines()[0][:512] if str(error) else type(error).__name__,
     )
 

@@ -78,6 +78,10 @@ class Plan(TrainingConfig):
     headroom_percent: int = Field(ge=0)
     price_per_hour: float = Field(ge=0)
     step_seconds: float = Field(ge=0)
+    model_step_seconds: float | None = Field(
+        default=None, ge=0, description="The step time before any factor learned from measured step times, "
+        "and its compute part: what the run's measured step time teaches against (like for like).")
+    model_compute_seconds: float | None = Field(default=None, ge=0)
     estimated_hours: float = Field(ge=0)
     estimated_cost: float = Field(ge=0)
     problem: Problem | None = None

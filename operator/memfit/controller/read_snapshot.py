@@ -250,18 +250,26 @@ def _workload(api: ChildReader, namespace: str, job: Manifest) -> Manifest | Non
 
 
 def _attempt_children(api: ChildReader, ref: JobRef, index: int, *, progress_due: bool = False) -> AttemptChildren:
+    """The attempt's Job, plan and pods. The plan ConfigMap is written before the Job (crash-safe order)
+    and the Job carries a copy of the plan, so while the Job exists and none of its pods waits to start
+    the ConfigMap is not read: a ConfigMap somebody deleted shows as a pod that cannot mount it (Pending),
+    and that pass reads it and restores it. Most passes of a running job read one object fewer."""
     name = train_job_name(ref.name, index)
     job = api.get_job(ref.namespace, name)
-    cm = api.get_config_map(ref.namespace, plan_config_map_name(ref.name, index))
-    plan, _ = parse_plan_record((cm or {}).get("data"))
-    if plan is None and job is not None:
-        plan = _annotated_plan(job)
     pods = api.list_pods(ref.namespace, pod_selector(ref.name, COMPONENT_TRAINER, index)) if job else []
+    annotated = _annotated_plan(job) if job is not None else None
+    waiting = any((p.get("status") or {}).get("phase", "Pending") == "Pending" for p in pods)
+    if annotated is not None and not waiting:
+        plan, recorded = annotated, True
+    else:
+        cm = api.get_config_map(ref.namespace, plan_config_map_name(ref.name, index))
+        parsed, _ = parse_plan_record((cm or {}).get("data"))
+        plan, recorded = parsed or annotated, cm is not None
     return AttemptChildren(
         index=index,
         job=summarize_job(job, pods, name, _workload(api, ref.namespace, job)) if job is not None else None,
         plan=plan,
-        plan_recorded=cm is not None,
+        plan_recorded=recorded,
         trainer=_trainer_sample(api, ref, index, pods) if progress_due else None,
     )
 

@@ -6,6 +6,7 @@ import json
 from dataclasses import dataclass
 
 from memfit.api.profile import Profile
+from memfit.api.termination import DEVICE_CPU
 from memfit.kube.common import Manifest
 from memfit.kube.names import (
     COMPONENT_PROFILE_CACHE,
@@ -20,7 +21,6 @@ MAX_OBSERVATIONS = 32  # newest kept; each is one finished or failed attempt
 
 
 KIND_ALLOCATED = "allocated"  # allocator tensor bytes (CPU allocator or torch.cuda.max_memory_allocated)
-DEVICE_CPU = "cpu"
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,7 +45,8 @@ class Observation:
     reserved_peak_bytes: int | None = None
     device_peak_bytes: int | None = None  # NVML process bytes (GPU only, when the meter had NVML)
     step_seconds: float | None = None
-    predicted_step_seconds: float | None = None
+    predicted_step_seconds: float | None = None  # the model's, before any learned factor
+    predicted_compute_seconds: float | None = None  # its compute part (what a learned factor scales)
 
     @property
     def measured_on(self) -> str:
@@ -69,14 +70,15 @@ class Observation:
         }
         optional = {"device": self.device or None, "reservedPeakBytes": self.reserved_peak_bytes,
                     "devicePeakBytes": self.device_peak_bytes, "stepSeconds": self.step_seconds,
-                    "predictedStepSeconds": self.predicted_step_seconds}
+                    "predictedStepSeconds": self.predicted_step_seconds,
+                    "predictedComputeSeconds": self.predicted_compute_seconds}
         out.update({k: v for k, v in optional.items() if v is not None})
         return out
 
     @classmethod
     def from_dict(cls, raw: dict[str, object]) -> Observation:
-        reserved, nvml, step, predicted_step = (raw.get(k) for k in (
-            "reservedPeakBytes", "devicePeakBytes", "stepSeconds", "predictedStepSeconds"))
+        reserved, nvml, step, predicted_step, predicted_compute = (raw.get(k) for k in (
+            "reservedPeakBytes", "devicePeakBytes", "stepSeconds", "predictedStepSeconds", "predictedComputeSeconds"))
         ranks = raw.get("rankPeaks") or []
         return cls(
             config_key=str(raw["configKey"]),
@@ -93,6 +95,7 @@ class Observation:
             device_peak_bytes=int(str(nvml)) if nvml is not None else None,
             step_seconds=float(str(step)) if step is not None else None,
             predicted_step_seconds=float(str(predicted_step)) if predicted_step is not None else None,
+            predicted_compute_seconds=float(str(predicted_compute)) if predicted_compute is not None else None,
         )
 
 

@@ -117,6 +117,8 @@ def launch_step(
         )
     )
     savings = f", {summary.savings} vs {summary.baseline}" if summary.savings and summary.baseline else ""
+    if savings and summary.wall_clock_ratio is not None:
+        savings += f" ({summary.wall_clock_ratio:.2f}x the wall-clock)"
     msg = (
         f"attempt {index}: {plan.describe()} on {plan.node_pool}, "
         f"predicted peak {summary.predicted_peak}, {summary.cost_per_hour_text}/h{savings}"

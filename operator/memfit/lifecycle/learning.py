@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from memfit.api.plan import Plan
 from memfit.api.termination import (
+    DEVICE_CPU,
     DEVICE_CUDA,
     KEY_DEVICE,
     KEY_DEVICE_PEAK_BYTES,
@@ -14,7 +15,6 @@ from memfit.api.termination import (
     KEY_STEP_SECONDS,
 )
 from memfit.kube.profile_cache import (
-    DEVICE_CPU,
     KIND_ALLOCATED,
     CachedProfile,
     Observation,
@@ -64,7 +64,8 @@ def learn(draft: Draft, snap: Snapshot, plan: Plan, digest: str, *, measured: in
         reserved_peak_bytes=reserved or None,
         device_peak_bytes=nvml or None,
         step_seconds=max(steps) if steps and (real_gpu_speed or on_cpu) else None,
-        predicted_step_seconds=plan.step_seconds,
+        predicted_step_seconds=plan.model_step_seconds or plan.step_seconds,
+        predicted_compute_seconds=plan.model_compute_seconds,
     )
     if any(o.job == observation.job for o in cached.observations):
         return

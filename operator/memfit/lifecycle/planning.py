@@ -150,7 +150,8 @@ def measured_step_times(observations: Sequence[Observation]) -> list[MeasuredSte
         except ValueError:
             continue
         out.append(MeasuredStepTime(o.measured_on, o.step_seconds, o.predicted_step_seconds,
-                                    precision=precision, engine=engine))
+                                    precision=precision, engine=engine,
+                                    predicted_compute_seconds=o.predicted_compute_seconds))
     return out
 
 

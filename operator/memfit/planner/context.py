@@ -16,13 +16,19 @@ from memfit.memory.peft import peft_activation_terms
 from memfit.memory.predict import MemoryTerms, memory_terms
 from memfit.memory.shape import Shape
 from memfit.memory.strategy import Strategy
-from memfit.planner.checkpoint_writes import DEFAULT_CHECKPOINT_WRITE_GBPS, checkpoint_bytes, write_seconds
+from memfit.planner.checkpoint_writes import (
+    DEFAULT_CHECKPOINT_WRITE_GBPS,
+    CheckpointBytes,
+    checkpoint_bytes,
+    write_seconds,
+)
 from memfit.planner.interruptions import (
     NO_PERSISTENT_CHECKPOINT,
     ON_DEMAND_EVERY_STEPS,
     CheckpointPolicy,
     chosen_every_steps,
     expected_hours,
+    priced_every_steps,
 )
 from memfit.planner.measured import PeakCorrections
 from memfit.planner.offers import Layout, Offer
@@ -67,7 +73,8 @@ class SearchContext:
     group_min_cache: dict[tuple[tuple[int, ...], int], tuple[int, Choice]] = field(default_factory=dict)
     group_cache: dict[tuple[int, ...], list[tuple[tuple[int, ...], list[Choice]]]] = field(default_factory=dict)
     # Bytes the busiest node writes per checkpoint, by choice rank, world size and GPUs per node.
-    checkpoint_bytes_cache: dict[tuple[int, int, int], float] = field(default_factory=dict)
+    checkpoint_bytes_cache: dict[int, CheckpointBytes] = field(default_factory=dict)  # by choice rank
+    bound_bytes_cache: dict[tuple[int, int], float] = field(default_factory=dict)  # (id(members), nodes)
 
     @property
     def checkpoint_every_steps(self) -> int | None:
@@ -100,9 +107,8 @@ class SearchContext:
     def expected_hours(self, offer: Offer, layout: Layout, step_seconds: float, write_seconds: float = 0.0) -> float:
         """Hours of the run on `layout` of `offer`, with its checkpoint writes (`write_seconds` each) and
         the expected lost work and restarts of its interruptions (planner.interruptions); non-decreasing
-        in `step_seconds`, and in `write_seconds` but where memfit chooses the interval on a pool without
-        interruptions (`bound_write_seconds`)."""
-        every = self.every_steps(offer, layout.nodes, step_seconds, write_seconds)
+        in `step_seconds` and in `write_seconds`."""
+        every = self.priced_every_steps(offer, layout.nodes, step_seconds, write_seconds)
         return expected_hours(hours=self.steps * step_seconds / 3600, step_seconds=step_seconds,
                               rate_per_node_hour=offer.interruption_rate_per_hour, nodes=layout.nodes,
                               checkpoint_every_steps=every, write_seconds=write_seconds)
@@ -113,6 +119,13 @@ class SearchContext:
         if not self.checkpoint.chosen:
             return self.checkpoint_every_steps
         return chosen_every_steps(steps=self.steps, step_seconds=step_seconds, write_seconds=write_seconds,
+                                  rate_per_hour=max(0.0, offer.interruption_rate_per_hour) * nodes)
+
+    def priced_every_steps(self, offer: Offer, nodes: int, step_seconds: float, write_seconds: float) -> float | None:
+        """The interval `expected_hours` prices (planner.interruptions `priced_every_steps`)."""
+        if not self.checkpoint.chosen:
+            return self.checkpoint_every_steps
+        return priced_every_steps(steps=self.steps, step_seconds=step_seconds, write_seconds=write_seconds,
                                   rate_per_hour=max(0.0, offer.interruption_rate_per_hour) * nodes)
 
     def candidate_checkpoints(self, candidate: Candidate, offer: Offer) -> tuple[int | None, float]:
@@ -129,32 +142,44 @@ class SearchContext:
         persistent checkpoint: writes to the pod's own disk are not priced)."""
         if not self.checkpoint.persistent:
             return 0.0
-        key = (choice.rank, layout.world_size, layout.gpus_per_node)
-        per_node = self.checkpoint_bytes_cache.get(key)
-        if per_node is None:
-            strategy = choice.strategy(optimizer=self.optimizer, world_size=layout.world_size,
-                                       gpus_per_node=layout.gpus_per_node, adapter=self.adapter)
-            per_node = self.checkpoint_bytes_cache[key] = self.checkpoint_bytes_per_node(strategy)
+        per_node = self.choice_checkpoint_bytes(choice).per_node(layout.nodes)
         return write_seconds(per_node, write_gbps=self.write_gbps(offer.pool))
+
+    def choice_checkpoint_bytes(self, choice: Choice) -> CheckpointBytes:
+        """What one checkpoint of `choice` writes (the same on every layout: only its split over nodes
+        differs)."""
+        found = self.checkpoint_bytes_cache.get(choice.rank)
+        if found is None:
+            strategy = choice.strategy(optimizer=self.optimizer, world_size=1, gpus_per_node=1,
+                                       adapter=self.adapter)
+            found = self.checkpoint_bytes_cache[choice.rank] = self._checkpoint_bytes(strategy)
+        return found
 
     def checkpoint_bytes_per_node(self, strategy: Strategy) -> float:
         """Bytes the busiest node writes per checkpoint of `strategy` (planner.checkpoint_writes)."""
+        return self._checkpoint_bytes(strategy).per_node(strategy.nodes)
+
+    def _checkpoint_bytes(self, strategy: Strategy) -> CheckpointBytes:
         trainable = self.shape.trainable
         if strategy.config.peft != PeftMethod.NONE and self.adapter is not None:
             trainable = self.shape.layers * self.adapter.adapter_parameters_per_block
-        return checkpoint_bytes(self.shape, strategy, trainable=trainable).per_node(strategy.nodes)
+        return checkpoint_bytes(self.shape, strategy, trainable=trainable)
 
     def write_gbps(self, pool: str) -> float:
         """GB/s a node of `pool` writes checkpoints at."""
         return self.checkpoint_write_gbps.get(pool, DEFAULT_CHECKPOINT_WRITE_GBPS)
 
     def bound_write_seconds(self, offer: Offer, layout: Layout, members: list[Choice]) -> float:
-        """A lower bound on the write seconds of every member, for the search's bound. When memfit
-        chooses the interval on a pool without interruptions, 0: the interval then grows with the write
-        time, so expected hours are not monotone in it there (its writes stay within 1 % of the run)."""
-        if self.checkpoint.chosen and offer.interruption_rate_per_hour <= 0:
+        """A lower bound on the write seconds of every member, for the search's bound (expected hours
+        are non-decreasing in the write time, planner.interruptions)."""
+        if not self.checkpoint.persistent:
             return 0.0
-        return min(self.write_seconds(offer, layout, c) for c in members)
+        key = (id(members), layout.nodes)  # the groups' member lists live as long as the context
+        least = self.bound_bytes_cache.get(key)
+        if least is None:
+            least = self.bound_bytes_cache[key] = min(
+                self.choice_checkpoint_bytes(c).per_node(layout.nodes) for c in members)
+        return write_seconds(least, write_gbps=self.write_gbps(offer.pool))
 
     def fits_gpu(self, peak_bytes: float, usable_bytes: int) -> bool:
         """The fit rule: predicted peak x (1 + headroom) <= usable GPU memory."""

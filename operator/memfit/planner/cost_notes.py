@@ -80,7 +80,7 @@ def checkpoint_note(ctx: SearchContext, chosen: Candidate, offer: Offer) -> str:
     written = ctx.checkpoint_bytes_per_node(chosen.strategy)
     each = (f"each writes {written / 1e9:.3g} GB from the busiest of {nodes} node{'s' * (nodes > 1)} in "
             f"{writes:.0f} s at {ctx.write_gbps(offer.pool):g} GB/s, "
-            f"{100 * risk.writing_hours / max(risk.hours, 1e-12):.1f}% of the run before the last")
+            f"{100 * risk.writing_hours / max(risk.hours, 1e-12):.1f}% of the run")
     head = f"checkpoints every {every} steps ({risk.checkpoint_hours:.2f} h)"
     if not ctx.checkpoint.chosen:
         return f"{head}, training.checkpoint.everySteps; {each}"

@@ -1,7 +1,9 @@
 """Time model calibration from measured step times of finished runs, like for like.
 
 A finished attempt on a real GPU reports its measured seconds per optimizer step next to the step time
-its plan predicted (lifecycle.learning). Their ratio, per (GPU product, precision, engine) -- the median
+its plan's model predicted before any learned factor, and that prediction's compute part
+(lifecycle.learning; `Plan.model_step_seconds`). The measured step less the predicted communication and
+offload, over the predicted compute, per (GPU product, precision, engine) -- the median
 over runs, so one noisy run does not swing it -- scales the compute time of later plans with that same
 GPU product, precision and engine: a bf16 DeepSpeed run that was 1.5x slower than predicted on L4s makes
 later bf16 DeepSpeed plans on L4s 1.5x slower in compute. An L4 says nothing about an A10G. On the same
@@ -42,6 +44,19 @@ class MeasuredStepTime:
     predicted_seconds: float
     precision: Precision = Precision.BF16
     engine: Engine = Engine.DDP
+    # The predicted step's compute part, before any learned factor (None: a record from before memfit
+    # kept it; the whole step's ratio is used then).
+    predicted_compute_seconds: float | None = None
+
+    def ratio(self) -> float:
+        """Measured / predicted compute: the measured step less the predicted communication and offload,
+        over the predicted compute (both predictions without learned factors, so what was learned
+        before does not feed back)."""
+        compute = self.predicted_compute_seconds
+        if compute is None or not 0 < compute <= self.predicted_seconds:
+            return self.measured_seconds / self.predicted_seconds
+        other = self.predicted_seconds - compute
+        return max(0.0, self.measured_seconds - other) / compute
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,7 +80,7 @@ def step_time_factors(measured: Sequence[MeasuredStepTime]) -> dict[SpeedKey, Le
         ok = math.isfinite(m.measured_seconds) and math.isfinite(m.predicted_seconds)
         if ok and m.measured_seconds > 0 and m.predicted_seconds > 0:
             key = (m.gpu_product.lower(), m.precision, m.engine)
-            ratios.setdefault(key, []).append(m.measured_seconds / m.predicted_seconds)
+            ratios.setdefault(key, []).append(m.ratio())
     out: dict[SpeedKey, LearnedSpeed] = {}
     for key, values in ratios.items():
         median = statistics.median(values)

@@ -159,6 +159,7 @@ def _speed(spec: GPUNodePoolSpec, gpu: GPUModel | None) -> tuple[GpuSpeed, bool,
         else:
             bf16 = UNKNOWN_BF16_TFLOPS
             notes.append(f"throughput unknown: assumed {UNKNOWN_BF16_TFLOPS:.0f} bf16 TFLOPS (set gpu.bf16TFLOPS)")
+    tf32 = gpu.tf32_tflops if gpu is not None else 0.0
     if gpu is not None:
         fp16 = gpu.fp16_tflops
         fp32 = gpu.fp32_tflops
@@ -169,7 +170,7 @@ def _speed(spec: GPUNodePoolSpec, gpu: GPUModel | None) -> tuple[GpuSpeed, bool,
         # The pool overrides the tensor-core figure (a power-capped or down-clocked part): scale fp16 and
         # fp32 alike. bf16TFLOPS 0 only says the GPU has no bf16; fp16 and fp32 stay the catalog's.
         ratio = spec.gpu.bf16_tflops / (gpu.bf16_tflops or gpu.fp16_tflops)
-        fp16, fp32 = fp16 * ratio, fp32 * ratio
+        fp16, fp32, tf32 = fp16 * ratio, fp32 * ratio, tf32 * ratio
     intra = spec.interconnect.intra_node or (IntraNode(gpu.intra_node) if gpu else IntraNode.PCIE)
     inter = spec.interconnect.inter_node_gbps or (
         gpu.network_gbits_per_node if gpu is not None else DEFAULT_INTER_NODE_GBITS[intra])
@@ -181,7 +182,7 @@ def _speed(spec: GPUNodePoolSpec, gpu: GPUModel | None) -> tuple[GpuSpeed, bool,
         bf16_tflops=bf16,
         fp16_tflops=fp16,
         fp32_tflops=fp32,
-        tf32_tflops=gpu.tf32_tflops if gpu is not None else 0.0,
+        tf32_tflops=tf32,
         intra_node_gbps=nvlink if intra == IntraNode.NVLINK else pcie,
         inter_node_gbits=inter,
         pcie_gbps=pcie,

@@ -38,6 +38,7 @@ from memfit.planner.practitioner import practitioner_baseline
 from memfit.planner.result import BaselineResult, Candidate, PlanResult
 from memfit.planner.search import any_fit, objective_key, prepare_offer, search_offer
 from memfit.planner.space import Choice, pinned_fields, strategy_choices
+from memfit.timing import time_terms
 
 DEFAULT_ALTERNATIVES = 5
 # A plan that rests on no measurement at all (Profile.compute `analytic`: the model could not be
@@ -252,6 +253,7 @@ def plan(
         "baseline": _recorded(baseline, savings), "declared_baseline": _recorded(declared, declared_savings),
         "cost_notes": _with_learned(list(cost_notes(ctx, chosen, ranked, offers)), learned_speed_notes(device)),
         "checkpoint_every_steps": ctx.candidate_checkpoints(chosen, device)[0] if device is not None else None,
+        **_model_step(ctx, chosen, device),
     })
     notes = tuple(f"{o.pool}: {n}" for o in offers for n in o.notes) + tuple(peft_reasons)
     if ctx.calibration is not None:
@@ -267,6 +269,19 @@ def plan(
         declared_baseline=declared,
         declared_savings_percent=declared_savings,
     )
+
+
+def _model_step(ctx: SearchContext, chosen: Candidate, offer: Offer | None) -> dict[str, float]:
+    """The chosen step time before any learned factor, and its compute part (what the run's measured
+    step time is compared with, so a learned factor never feeds back into the next one)."""
+    if offer is None or not offer.speed.learned:
+        return {"model_step_seconds": round_cost(chosen.step.step_seconds),
+                "model_compute_seconds": round_cost(chosen.step.compute_seconds)}
+    strategy = chosen.strategy
+    terms = time_terms(ctx.shape, strategy, samples_per_gpu_step=ctx.samples_per_gpu(strategy.world_size),
+                       flops_per_sample_override=ctx.flops_per_sample, mfu=ctx.mfu)
+    model = terms.step_seconds(replace(offer.speed, learned=()), strategy.config.micro_batch_size)
+    return {"model_step_seconds": round_cost(model.step_seconds), "model_compute_seconds": round_cost(model.compute_seconds)}
 
 
 def _with_learned(notes: list[str], learned: list[str]) -> list[str]:

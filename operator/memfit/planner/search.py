@@ -108,9 +108,11 @@ def _bound_seconds(ctx: SearchContext, offer: Offer, layout: Layout, choice: Cho
     """A lower bound on the step seconds of every configuration sharing `choice`'s precision and
     checkpointing on `layout`: the compute every engine runs (no engine's own parameter traffic or
     optimizer step, the lowest learned factor of the precision) at the best micro-batch the layout
-    allows, plus the part of the smallest gradient exchange any engine needs that never hides (a ring
-    all-reduce of 16-bit gradients for mixed precision, 32-bit otherwise: ZeRO-2/3 and FSDP move at
-    least as much)."""
+    allows, c ≥ c₀, plus what of the smallest gradient exchange any engine needs (V seconds: a ring
+    all-reduce of 16-bit gradients for mixed precision, 32-bit otherwise; ZeRO-2/3 and FSDP move at least
+    as much) cannot hide. Collectives hide behind at most 5/3 of the compute (every micro-step, and 2/3 of
+    one more for a per-step all-reduce) and leave at least MIN_EXPOSED of themselves, so a step takes at
+    least c + max(V − 5c/3, m V), whose least value over c ≥ c₀ is max(c₀, (1 − m) V / (5/3)) + m V."""
     if offer.speed.peak_flops(choice.config.precision) <= 0:
         return float("inf")
     tt = ctx.time(choice, layout)
@@ -121,7 +123,12 @@ def _bound_seconds(ctx: SearchContext, offer: Offer, layout: Layout, choice: Cho
         return compute
     grad_bytes = 2.0 if choice.config.precision != Precision.FP32 else 4.0
     volume = 2 * (n - 1) / n * ctx.trainable(choice) * grad_bytes
-    return compute + MIN_EXPOSED * volume * ring_seconds_per_byte(n, layout.gpus_per_node, offer.speed)
+    comm = volume * ring_seconds_per_byte(n, layout.gpus_per_node, offer.speed)
+    return max(compute, (1 - MIN_EXPOSED) * comm / HIDING_WINDOWS) + MIN_EXPOSED * comm
+
+
+# The most compute a step's collectives hide behind, in units of the step's compute (timing.step).
+HIDING_WINDOWS = 5 / 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -239,9 +246,10 @@ def _note_lean_on_gpu(ctx: SearchContext, failures: OfferFailures, members: list
 
 def _as_32bit(ctx: SearchContext, offer: Offer, choice: Choice, eight_bit: Candidate | None,
               layout: Layout) -> Candidate | None:
-    """The 32-bit twin of an evaluated 8-bit candidate: same step time, more memory and larger
-    checkpoints, so it is no better unless it fits at the same micro-batch (then it ties, or costs its
-    extra checkpoint writes, and wins ties on preference)."""
+    """The 32-bit twin of an evaluated 8-bit candidate: the same compute with a longer optimizer step
+    (four times the state bytes), more memory and larger checkpoints, so it is no better unless it fits
+    at the same micro-batch (then it costs its longer step and extra writes, and wins ties on
+    preference): expected hours never fall as step or write time grows (planner.interruptions)."""
     if eight_bit is None:
         return None
     b = eight_bit.strategy.config.micro_batch_size
@@ -249,11 +257,12 @@ def _as_32bit(ctx: SearchContext, offer: Offer, choice: Choice, eight_bit: Candi
     terms = ctx.memory(choice, layout.world_size, layout.gpus_per_node)
     if not ctx.fits_gpu(peak_bytes_int(terms, b, per_gpu), eight_bit.usable_bytes):
         return None
-    hours = ctx.expected_hours(offer, layout, eight_bit.step.step_seconds, ctx.write_seconds(offer, layout, choice))
+    step = ctx.time(choice, layout).step_seconds(offer.speed, b)
+    hours = ctx.expected_hours(offer, layout, step.step_seconds, ctx.write_seconds(offer, layout, choice))
     if hours == float("inf") or (ctx.deadline_hours is not None and hours > ctx.deadline_hours):
         return None
     strategy = eight_bit.strategy.with_config(optimizer8bit=False)
-    return replace(eight_bit, strategy=strategy, memory=terms.at(b, per_gpu // b), rank=choice.rank,
+    return replace(eight_bit, strategy=strategy, memory=terms.at(b, per_gpu // b), rank=choice.rank, step=step,
                    hours=hours, total_cost=hours * eight_bit.price_per_hour)
 
 

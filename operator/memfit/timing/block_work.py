@@ -16,7 +16,10 @@ Counted from the Hugging Face blocks memfit's trainer runs, in eager PyTorch:
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 from memfit.api.common import Checkpointing, PeftMethod, Precision
+from memfit.memory.adapter import AdapterLayout
 from memfit.memory.shape import Shape
 from memfit.memory.strategy import Strategy
 from memfit.timing.roofline import KERNELS_PER_BLOCK_FORWARD, LOSS_BYTES_PER_VOCAB, BlockWork, Gemm
@@ -55,12 +58,18 @@ def _elementwise_forward_bytes(shape: Shape, eb: int) -> float:
 
 
 def block_work(shape: Shape, strategy: Strategy) -> BlockWork:
-    """The micro-step work of `strategy` on `shape` (per token; the roofline multiplies by tokens)."""
+    """The micro-step work of `strategy` on `shape` (per token; the roofline multiplies by tokens). The
+    same for every engine, stage and layout: computed once per precision, checkpointing and adapter."""
     config = strategy.config
-    eb = 2 if config.precision in (Precision.BF16, Precision.FP16) else 4
-    checkpointing = config.activation_checkpointing
     frozen = config.peft != PeftMethod.NONE
-    adapter = strategy.adapter if frozen else None
+    return _block_work(shape, config.precision, config.activation_checkpointing, frozen,
+                       strategy.adapter if frozen else None)
+
+
+@lru_cache(maxsize=1024)
+def _block_work(shape: Shape, precision: Precision, checkpointing: Checkpointing, frozen: bool,
+                adapter: AdapterLayout | None) -> BlockWork:
+    eb = 2 if precision in (Precision.BF16, Precision.FP16) else 4
     full = checkpointing == Checkpointing.FULL
     selective = checkpointing == Checkpointing.SELECTIVE
     backward = 1.0 if frozen else 2.0
@@ -73,12 +82,14 @@ def block_work(shape: Shape, strategy: Strategy) -> BlockWork:
     head = Gemm(shape.hidden, shape.vocab, 1.0, backward) if shape.vocab > 0 else None
     s, h = shape.tokens, shape.hidden
     causal = shape.family == "decoder"
-    attention_forward = 4.0 * s * h * (0.5 if causal and shape.flash_attention else 1.0)
-    passes = 1.0 + (2.5 if shape.flash_attention else 2.0) + (1.0 if full or selective else 0.0)
-    attention_flops = shape.layers * attention_forward * passes
-    # Without flash kernels the s x s scores go through HBM: written, softmax read and written, read by
-    # the values product, and twice that backward.
-    attention_bytes = 0.0 if shape.flash_attention else shape.layers * shape.heads * s * eb * 12.0
+    recompute = 1.0 if full or selective else 0.0
+    # Fused kernels (SDPA: FlashAttention-2, or the memory-efficient kernel where flash cannot run) skip a
+    # causal model's masked half and recompute the scores backward (2.5x forward); eager attention runs
+    # the whole s x s product, backward 2x forward, and moves the scores through HBM: written, softmax
+    # read and written, read by the values product, and twice that backward.
+    fused_flops = shape.layers * 4.0 * s * h * (0.5 if causal else 1.0) * (1.0 + 2.5 + recompute)
+    eager_flops = shape.layers * 4.0 * s * h * (1.0 + 2.0 + recompute)
+    eager_bytes = shape.layers * shape.heads * s * eb * 12.0
     forward = _elementwise_forward_bytes(shape, eb)
     elementwise = shape.layers * forward * (3.0 + (1.0 if full else 0.0))
     kernels_forward = KERNELS_PER_BLOCK_FORWARD[shape.gated_mlp]
@@ -92,18 +103,31 @@ def block_work(shape: Shape, strategy: Strategy) -> BlockWork:
         gemms=gemms,
         layers=shape.layers,
         head=head,
-        attention_flops_per_token=attention_flops,
-        attention_bytes_per_token=attention_bytes,
+        fused_attention=shape.flash_attention,
+        attention_flops_per_token=fused_flops if shape.flash_attention else eager_flops,
+        attention_bytes_per_token=0.0 if shape.flash_attention else eager_bytes,
         elementwise_bytes_per_token=elementwise,
         element_bytes=eb,
         kernels=kernels,
     )
 
 
-def analytic_flops_per_token(work: BlockWork) -> float:
-    """The GEMM and attention FLOPs per token the roofline runs once each (no recompute): what a
-    profile's measured FLOPs are compared with."""
-    gemm = sum(2.0 * g.k * g.n * (1.0 + g.backward_passes) for g in work.gemms) * work.layers
+def counted_flops_per_sample(shape: Shape) -> float:
+    """Training FLOPs per sample as a FLOP counter sees them (torch.utils.flop_counter, the profile's
+    `flops_per_sample`): every GEMM forward and backward (3 x 2 k n per token: the blocks' linear layers
+    and the head, never the input embedding, a lookup), attention's two products over the whole sequence
+    (12 s h per token and layer), no recomputation. A profile's measured FLOPs scale the roofline's
+    arithmetic by their ratio to this."""
+    per_block = sum(2.0 * k * n for k, n in _block_gemms(shape))
+    head = 2.0 * shape.hidden * shape.vocab
+    s = shape.tokens
+    return s * (3.0 * (shape.layers * per_block + head) + 12.0 * shape.layers * s * shape.hidden)
+
+
+def arithmetic_flops_per_token(work: BlockWork) -> float:
+    """The FLOPs the roofline runs per token of a micro-step (recompute and causal skip included): the
+    compute can never take less than this over the GPU's peak."""
+    gemm = sum(2.0 * g.k * g.n * (g.forward_passes + g.backward_passes) for g in work.gemms) * work.layers
     if work.head is not None:
-        gemm += 2.0 * work.head.k * work.head.n * (1.0 + work.head.backward_passes)
+        gemm += 2.0 * work.head.k * work.head.n * (work.head.forward_passes + work.head.backward_passes)
     return gemm + work.attention_flops_per_token

@@ -21,7 +21,9 @@ count, with its source:
   PyTorch's SDPA runs) 50 % on Ampere and Ada (50-73 % forward, lower backward on A100, §4.1) and
   35 % on Hopper ("FlashAttention-2 achieves only 35 % utilization on H100", Shah et al. 2024,
   FlashAttention-3, abstract; assumed the same on Blackwell, where it does not use the new tensor
-  cores either); without flash the s x s scores go through HBM.
+  cores either); where it cannot run (Volta, Turing, fp32) SDPA's memory-efficient kernel, at half that.
+  A model with eager attention runs the whole s x s product at GEMM efficiency and moves the scores
+  through HBM.
 - Element-wise ops (norms, residual adds, activation functions, rotary, dropout, casts), memory
   bound: the bytes below per token and layer, forward; backward moves about twice that (it reads
   the saved inputs and the incoming gradient and writes the outgoing one). Counted from the eager
@@ -49,6 +51,9 @@ SUSTAINED_FRACTION = 0.85
 HBM_EFFICIENCY = 0.8
 # Fraction of the dense peak FlashAttention-2 reaches forward + backward (see above), by architecture.
 FLASH_EFFICIENCY = {"ampere": 0.5, "ada": 0.5, "hopper": 0.35, "blackwell": 0.35}
+# Where FlashAttention-2 cannot run (Volta, Turing, fp32), PyTorch's SDPA takes its memory-efficient
+# kernel (xFormers' CUTLASS kernel), which FlashAttention-2 outruns about twofold (Dao 2023, §4.1).
+MEMORY_EFFICIENT_SHARE = 0.5
 # Output tile of the tensor-core GEMM kernels by architecture (see above), in elements.
 TILE_ELEMENTS = {"volta": 128 * 128, "turing": 128 * 128, "ampere": 128 * 128, "ada": 128 * 128,
                  "hopper": 128 * 256, "blackwell": 256 * 256}
@@ -95,8 +100,9 @@ class BlockWork:
     gemms: tuple[Gemm, ...]
     layers: int
     head: Gemm | None
+    fused_attention: bool  # the model runs SDPA (fused kernels), not eager attention
     attention_flops_per_token: float  # all layers, as executed (causal skip, recompute included)
-    attention_bytes_per_token: float  # all layers: scores through HBM when there is no flash kernel
+    attention_bytes_per_token: float  # all layers: eager attention's scores through HBM
     elementwise_bytes_per_token: float  # all layers and the loss
     element_bytes: int  # 2 for bf16/fp16, 4 for fp32
     kernels: float  # per micro-step
@@ -132,9 +138,12 @@ def micro_step_seconds(work: BlockWork, tokens: int, rates: GpuRates, *, flop_sc
     arithmetic = work.layers * sum(gemm_seconds(tokens, g, rates, work.element_bytes) for g in work.gemms)
     if work.head is not None:
         arithmetic += gemm_seconds(tokens, work.head, rates, work.element_bytes)
-    attention_rate = rates.peak_flops * SUSTAINED_FRACTION * (
-        rates.attention_efficiency if rates.flash_attention else rates.matmul_efficiency)
-    arithmetic += tokens * max(work.attention_flops_per_token / attention_rate,
-                               work.attention_bytes_per_token / bandwidth)
+    if work.fused_attention:
+        share = rates.attention_efficiency * (1.0 if rates.flash_attention else MEMORY_EFFICIENT_SHARE)
+        arithmetic += tokens * work.attention_flops_per_token / (rates.peak_flops * SUSTAINED_FRACTION * share)
+    else:
+        eager_rate = rates.peak_flops * SUSTAINED_FRACTION * rates.matmul_efficiency
+        arithmetic += tokens * max(work.attention_flops_per_token / eager_rate,
+                                   work.attention_bytes_per_token / bandwidth)
     gpu = arithmetic * flop_scale + tokens * work.elementwise_bytes_per_token / bandwidth
     return max(gpu, work.kernels * LAUNCH_SECONDS)

@@ -39,7 +39,7 @@ from memfit.api.common import Checkpointing, Engine, Offload, PeftMethod, Precis
 from memfit.memory.shape import Shape
 from memfit.memory.states import optimizer_state_bytes_per_param
 from memfit.memory.strategy import Strategy
-from memfit.timing.block_work import block_work
+from memfit.timing.block_work import arithmetic_flops_per_token, block_work, counted_flops_per_sample
 from memfit.timing.roofline import (
     FLASH_EFFICIENCY,
     HBM_EFFICIENCY,
@@ -222,8 +222,12 @@ class TimeTerms:
                 bandwidth = rates.hbm_bytes_per_s * HBM_EFFICIENCY
                 seconds += (accumulation * self.param_bytes_per_micro + self.optimizer_bytes) / bandwidth
         factor = gpu.lowest_learned_factor(self.precision) if floor else gpu.learned_factor(self.precision, self.engine)
-        # A learned factor never makes the compute faster than the peak itself.
-        return max(seconds * factor, self.flops_per_gpu_step / peak) if factor != 1.0 else seconds
+        if factor >= 1.0 or self.work is None or self.mfu is not None:
+            return seconds * factor
+        # A learned speedup never makes the compute faster than its arithmetic at the GPU's peak.
+        tokens = micro_batch * self.tokens_per_sample
+        at_peak = accumulation * tokens * arithmetic_flops_per_token(self.work) * self.flop_scale / peak
+        return max(seconds * factor, at_peak)
 
     def step_seconds(self, gpu: GpuSpeed, micro_batch: int) -> StepTime:
         """Seconds per optimizer step at `micro_batch` (accumulation keeps the samples per GPU)."""
@@ -339,8 +343,8 @@ def time_terms(shape: Shape, strategy: Strategy, *, samples_per_gpu_step: int,
             per_micro = ring * (p * param_bytes + t * grad_bytes)
     else:
         per_micro = ring * (2 * p * param_bytes + t * grad_bytes)
-    analytic = flops_per_sample(shape)
-    base = flops_per_sample_override or analytic
+    counted = counted_flops_per_sample(shape)
+    base = flops_per_sample_override or flops_per_sample(shape)
     flops = base * recompute_factor(shape, strategy.config.activation_checkpointing) * samples_per_gpu_step
     if adapters is not None:
         flops *= _frozen_base_factor(shape, adapters)
@@ -376,7 +380,7 @@ def time_terms(shape: Shape, strategy: Strategy, *, samples_per_gpu_step: int,
         mfu=mfu,
         engine=strategy.config.engine,
         work=block_work(shape, strategy),
-        flop_scale=base / analytic if analytic else 1.0,
+        flop_scale=flops_per_sample_override / counted if flops_per_sample_override and counted else 1.0,
         param_bytes_per_micro=_param_bytes_per_micro(strategy, p, t),
         optimizer_bytes=_optimizer_bytes(strategy, t),
         exposed_step_collective_bytes=exposed_step,

@@ -60,3 +60,33 @@ def test_a_used_cached_profile_skips_the_profiling_job() -> None:
     h.spec = quickstart(profiling={"reuse": False})
     snap = observe_snapshot(h, h.body(), settings=SETTINGS, world=h.world, now=h.now)
     assert snap.profiling is not None and snap.profiling.name == "j-profile"
+
+
+class CountingReads(Harness):
+    """The harness, counting plan ConfigMap reads."""
+
+    config_map_reads: int = 0
+
+    def get_config_map(self, namespace: str, name: str) -> dict[str, object] | None:
+        self.config_map_reads += 1
+        return super().get_config_map(namespace, name)
+
+
+def test_a_running_attempt_takes_its_plan_from_the_job_and_reads_the_config_map_only_for_a_waiting_pod() -> None:
+    h = CountingReads(spec=quickstart())
+    h.seed_profile()
+    h.reconcile()
+    h.start("j-train-0")
+    h.add_pod("j-train-0")
+    h.reconcile()
+    h.config_map_reads = 0
+    snap = observe_snapshot(h, h.body(), settings=SETTINGS, world=None, now=h.now)
+    assert h.config_map_reads == 0 and snap.attempt is not None and snap.attempt.plan is not None
+    # Somebody deletes the plan ConfigMap: a replacement pod cannot mount it and waits; that pass reads
+    # the ConfigMap, finds it gone, and the decision restores it.
+    del h.objects[("ConfigMap", "j-plan-0")]
+    h.add_pod("j-train-0", 1, phase="Pending")
+    snap = observe_snapshot(h, h.body(), settings=SETTINGS, world=None, now=h.now)
+    assert h.config_map_reads == 1 and snap.attempt is not None and not snap.attempt.plan_recorded
+    h.reconcile()
+    assert ("ConfigMap", "j-plan-0") in h.objects

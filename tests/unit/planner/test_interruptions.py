@@ -17,6 +17,7 @@ from memfit.planner.interruptions import (
     chosen_every_steps,
     expected_hours,
     interruption_risk,
+    priced_every_steps,
     young_interval_hours,
 )
 from memfit.planner.offers import Offer, resolve_offer
@@ -32,11 +33,11 @@ RISK = {
     "no persistent checkpoint: half the run lost": ((4.0, 1.0, 0.05, 1, None), 4.0 / (1 - 0.05 * (2 + RESTART_HOURS))),
     "checkpoint interval longer than the run": ((1.0, 10.0, 0.05, 1, 10_000), 1.0 / (1 - 0.05 * (0.5 + RESTART_HOURS))),
     "interruptions faster than the work is saved": ((50.0, 1.0, 0.05, 1, None), math.inf),
-    # With a write of 36 s (0.01 h) per checkpoint: one after each of the 9 intervals before the last.
-    "writes on-demand: 9 of them": ((10.0, 1.0, 0.0, 1, 3600, 36.0), 10.0 + 9 * 0.01),
+    # With a write of 36 s (0.01 h) per checkpoint: one after each of the 10 intervals, the last included.
+    "writes on-demand: 10 of them": ((10.0, 1.0, 0.0, 1, 3600, 36.0), 10.0 + 10 * 0.01),
     "writes and interruptions: the write is part of the segment lost": (
-        (10.0, 1.0, 0.05, 1, 3600, 36.0), (10.0 + 9 * 0.01) / (1 - 0.05 * ((1 + 0.01) / 2 + RESTART_HOURS))),
-    "one interval: only the last checkpoint, not priced": ((1.0, 10.0, 0.0, 1, 10_000, 36.0), 1.0),
+        (10.0, 1.0, 0.05, 1, 3600, 36.0), (10.0 + 10 * 0.01) / (1 - 0.05 * ((1 + 0.01) / 2 + RESTART_HOURS))),
+    "one interval: the final checkpoint is written too": ((1.0, 10.0, 0.0, 1, 10_000, 36.0), 1.01),
     "no persistent checkpoint: writes not priced": ((4.0, 1.0, 0.05, 1, None, 36.0),
                                                     4.0 / (1 - 0.05 * (2 + RESTART_HOURS))),
 }
@@ -168,15 +169,17 @@ def test_chosen_interval(case: str) -> None:
 def test_expected_hours_at_the_chosen_interval_never_fall_as_steps_get_slower(rate: float) -> None:
     """The search prices a lower bound on step seconds and relies on this."""
     def hours(seconds: float, write: float) -> float:
-        every = chosen_every_steps(steps=5000, step_seconds=seconds, write_seconds=write, rate_per_hour=rate)
-        return hours_at(every, steps=5000, seconds=seconds, write=write, rate=rate)
+        every = priced_every_steps(steps=5000, step_seconds=seconds, write_seconds=write, rate_per_hour=rate)
+        return expected_hours(hours=5000 * seconds / 3600, step_seconds=seconds, rate_per_node_hour=rate, nodes=1,
+                              checkpoint_every_steps=every, write_seconds=write)
 
     grid = [0.05 * 1.07**i for i in range(120)]
     for write in (1.0, 30.0, 300.0):
         values = [hours(s, write) for s in grid]
         assert all(a <= b * (1 + 1e-12) for a, b in pairwise(values))
-    if rate > 0:  # and, with interruptions, as writes get slower (the search bounds those too)
-        values = [hours(2.0, w) for w in grid]
+    # and as writes get slower (the search bounds those too, and prices 32-bit twins from 8-bit ones)
+    for seconds in (0.05, 2.0):
+        values = [hours(seconds, w) for w in grid]
         assert all(a <= b * (1 + 1e-12) for a, b in pairwise(values))
 
 

@@ -124,4 +124,4 @@ def test_device_terms_of_a_gpu_run_apply_to_its_own_product() -> None:
     if again.chosen.product == product:
         assert again.plan.gpu_memory_bytes == first.plan.gpu_memory_bytes
         expected = again.chosen.memory.peak_bytes * 1.1 - 244 * 2**20
-        assert abs(again.plan.memory.peak_bytes - expected) <= 1
+        assert abs(again.plan.memory.peak_bytes - expected) <= 2  # rounded up to whole bytes

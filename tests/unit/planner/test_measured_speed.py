@@ -94,3 +94,25 @@ def test_a_slower_measured_run_slows_later_plans_on_that_gpu_and_can_move_them()
     assert any("measured step times were 3.00x" in n for n in later.cost_notes)  # the status shows it too
     moved = plan(job, pools=pools, catalog=CATALOG, measured_step_times=slower)
     assert moved.plan is not None and moved.plan.node_pool != first.plan.node_pool
+
+
+def test_learning_compares_with_the_model_before_learned_factors_so_it_settles() -> None:
+    """A GPU whose compute is truly 2x slower than modelled: every run teaches 2x, never a drifting median
+    of ratios against predictions that already carried the previous factor (the review's 2.0 -> 1.0 -> 1.33)."""
+    job = make_job().gpt(layers=12, hidden=768, heads=12, vocab=50257, sequenceLength=1024).batch(32).steps(1000).build()
+    pools = [make_pool("l4", "l4")]
+    measured: list[MeasuredStepTime] = []
+    factors = []
+    for _ in range(4):
+        p = plan(job, pools=pools, catalog=CATALOG, measured_step_times=measured).plan
+        assert p is not None and p.model_step_seconds is not None and p.model_compute_seconds is not None
+        truth = 2 * p.model_compute_seconds + (p.model_step_seconds - p.model_compute_seconds)
+        measured.append(MeasuredStepTime(p.gpu_product, truth, p.model_step_seconds, p.precision, p.engine,
+                                         predicted_compute_seconds=p.model_compute_seconds))
+        learned = step_time_factors(measured)[(p.gpu_product.lower(), p.precision, p.engine)]
+        factors.append(learned.factor)
+    assert factors == pytest.approx([2.0] * 4, rel=1e-3)
+    last = plan(job, pools=pools, catalog=CATALOG, measured_step_times=measured).plan
+    # 2x compute plus the modelled rest (a longer compute hides a little more communication).
+    assert last is not None and last.step_seconds == pytest.approx(
+        2 * last.model_compute_seconds + last.model_step_seconds - last.model_compute_seconds, rel=0.03)

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from memfit.catalog import CATALOG
 from memfit.planner.offers import Offer, catalog_pool, resolve_offer
 from memfit.timing import GpuSpeed, estimate_step_seconds, flops_per_sample
-from memfit.timing.block_work import analytic_flops_per_token, block_work
+from memfit.timing.block_work import block_work, counted_flops_per_sample
 from memfit.timing.roofline import (
     LAUNCH_SECONDS,
     Gemm,
@@ -54,11 +56,31 @@ def test_a_tiny_model_at_micro_batch_one_waits_on_kernel_launches() -> None:
 
 def test_the_input_embedding_is_a_lookup_not_a_gemm() -> None:
     shape = hf_shape(LLAMA2_7B, seq=4096)
-    work = block_work(shape, S().ddp().bf16().build())
     embedding = shape.vocab * shape.hidden
-    gemm_flops = analytic_flops_per_token(work) - work.attention_flops_per_token
+    attention = 12 * shape.layers * shape.tokens * shape.hidden
+    gemm_flops = counted_flops_per_sample(shape) / shape.tokens - attention
     # 6 x (parameters - embedding) per token; the untied head is a GEMM, the input embedding is not.
     assert gemm_flops == pytest.approx(6 * (shape.parameters - embedding), rel=0.01)
+
+
+def test_a_profile_counting_the_same_flops_leaves_the_roofline_as_it_is() -> None:
+    shape = hf_shape(LLAMA32_1B, seq=2048)
+    strategy = S().ddp().bf16().mbs(4).build()
+    plain = estimate_step_seconds(shape, strategy, A100)
+    same = estimate_step_seconds(shape, strategy, A100, flops_per_sample_override=counted_flops_per_sample(shape))
+    double = estimate_step_seconds(shape, strategy, A100,
+                                   flops_per_sample_override=2 * counted_flops_per_sample(shape))
+    assert same.compute_seconds == pytest.approx(plain.compute_seconds)
+    assert double.compute_seconds > 1.5 * plain.compute_seconds
+
+
+def test_without_flash_kernels_attention_runs_at_most_at_flash_speed() -> None:
+    """V100 has no FlashAttention-2: SDPA's memory-efficient kernel is slower per FLOP, never faster."""
+    shape = hf_shape(LLAMA32_1B, seq=8192)
+    strategy = S().ddp().bf16().mbs(1).build()
+    flash = estimate_step_seconds(shape, strategy, A100).compute_seconds
+    no_flash = estimate_step_seconds(shape, strategy, replace(A100, flash_attention=False)).compute_seconds
+    assert no_flash > flash
 
 
 def test_h100_over_a100_lies_between_the_bandwidth_and_the_peak_ratios() -> None:
