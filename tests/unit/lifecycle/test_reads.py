@@ -8,8 +8,8 @@ from lifecycle_harness import SETTINGS, Harness, quickstart, terminated
 from memfit.controller.read_snapshot import observe_snapshot
 
 
-def running() -> Harness:
-    h = Harness(spec=quickstart())
+def running(harness: type[Harness] = Harness) -> Harness:
+    h = harness(spec=quickstart())
     h.seed_profile()
     h.reconcile()
     h.start("j-train-0")
@@ -73,12 +73,8 @@ class CountingReads(Harness):
 
 
 def test_a_running_attempt_takes_its_plan_from_the_job_and_reads_the_config_map_only_for_a_waiting_pod() -> None:
-    h = CountingReads(spec=quickstart())
-    h.seed_profile()
-    h.reconcile()
-    h.start("j-train-0")
-    h.add_pod("j-train-0")
-    h.reconcile()
+    h = running(CountingReads)
+    assert isinstance(h, CountingReads)
     h.config_map_reads = 0
     snap = observe_snapshot(h, h.body(), settings=SETTINGS, world=None, now=h.now)
     assert h.config_map_reads == 0 and snap.attempt is not None and snap.attempt.plan is not None

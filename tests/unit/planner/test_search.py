@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from memfit.api.job import MemoryOptimizedTrainingJobSpec, Minimize
 from memfit.api.pool import GPUNodePool
 from memfit.catalog import CATALOG
-from memfit.planner import plan, resolve_offers, resolve_shape, search_context
+from memfit.planner import PlanResult, plan, resolve_offers, resolve_shape, search_context
 from memfit.planner.reference import best_objective
 from memfit.planner.search import best_on_offer, objective_key
 from memfit.planner.space import strategy_choices
@@ -78,6 +78,17 @@ def _objective(spec: MemoryOptimizedTrainingJobSpec, chosen: object) -> float:
     return float(chosen.hours if spec.objective.minimize == Minimize.TIME else chosen.total_cost)  # type: ignore[attr-defined]
 
 
+def _assert_equals_exhaustive(spec: MemoryOptimizedTrainingJobSpec, pools: list[GPUNodePool]) -> PlanResult:
+    """The planner's choice costs exactly what the exhaustive search's does (or neither finds a plan)."""
+    result = plan(spec, pools=pools, catalog=CATALOG)
+    expected = best_objective(spec, pools, catalog=CATALOG)
+    if expected is None:
+        assert result.plan is None
+    else:
+        assert _objective(spec, result.chosen) == pytest.approx(expected, rel=1e-9)
+    return result
+
+
 # A few hundred random specs: the planner's choice costs exactly what the exhaustive search's does.
 @settings(max_examples=300, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 @given(varied_specs_and_pools())
@@ -85,12 +96,8 @@ def test_planner_objective_equals_exhaustive_search(
     case: tuple[MemoryOptimizedTrainingJobSpec, list[GPUNodePool]],
 ) -> None:
     spec, pools = case
-    result = plan(spec, pools=pools, catalog=CATALOG)
-    expected = best_objective(spec, pools, catalog=CATALOG)
-    if expected is None:
-        assert result.plan is None and result.rejections
-    else:
-        assert _objective(spec, result.chosen) == pytest.approx(expected, rel=1e-9)
+    result = _assert_equals_exhaustive(spec, pools)
+    assert result.plan is not None or result.rejections
 
 
 @st.composite
@@ -117,13 +124,7 @@ def checkpointed_specs_and_pools(draw: st.DrawFn) -> tuple[MemoryOptimizedTraini
 def test_planner_objective_equals_exhaustive_search_with_checkpoint_writes_and_spot(
     case: tuple[MemoryOptimizedTrainingJobSpec, list[GPUNodePool]],
 ) -> None:
-    spec, pools = case
-    result = plan(spec, pools=pools, catalog=CATALOG)
-    expected = best_objective(spec, pools, catalog=CATALOG)
-    if expected is None:
-        assert result.plan is None
-    else:
-        assert _objective(spec, result.chosen) == pytest.approx(expected, rel=1e-9)
+    _assert_equals_exhaustive(*case)
 
 
 def test_planner_finds_the_whole_batch_in_one_micro_step_when_accumulating_does_not_fit() -> None:
