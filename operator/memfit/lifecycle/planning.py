@@ -169,6 +169,28 @@ def free_gpus(pools: Sequence[GPUNodePool], capacity: Mapping[str, PoolCapacity]
     return out
 
 
+def usable_room(free: Mapping[str, int | FreeGpus] | None, pools: Sequence[GPUNodePool],
+                max_nodes: int) -> tuple[tuple[str, object], ...] | None:
+    """The free room of each pool as far as a job of at most `max_nodes` nodes can tell it apart
+    (planner.offers.Offer.layouts): whole nodes up to `max_nodes`, a shared node's free GPUs up to one
+    less than a node, a GPU cap up to the job's largest layout. Equal rooms give equal plans, so a busy
+    cluster's changing counts beyond what the job could use do not make it plan again."""
+    if free is None:
+        return None
+    out: list[tuple[str, object]] = []
+    for pool in pools:
+        name, per_node = pool.metadata.name, pool.spec.gpu.per_node
+        room = free.get(name)
+        most_gpus = max_nodes * per_node
+        if isinstance(room, FreeGpus):
+            most_shared = room.most_on_a_shared_node
+            cap = None if room.max_gpus is None else min(room.max_gpus, most_gpus)
+            out.append((name, (min(room.whole_nodes, max_nodes), min(most_shared, max(1, per_node - 1)), cap)))
+        else:
+            out.append((name, None if room is None else min(room, most_gpus)))
+    return tuple(out)
+
+
 def _capped(room: int | FreeGpus, gpus: int) -> int | FreeGpus:
     """Live room on a pool, capped at `gpus` (the queue's free quota there)."""
     if isinstance(room, FreeGpus):
@@ -204,6 +226,7 @@ def plan_job(
     elif quota is not None and free is not None:
         free = {name: _capped(room, quota.free(name)) for name, room in free.items()}
     peaks, devices = measured_peaks(observations, spec)
+    step_times = measured_step_times(observations)
 
     def run() -> PlanResult:
         return plan(
@@ -214,20 +237,24 @@ def plan_job(
             measured_peaks=peaks,
             measured_devices=devices,
             free_gpus=free,
-            measured_step_times=measured_step_times(observations),
+            measured_step_times=step_times,
         )
 
-    # Identical inputs give the identical result (planner.memo): the spec, profile, measurements, quota
-    # and exclusions by value; the pools and the capacity snapshot by identity.
+    # Identical inputs give the identical result (planner.memo): the spec, profile, what the planner reads
+    # of the observations (not which job made them), quota, exclusions and pools by value, and of the live
+    # capacity only the room this job could use, so the next capacity snapshot plans again only where it
+    # changed what the job can get.
     key = (
-        spec.model_dump_json(),
+        spec.model_dump_json(warnings=False),
         profile.model_dump_json() if profile is not None else None,
-        repr(observations),
+        repr((peaks, devices, step_times)),
         excluded_pools,
         ignore_capacity,
         repr(quota),
+        tuple((p.metadata.name, p.spec.model_dump_json()) for p in usable),
+        usable_room(free, usable, spec.placement.max_nodes),
     )
-    result = PLAN_MEMO.get(key, (pools, capacity, catalog), run)
+    result = PLAN_MEMO.get(key, (catalog,), run)
     if result.plan is None:
         if excluded_pools:
             note = f"excluded after no capacity: {', '.join(sorted(excluded_pools))}"

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from typing import TYPE_CHECKING
 
-from memfit.api.common import Engine, Offload, PeftMethod
+from memfit.api.common import Engine, Offload, PeftMethod, Precision
 from memfit.api.job import Minimize, OptimizerKind
 from memfit.api.training_config import accumulation_steps, samples_per_gpu
 from memfit.memory.activations import ActivationTerms, activation_terms
@@ -33,7 +33,7 @@ from memfit.planner.interruptions import (
 from memfit.planner.measured import PeakCorrections
 from memfit.planner.offers import Layout, Offer
 from memfit.planner.space import ENGINES, OFFLOADS, Choice
-from memfit.timing.step import TimeTerms, time_terms
+from memfit.timing.step import EngineTraffic, GpuSpeed, TimeTerms, engine_traffic, time_terms
 
 if TYPE_CHECKING:
     from memfit.planner.result import Candidate
@@ -72,9 +72,24 @@ class SearchContext:
     # Leanest member of a group at a world size, once every member's smallest peak is known.
     group_min_cache: dict[tuple[tuple[int, ...], int], tuple[int, Choice]] = field(default_factory=dict)
     group_cache: dict[tuple[int, ...], list[tuple[tuple[int, ...], list[Choice]]]] = field(default_factory=dict)
+    twin_rank_cache: dict[int, dict[int, int]] = field(default_factory=dict)
+    # Least engine traffic and offload seconds of a group, by its engines (_engines), layout, micro-batch.
+    traffic_cache: dict[tuple[object, ...], float] = field(default_factory=dict)
+    offload_cache: dict[tuple[object, ...], float] = field(default_factory=dict)
+    engines_cache: dict[int, tuple[object, ...]] = field(default_factory=dict)  # by id(members)
+    # The search's loose lower bound on a group's step seconds by (precision, checkpointing, PEFT method,
+    # world size, GPUs per node, speed), and its tight one by (id(members), world size, GPUs per node, speed).
+    bound_cache: dict[tuple[object, ...], float] = field(default_factory=dict)
+    tight_bound_cache: dict[tuple[object, ...], float] = field(default_factory=dict)
     # Bytes the busiest node writes per checkpoint, by choice rank, world size and GPUs per node.
     checkpoint_bytes_cache: dict[int, CheckpointBytes] = field(default_factory=dict)  # by choice rank
     bound_bytes_cache: dict[tuple[int, int], float] = field(default_factory=dict)  # (id(members), nodes)
+
+    def with_fresh_caches(self, **changes: object) -> SearchContext:
+        """A copy with `changes` and every cache empty (a cached value may depend on what changed; the
+        caches keyed by a group's identity hold only while that context's group lists live)."""
+        empty: dict[str, object] = {f.name: {} for f in fields(self) if f.name.endswith("_cache")}
+        return replace(self, **changes, **empty)  # type: ignore[arg-type]
 
     @property
     def checkpoint_every_steps(self) -> int | None:
@@ -211,18 +226,71 @@ class SearchContext:
         return terms
 
     def groups(self, runnable: list[Choice]) -> list[tuple[tuple[int, ...], list[Choice]]]:
-        """Runnable choices grouped by (precision, checkpointing, PEFT method) -- identical compute,
-        hence one lower bound -- each in visit order; cached, since most offers run the same choices."""
+        """Runnable choices grouped by (precision, checkpointing, PEFT method) -- identical arithmetic,
+        hence one lower bound -- and by whether they offload (the CPU step tightens that bound), each in
+        visit order; cached, since most offers run the same choices."""
         key = tuple(c.rank for c in runnable)
         cached = self.group_cache.get(key)
         if cached is None:
             by_compute: dict[tuple[object, ...], list[Choice]] = {}
             for c in runnable:
-                key_ = (c.config.precision, c.config.activation_checkpointing, c.config.peft)
+                key_ = (c.config.precision, c.config.activation_checkpointing, c.config.peft,
+                        c.config.offload != Offload.NONE)
                 by_compute.setdefault(key_, []).append(c)
             cached = [(tuple(c.rank for c in ordered), ordered)
                       for ordered in (group_order(v) for v in by_compute.values())]
-            self.group_cache[key] = cached
+            # The first list stored stays (setdefault is atomic): the caches keyed by id(members) rely on
+            # a group's list living, unreplaced, as long as the context, also when plans run in threads.
+            cached = self.group_cache.setdefault(key, cached)
+        return cached
+
+    def least_traffic_bytes(self, members: list[Choice], layout: Layout, micro_batch: int) -> float:
+        """The least engine HBM traffic (bytes per step, timing.step.EngineTraffic) of a group's members
+        on `layout` at `micro_batch`; cached per set of engines, so the groups of other checkpointing
+        share it."""
+        key = (self._engines(members), layout.world_size, layout.gpus_per_node, micro_batch)
+        least = self.traffic_cache.get(key)
+        if least is None:
+            accumulation = self.samples_per_gpu(layout.world_size) // micro_batch
+            least = self.traffic_cache[key] = min(
+                self.engine_traffic(c, layout).hbm_bytes(accumulation) for c in members)
+        return least
+
+    def least_offload_seconds(self, members: list[Choice], layout: Layout, micro_batch: int,
+                              gpu: GpuSpeed) -> float:
+        """The least offload seconds per step of a group's members on `layout` of a `gpu`."""
+        key = (self._engines(members), layout.world_size, layout.gpus_per_node, micro_batch, gpu.pcie_gbps)
+        least = self.offload_cache.get(key)
+        if least is None:
+            accumulation = self.samples_per_gpu(layout.world_size) // micro_batch
+            least = self.offload_cache[key] = min(
+                self.engine_traffic(c, layout).offload_seconds(gpu, accumulation) for c in members)
+        return least
+
+    def engine_traffic(self, choice: Choice, layout: Layout) -> EngineTraffic:
+        strategy = choice.strategy(optimizer=self.optimizer, world_size=layout.world_size,
+                                   gpus_per_node=layout.gpus_per_node, adapter=self.adapter)
+        return engine_traffic(self.shape, strategy)
+
+    def _engines(self, members: list[Choice]) -> tuple[object, ...]:
+        """What a group's engine traffic depends on: 16- or 32-bit, PEFT method and each member's engine,
+        stage, offload and optimizer width (not the checkpointing, nor bf16 against fp16)."""
+        found = self.engines_cache.get(id(members))
+        if found is None:
+            first = members[0].config
+            found = self.engines_cache[id(members)] = (first.precision != Precision.FP32, first.peft, tuple(
+                (c.config.engine, c.config.zero_stage, c.config.offload, c.config.optimizer8bit) for c in members))
+        return found
+
+    def twin_ranks(self, members: list[Choice]) -> dict[int, int]:
+        """The preferred (lowest) rank of each twin pair among a group's members, by twin id; cached per
+        group (its member list lives as long as the group cache)."""
+        cached = self.twin_rank_cache.get(id(members))
+        if cached is None:
+            cached = {}
+            for c in members:
+                cached[c.twin_id] = min(c.rank, cached.get(c.twin_id, c.rank))
+            self.twin_rank_cache[id(members)] = cached
         return cached
 
     def has_min_peak(self, choice: Choice, layout: Layout) -> bool:

@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 from memfit.api.common import PeftMethod
-from memfit.api.job import MemoryOptimizedTrainingJobSpec, Minimize
+from memfit.api.job import MemoryOptimizedTrainingJobSpec
 from memfit.api.peft import adapter_settings
 from memfit.api.plan import BaselineCost, FullFinetuneComparison, Plan, round_cost
 from memfit.api.pool import GPUNodePool
@@ -33,10 +33,11 @@ from memfit.planner.measured_speed import (
     step_time_factors,
     with_measured_speed,
 )
+from memfit.planner.memo import PlanMemo
 from memfit.planner.offers import FreeGpus, Offer, PoolRejection, catalog_pool, resolve_offer, resolve_offers
 from memfit.planner.practitioner import practitioner_baseline
 from memfit.planner.result import BaselineResult, Candidate, PlanResult
-from memfit.planner.search import any_fit, objective_key, prepare_offer, search_offer
+from memfit.planner.search import any_fit, objective_key, prepare_offer, search_key, search_offer
 from memfit.planner.space import Choice, pinned_fields, strategy_choices
 from memfit.timing import time_terms
 
@@ -116,6 +117,29 @@ def search_context(spec: MemoryOptimizedTrainingJobSpec, shape: ModelShape, *, p
                                if p.spec.host.checkpoint_write_g_bps is not None},
         pins=pinned_fields(spec.strategy),
     )
+
+
+# Search contexts by the value of what they are built from: the memory and time terms, bounds and smallest
+# peaks they cache depend on nothing else, so the next plan of the same job (another capacity snapshot,
+# another job of a sweep) starts with them. The caches only ever gain entries that are true for the job.
+CONTEXTS: PlanMemo[SearchContext] = PlanMemo(size=16)
+
+
+def shared_search_context(spec: MemoryOptimizedTrainingJobSpec, shape: ModelShape, *,
+                          profile: Profile | None = None, measured_peaks: Sequence[MeasuredPeak] = (),
+                          measured_devices: Sequence[MeasuredDevice] = (),
+                          pools: Sequence[GPUNodePool] = ()) -> SearchContext:
+    """`search_context`, shared with earlier plans built from equal inputs."""
+    key = (
+        spec.model_dump_json(warnings=False),
+        profile.model_dump_json() if profile is not None else None,
+        repr(tuple(measured_peaks)),
+        repr(tuple(measured_devices)),
+        tuple(sorted((p.metadata.name, p.spec.host.checkpoint_write_g_bps) for p in pools
+                     if p.spec.host.checkpoint_write_g_bps is not None)),
+    )
+    return CONTEXTS.get(key, (), lambda: search_context(
+        spec, shape, profile=profile, measured_peaks=measured_peaks, measured_devices=measured_devices, pools=pools))
 
 
 def checkpoint_policy(spec: MemoryOptimizedTrainingJobSpec) -> CheckpointPolicy:
@@ -218,8 +242,8 @@ def plan(
     shape = resolve_shape(spec, profile)
     if isinstance(shape, str):
         return _no_fit([shape])
-    ctx = search_context(spec, shape, profile=profile, measured_peaks=measured_peaks,
-                         measured_devices=measured_devices, pools=pools)
+    ctx = shared_search_context(spec, shape, profile=profile, measured_peaks=measured_peaks,
+                                measured_devices=measured_devices, pools=pools)
     choices, pin_problems = strategy_choices(spec.strategy)
     peft_reasons: list[str] = []
     choices = _peft_choices(ctx, choices, peft_reasons)
@@ -312,19 +336,19 @@ def _best_per_pool(ctx: SearchContext, offers: Sequence[Offer], choices: Sequenc
                    rejections: list[PoolRejection], *, keep: int) -> list[Candidate]:
     """The best candidate of every pool that can enter the top `keep`, and a rejection for every
     pool where nothing fits. Pools are searched in order of their lower bound; once `keep` pools have
-    a best, a later pool is only searched below the `keep`-th objective, and otherwise only checked
-    for any fit (its exact best could not be shown)."""
+    a best, a later pool is only searched for candidates that can rank with the `keep`-th, and otherwise
+    only checked for any fit (its exact best could not be shown)."""
     prepared = sorted((prepare_offer(ctx, o, choices) for o in offers), key=lambda p: (p.lowest_bound, p.offer.pool))
     found: list[Candidate] = []
     for item in prepared:
-        cutoff = float("inf")
+        cutoff = None
         if len(found) >= keep:
             kth = sorted(found, key=lambda c: (*objective_key(c, ctx.minimize), c.pool))[keep - 1]
-            cutoff = kth.hours if ctx.minimize == Minimize.TIME else kth.total_cost
+            cutoff = search_key(kth, ctx.minimize)
         outcome = search_offer(ctx, item, cutoff=cutoff)
         if outcome.best is not None:
             found.append(outcome.best)
-        elif cutoff == float("inf") or not any_fit(ctx, item):
+        elif cutoff is None or not any_fit(ctx, item):
             rejections.append(PoolRejection(item.offer.pool, item.failures.reason(
                 headroom_percent=ctx.headroom_percent, global_batch=ctx.global_batch,
                 pinned_micro_batch=ctx.pinned_micro_batch, max_cost_per_hour=ctx.max_cost_per_hour,

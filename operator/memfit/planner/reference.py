@@ -20,6 +20,8 @@ from memfit.memory import Strategy, predict_memory, strategy_problem
 from memfit.planner.checkpoint_writes import write_seconds
 from memfit.planner.offers import resolve_offers
 from memfit.planner.plan_job import resolve_shape, search_context
+from memfit.planner.search import tier
+from memfit.planner.space import strategy_choices
 from memfit.timing import estimate_step_seconds
 
 ENGINES = (Engine.DDP, Engine.FSDP, Engine.DEEPSPEED)
@@ -49,10 +51,18 @@ def _methods(spec: MemoryOptimizedTrainingJobSpec, known_layout: bool) -> tuple[
     return methods if known_layout else tuple(m for m in methods if m == PeftMethod.NONE)
 
 
+def _preference(config: TrainingConfig) -> tuple[object, ...]:
+    return (config.peft, config.engine, config.zero_stage, config.precision, config.activation_checkpointing,
+            config.offload, config.optimizer8bit)
+
+
 def best_objective(spec: MemoryOptimizedTrainingJobSpec, pools: Sequence[GPUNodePool], *,
                    catalog: GpuCatalog) -> float | None:
-    """The smallest objective (total cost, or hours when minimizing time) of any fitting
-    configuration, or None when nothing fits."""
+    """The objective (total cost, or hours when minimizing time) of the best fitting configuration, or
+    None when nothing fits. Best as the planner ranks (planner.search.objective_key): the lowest tie tier
+    of the objective, then of the other one, fewer GPUs, the preference order (planner.space), a larger
+    micro-batch, the exact objectives, the pool name."""
+    ranks = {_preference(c.config): c.rank for c in strategy_choices(spec.strategy)[0]}
     shape = resolve_shape(spec, None)
     if isinstance(shape, str):
         return None
@@ -62,7 +72,7 @@ def best_objective(spec: MemoryOptimizedTrainingJobSpec, pools: Sequence[GPUNode
     headroom = objective.memory_headroom_percent
     g_batch = spec.training.global_batch_size
     stages = range(4) if pins.zero_stage == "auto" else (int(pins.zero_stage),)
-    best: float | None = None
+    best: tuple[object, ...] | None = None
     for offer in offers:
         for layout in offer.layouts(spec.placement.max_nodes):
             n, g = layout.world_size, layout.gpus_per_node
@@ -109,7 +119,10 @@ def best_objective(spec: MemoryOptimizedTrainingJobSpec, pools: Sequence[GPUNode
                                             continue
                                         if objective.deadline_hours is not None and hours > objective.deadline_hours:
                                             continue
-                                        value = hours if objective.minimize == Minimize.TIME else (
-                                            hours * layout.price_per_hour)
-                                        best = value if best is None else min(best, value)
-    return best
+                                        cost = hours * layout.price_per_hour
+                                        first, second = (hours, cost) if objective.minimize == Minimize.TIME else (
+                                            cost, hours)
+                                        key = (tier(first), tier(second), n, ranks[_preference(config)], -b,
+                                               first, second, offer.pool)
+                                        best = key if best is None else min(best, key)
+    return None if best is None else float(best[5])  # type: ignore[arg-type]

@@ -9,7 +9,7 @@ needs no margin). Regret = memfit's objective (cost, or hours when minimizing ti
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from memfit.api.job import Minimize
 from memfit.planner.context import SearchContext
@@ -47,8 +47,7 @@ def oracle_context(ctx: SearchContext, factor: float) -> SearchContext:
     headroom = round(100 * (factor - 1))
     if abs(headroom - 100 * (factor - 1)) > 1e-6 or factor <= 0:
         raise ValueError(f"peak factor {factor} is not a positive whole number of percent")
-    return replace(ctx, headroom_percent=headroom, memory_cache={}, time_cache={}, min_peak_cache={},
-                   activation_cache={}, group_min_cache={}, group_cache={})
+    return ctx.with_fresh_caches(headroom_percent=headroom)
 
 
 def oracle_plan(ctx: SearchContext, offers: Sequence[Offer], choices: Sequence[Choice], *,

@@ -11,6 +11,7 @@ enumerated. Memory and time terms are cached per (configuration, world size) acr
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
@@ -24,6 +25,9 @@ from memfit.planner.result import Candidate
 from memfit.planner.space import Choice, divisors
 from memfit.timing.step import MIN_EXPOSED, ring_seconds_per_byte
 
+# The most compute a step's collectives hide behind, in units of the step's compute (timing.step).
+HIDING_WINDOWS = 5 / 3
+
 
 @dataclass(frozen=True, slots=True)
 class OfferOutcome:
@@ -33,11 +37,47 @@ class OfferOutcome:
     failures: OfferFailures
 
 
+# Objectives closer than this are a tie: the step-time model does not resolve them (docs/step_time.md),
+# so the plan goes to fewer GPUs and the simpler configuration instead.
+TIE_TOLERANCE = 0.01
+_LOG_TIE_STEP = math.log1p(TIE_TOLERANCE)
+
+# A group's tight bound (with its engines' traffic) is computed only where its loose bound is within this
+# many tie tiers (about 5%) of the best found: below that, traffic (a few percent of a step) rarely lifts it.
+TIGHTEN_WITHIN_TIERS = 5
+
+# (objective tier, other objective tier, GPUs, preference rank): what decides between two candidates
+# before their micro-batch and pool name.
+Key = tuple[float, float, int, int]
+
+
+def tier(value: float) -> float:
+    """The tie tier of an objective: objectives within TIE_TOLERANCE of each other in the same
+    logarithmic tier tie (boundaries at powers of 1 + TIE_TOLERANCE, so the relation is transitive).
+    Non-decreasing in `value`, so a lower bound on an objective gives a lower bound on its tier."""
+    if value <= 0:
+        return -math.inf
+    if value == math.inf:
+        return math.inf
+    return float(math.floor(math.log(value) / _LOG_TIE_STEP))
+
+
+def _objectives(minimize: Minimize, hours: float, cost: float) -> tuple[float, float]:
+    return (cost, hours) if minimize == Minimize.COST else (hours, cost)
+
+
+def bound_key(minimize: Minimize, hours: float, price_per_hour: float, gpus: int, rank: int) -> Key:
+    """The key of a candidate with these lower bounds on its hours and rank (on `gpus` GPUs): every such
+    candidate's key is at least this (each part is a lower bound, so the tuple is lexicographically)."""
+    first, second = _objectives(minimize, hours, hours * price_per_hour)
+    return (tier(first), tier(second), gpus, rank)
+
+
 def objective_key(c: Candidate, minimize: Minimize) -> tuple[float, ...]:
-    """Sort key: objective, the other objective, fewer GPUs, preference, bigger micro-batch (the pool
-    name breaks what remains)."""
-    first, second = (c.total_cost, c.hours) if minimize == Minimize.COST else (c.hours, c.total_cost)
-    return (round(first, 9), round(second, 9), c.gpus, c.rank, -c.strategy.config.micro_batch_size)
+    """Sort key: the objective's tie tier, the other objective's, fewer GPUs, preference, bigger
+    micro-batch, then the exact objectives (the pool name breaks what remains)."""
+    first, second = _objectives(minimize, c.hours, c.total_cost)
+    return (tier(first), tier(second), c.gpus, c.rank, -c.strategy.config.micro_batch_size, first, second)
 
 
 def _better(a: Candidate, b: Candidate | None, minimize: Minimize) -> bool:
@@ -45,6 +85,12 @@ def _better(a: Candidate, b: Candidate | None, minimize: Minimize) -> bool:
         return True
     ka, kb = objective_key(a, minimize), objective_key(b, minimize)
     return ka < kb or (ka == kb and a.pool < b.pool)
+
+
+def _beyond(key: Key, best: Key | None) -> bool:
+    """Whether a candidate whose key is at least `key` loses to one with key `best` (None: nothing found
+    yet). An equal key may still win on micro-batch or pool name, so it is not beyond."""
+    return best is not None and key > best
 
 
 def _lacks(offer: Offer, choice: Choice) -> frozenset[Lack]:
@@ -104,31 +150,35 @@ def _micro_batch(ctx: SearchContext, terms: MemoryTerms, per_gpu: int, usable: i
     return 0
 
 
-def _bound_seconds(ctx: SearchContext, offer: Offer, layout: Layout, choice: Choice, per_gpu: int) -> float:
-    """A lower bound on the step seconds of every configuration sharing `choice`'s precision and
-    checkpointing on `layout`: the compute every engine runs (no engine's own parameter traffic or
-    optimizer step, the lowest learned factor of the precision) at the best micro-batch the layout
-    allows, c ≥ c₀, plus what of the smallest gradient exchange any engine needs (V seconds: a ring
-    all-reduce of 16-bit gradients for mixed precision, 32-bit otherwise; ZeRO-2/3 and FSDP move at least
-    as much) cannot hide. Collectives hide behind at most 5/3 of the compute (every micro-step, and 2/3 of
-    one more for a per-step all-reduce) and leave at least MIN_EXPOSED of themselves, so a step takes at
-    least c + max(V − 5c/3, m V), whose least value over c ≥ c₀ is max(c₀, (1 − m) V / (5/3)) + m V."""
+def _bound_seconds(ctx: SearchContext, offer: Offer, layout: Layout, members: list[Choice], per_gpu: int, *,
+                   tight: bool) -> float:
+    """A lower bound on the step seconds of every member of a group (one precision and checkpointing) on
+    `layout`: the compute every member runs (the lowest learned factor of the precision) at the best
+    micro-batch the layout allows, c ≥ c₀, plus what of the smallest gradient exchange any engine needs
+    (V seconds: a ring all-reduce of 16-bit gradients for mixed precision, 32-bit otherwise; ZeRO-2/3
+    and FSDP move at least as much) cannot hide. Collectives hide behind at most 5/3 of the compute
+    (every micro-step, and 2/3 of one more for a per-step all-reduce) and leave at least MIN_EXPOSED of
+    themselves, so a step takes at least c + max(V − 5c/3, m V), whose least value over c ≥ c₀ is
+    max(c₀, (1 − m) V / (5/3)) + m V. `tight` adds the least parameter traffic and optimizer step of the
+    members to c₀ and their least offload time to the step (what the search checks a group against when
+    it visits it; the loose bound, which orders the visit, is shared by every group of one arithmetic)."""
+    choice = members[0]
     if offer.speed.peak_flops(choice.config.precision) <= 0:
         return float("inf")
     tt = ctx.time(choice, layout)
     b = ctx.pinned_micro_batch or per_gpu
-    compute = tt.compute_seconds(offer.speed, b, floor=True)
+    traffic = ctx.least_traffic_bytes(members, layout, b) if tight else 0.0
+    compute = tt.compute_seconds(offer.speed, b, floor=True, floor_traffic_bytes=traffic)
+    offload = 0.0
+    if tight and choice.config.offload != Offload.NONE:  # a group offloads all or none (SearchContext.groups)
+        offload = ctx.least_offload_seconds(members, layout, b, offer.speed)
     n = layout.world_size
     if n == 1:
-        return compute
+        return compute + offload
     grad_bytes = 2.0 if choice.config.precision != Precision.FP32 else 4.0
     volume = 2 * (n - 1) / n * ctx.trainable(choice) * grad_bytes
     comm = volume * ring_seconds_per_byte(n, layout.gpus_per_node, offer.speed)
-    return max(compute, (1 - MIN_EXPOSED) * comm / HIDING_WINDOWS) + MIN_EXPOSED * comm
-
-
-# The most compute a step's collectives hide behind, in units of the step's compute (timing.step).
-HIDING_WINDOWS = 5 / 3
+    return max(compute, (1 - MIN_EXPOSED) * comm / HIDING_WINDOWS) + MIN_EXPOSED * comm + offload
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,7 +218,11 @@ def prepare_offer(ctx: SearchContext, offer: Offer, choices: Sequence[Choice]) -
     for li, layout in enumerate(layouts):
         per_gpu = ctx.samples_per_gpu(layout.world_size)
         for gi, (group_ranks, members) in enumerate(groups):
-            seconds = _bound_seconds(ctx, offer, layout, members[0], per_gpu)
+            c = members[0].config
+            key = (c.precision, c.activation_checkpointing, c.peft, layout.world_size, layout.gpus_per_node, offer.speed)
+            seconds = ctx.bound_cache.get(key)
+            if seconds is None:
+                seconds = ctx.bound_cache[key] = _bound_seconds(ctx, offer, layout, members, per_gpu, tight=False)
             writes = ctx.bound_write_seconds(offer, layout, members)
             hours = ctx.expected_hours(offer, layout, seconds, writes)  # non-decreasing in both: still a bound
             if hours == float("inf"):
@@ -180,15 +234,29 @@ def prepare_offer(ctx: SearchContext, offer: Offer, choices: Sequence[Choice]) -
     return PreparedOffer(offer, failures, bounds)
 
 
-def search_offer(ctx: SearchContext, prepared: PreparedOffer, *, cutoff: float = float("inf")) -> OfferOutcome:
-    """Branch and bound over a prepared offer. Only candidates with an objective at most `cutoff` are
-    sought (a pool that cannot enter the ranking need not be solved); `inf` finds the best."""
+def search_offer(ctx: SearchContext, prepared: PreparedOffer, *, cutoff: Key | None = None) -> OfferOutcome:
+    """Branch and bound over a prepared offer. Only candidates whose key is at most `cutoff` are sought
+    (a pool that cannot enter the ranking need not be solved); None finds the best."""
     offer, failures = prepared.offer, prepared.failures
     best: Candidate | None = None
-    best_objective = cutoff
+    best_key = cutoff
+    minimize = ctx.minimize
     for bound, _, _, layout, group_ranks, members in prepared.bounds:
-        if bound > best_objective:
-            break
+        price = layout.price_per_hour
+        hours = bound if minimize == Minimize.TIME else bound / price if price > 0 else 0.0
+        lower = bound_key(minimize, hours, price, layout.world_size, min(group_ranks))
+        if best_key is not None and lower[0] > best_key[0]:
+            break  # groups come in bound order: every later one is in a higher tier
+        if _beyond(lower, best_key):
+            continue
+        if best_key is not None and (members[0].config.offload != Offload.NONE
+                                     or lower[0] >= best_key[0] - TIGHTEN_WITHIN_TIERS):
+            # A tighter bound, computed only for the groups visited and only where it may tell: the
+            # engine traffic it adds is a few percent of a step (the offload time may be anything).
+            hours = _tight_hours(ctx, offer, layout, members)
+            lower = bound_key(minimize, hours, price, layout.world_size, min(group_ranks))
+            if _beyond(lower, best_key):
+                continue
         group_key = (group_ranks, layout.world_size)
         known = ctx.group_min_cache.get(group_key)
         if known is not None and not ctx.fits_gpu(known[0], offer.usable_bytes):
@@ -199,6 +267,7 @@ def search_offer(ctx: SearchContext, prepared: PreparedOffer, *, cutoff: float =
         eight_bit_results: dict[int, Candidate | None] = {}
         memory_failed_twins: set[int] = set()
         twins_share_terms = not ctx.corrections.by_family  # measured peaks may scale twins differently
+        twin_ranks = ctx.twin_ranks(members)
         all_out_of_memory = True
         for choice in members:
             key = choice.twin_id
@@ -207,20 +276,41 @@ def search_offer(ctx: SearchContext, prepared: PreparedOffer, *, cutoff: float =
                 all_out_of_memory = all_out_of_memory and key in memory_failed_twins
                 candidate = None if twin is None else _as_32bit(ctx, offer, choice, twin, layout)
             else:
-                candidate, out_of_memory = _evaluate(ctx, offer, layout, choice, failures, best_objective)
+                # An 8-bit choice is pruned only where its 32-bit twin (preferred, never cheaper) would be.
+                rank = twin_ranks[key] if choice.config.optimizer8bit and twins_share_terms else choice.rank
+                if _beyond((lower[0], lower[1], lower[2], rank), best_key):
+                    all_out_of_memory = False  # not known: it cannot win on preference, so it is not evaluated
+                    continue
+                candidate, out_of_memory = _evaluate(ctx, offer, layout, choice, failures, best_key, rank=rank)
                 all_out_of_memory = all_out_of_memory and out_of_memory
                 if choice.config.optimizer8bit:
                     eight_bit_results[key] = candidate
                     if out_of_memory:
                         memory_failed_twins.add(key)
-            if candidate is not None and _better(candidate, best, ctx.minimize):
+            if candidate is not None and _better(candidate, best, minimize):
                 best = candidate
-                best_objective = candidate.hours if ctx.minimize == Minimize.TIME else candidate.total_cost
-        if all_out_of_memory and known is None and cutoff == float("inf"):
+                best_key = search_key(candidate, minimize)
+        if all_out_of_memory and known is None and cutoff is None:
             computed = [c for c in members if ctx.has_min_peak(c, layout)]
             leanest = min(computed, key=lambda c: (ctx.min_peak(c, layout), c.rank))
             ctx.group_min_cache[group_key] = (ctx.min_peak(leanest, layout), leanest)
     return OfferOutcome(best, failures)
+
+
+def _tight_hours(ctx: SearchContext, offer: Offer, layout: Layout, members: list[Choice]) -> float:
+    """Expected hours of the tight bound on a group's step (`_bound_seconds`), cached per group and layout."""
+    key = (id(members), layout.world_size, layout.gpus_per_node, offer.speed)
+    seconds = ctx.tight_bound_cache.get(key)
+    if seconds is None:
+        per_gpu = ctx.samples_per_gpu(layout.world_size)
+        seconds = ctx.tight_bound_cache[key] = _bound_seconds(ctx, offer, layout, members, per_gpu, tight=True)
+    return ctx.expected_hours(offer, layout, seconds, ctx.bound_write_seconds(offer, layout, members))
+
+
+def search_key(c: Candidate, minimize: Minimize) -> Key:
+    """What the search prunes against: the part of `objective_key` a lower bound can be compared with."""
+    key = objective_key(c, minimize)
+    return (key[0], key[1], int(key[2]), int(key[3]))
 
 
 def any_fit(ctx: SearchContext, prepared: PreparedOffer) -> bool:
@@ -229,7 +319,7 @@ def any_fit(ctx: SearchContext, prepared: PreparedOffer) -> bool:
     order = sorted(prepared.bounds, key=lambda item: -item[3].world_size)
     for _, _, _, layout, _, members in order:
         for choice in sorted(members, key=lambda c: (ctx.min_peak(c, layout), c.rank)):
-            candidate, _ = _evaluate(ctx, prepared.offer, layout, choice, prepared.failures, float("inf"))
+            candidate, _ = _evaluate(ctx, prepared.offer, layout, choice, prepared.failures, None)
             if candidate is not None:
                 return True
     return False
@@ -266,11 +356,6 @@ def _as_32bit(ctx: SearchContext, offer: Offer, choice: Choice, eight_bit: Candi
                    hours=hours, total_cost=hours * eight_bit.price_per_hour)
 
 
-def _objective(ctx: SearchContext, offer: Offer, layout: Layout, seconds: float, write_seconds: float) -> float:
-    hours = ctx.expected_hours(offer, layout, seconds, write_seconds)
-    return hours if ctx.minimize == Minimize.TIME else hours * layout.price_per_hour
-
-
 def _fits_at_smallest(ctx: SearchContext, offer: Offer, layout: Layout, choice: Choice,
                       failures: OfferFailures) -> bool:
     smallest_peak = ctx.min_peak(choice, layout)
@@ -281,20 +366,25 @@ def _fits_at_smallest(ctx: SearchContext, offer: Offer, layout: Layout, choice: 
 
 
 def _evaluate(ctx: SearchContext, offer: Offer, layout: Layout, choice: Choice,
-              failures: OfferFailures, best_objective: float) -> tuple[Candidate | None, bool]:
-    """The candidate of `choice` on `layout` (None when it does not fit, breaks a limit or cannot
-    beat `best_objective`), and whether it is out of GPU memory even at the smallest micro-batch."""
+              failures: OfferFailures, best_key: Key | None, *, rank: int | None = None,
+              ) -> tuple[Candidate | None, bool]:
+    """The candidate of `choice` on `layout` (None when it does not fit, breaks a limit or loses to
+    `best_key` even with preference `rank`, default its own), and whether it is out of GPU memory even
+    at the smallest micro-batch."""
     n, g = layout.world_size, layout.gpus_per_node
     per_gpu = ctx.samples_per_gpu(n)
     # Cheapest test first: a known smallest peak (or nothing to prune against yet) -> memory first.
-    memory_first = best_objective == float("inf") or ctx.has_min_peak(choice, layout)
+    memory_first = best_key is None or ctx.has_min_peak(choice, layout)
+    rank = choice.rank if rank is None else rank
     if memory_first and not _fits_at_smallest(ctx, offer, layout, choice, failures):
         return None, True
     tt = ctx.time(choice, layout)
     optimistic_b = ctx.pinned_micro_batch or per_gpu
     optimistic = tt.step_seconds(offer.speed, optimistic_b)
     writes = ctx.write_seconds(offer, layout, choice)
-    if _objective(ctx, offer, layout, optimistic.step_seconds, writes) > best_objective:
+    price = layout.price_per_hour
+    if _beyond(bound_key(ctx.minimize, ctx.expected_hours(offer, layout, optimistic.step_seconds, writes), price, n,
+                         rank), best_key):
         return None, False
     if not memory_first and not _fits_at_smallest(ctx, offer, layout, choice, failures):
         return None, True
@@ -316,7 +406,7 @@ def _evaluate(ctx: SearchContext, offer: Offer, layout: Layout, choice: Choice,
     if ctx.deadline_hours is not None and hours > ctx.deadline_hours:
         failures.note_deadline(hours, choice, n)
         return None, False
-    if (hours if ctx.minimize == Minimize.TIME else hours * layout.price_per_hour) > best_objective:
+    if _beyond(bound_key(ctx.minimize, hours, price, n, rank), best_key):
         return None, False
     accumulation = ctx.accumulation(n, b)
     assert accumulation is not None, f"micro-batch {b} does not divide {per_gpu} samples per GPU"

@@ -32,7 +32,8 @@ overlap by engine and stage, offload transfers, the optimizer step.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import statistics
+from dataclasses import dataclass, field, fields
 from functools import lru_cache
 
 from memfit.api.common import Checkpointing, Engine, Offload, PeftMethod, Precision
@@ -93,6 +94,14 @@ class GpuSpeed:
     flash_attention: bool = True  # FlashAttention-2 kernels (compute capability >= 8.0)
     architecture: str = "ampere"  # volta | turing | ampere | ada | hopper | blackwell (timing.roofline)
     learned: tuple[tuple[Precision, Engine, float], ...] = field(default=())
+    # The planner keys its caches by speed, thousands of times a plan: hash the fields once.
+    _hash: int = field(default=0, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_hash", hash(tuple(getattr(self, f.name) for f in fields(self) if f.compare)))
+
+    def __hash__(self) -> int:
+        return self._hash
 
     def peak_flops(self, precision: Precision, *, tf32: bool = False) -> float:
         """Dense peak FLOP/s for the precision (0 when unsupported); fp32 matmuls on TF32 tensor cores
@@ -129,10 +138,10 @@ class GpuSpeed:
             if p == precision and e == engine:
                 return factor
         if same:
-            return _median(same)
+            return statistics.median(same)
         if not self.learned:
             return 1.0
-        return max(1.0, _median(sorted(f for _, _, f in self.learned)))
+        return max(1.0, statistics.median(f for _, _, f in self.learned))
 
     def lowest_learned_factor(self, precision: Precision) -> float:
         """The smallest learned factor of any engine at `precision` (bounds must hold for all)."""
@@ -142,11 +151,6 @@ class GpuSpeed:
 @lru_cache(maxsize=1024)
 def _rates(speed: GpuSpeed, precision: Precision, tf32: bool) -> GpuRates:
     return speed._build_rates(precision, tf32)
-
-
-def _median(values: list[float]) -> float:
-    middle = len(values) // 2
-    return values[middle] if len(values) % 2 else (values[middle - 1] + values[middle]) / 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,6 +184,36 @@ def recompute_factor(shape: Shape, checkpointing: Checkpointing) -> float:
 
 
 @dataclass(frozen=True, slots=True)
+class EngineTraffic:
+    """The parts of a step that depend on the engine, sharding and offload but not on the arithmetic
+    (the same for every precision of one width and every checkpointing): HBM traffic that scales with
+    the parameters, and offload transfers and CPU/NVMe work."""
+
+    param_bytes_per_micro: float = 0.0  # weight casts, gathered copies, gradient accumulation
+    optimizer_bytes: float = 0.0  # the optimizer step's HBM traffic on this GPU
+    offload_transfer_bytes_per_step: float = 0.0  # host<->GPU per step excluding per micro-step
+    offload_transfer_bytes_per_micro: float = 0.0
+    cpu_optimizer_params_per_node: float = 0.0
+    cpu_params_per_s: float = 1.0
+    nvme_bytes_per_node: float = 0.0
+
+    def hbm_bytes(self, accumulation: int) -> float:
+        """HBM bytes of one optimizer step of `accumulation` micro-steps."""
+        return accumulation * self.param_bytes_per_micro + self.optimizer_bytes
+
+    def offload_seconds(self, gpu: GpuSpeed, accumulation: int) -> float:
+        """Seconds of one optimizer step spent on CPU/NVMe offload that nothing hides."""
+        transfer = (self.offload_transfer_bytes_per_step
+                    + self.offload_transfer_bytes_per_micro * accumulation) / (gpu.pcie_gbps * 1e9)
+        offload = transfer * (1 - OVERLAP)
+        if self.cpu_optimizer_params_per_node:
+            offload += self.cpu_optimizer_params_per_node / self.cpu_params_per_s
+        if self.nvme_bytes_per_node:
+            offload += self.nvme_bytes_per_node / (NVME_GBPS * 1e9)
+        return offload
+
+
+@dataclass(frozen=True, slots=True)
 class TimeTerms:
     """Per-GPU step-time inputs of one strategy at a world size, independent of the GPU type."""
 
@@ -188,11 +222,6 @@ class TimeTerms:
     samples_per_gpu_step: int
     per_step_collective_bytes: float  # ring volume per GPU once per optimizer step, hidden behind a backward
     per_micro_collective_bytes: float  # ring volume per GPU per micro-step, hidden behind its compute
-    offload_transfer_bytes_per_step: float  # host<->GPU per step excluding per micro-step
-    offload_transfer_bytes_per_micro: float
-    cpu_optimizer_params_per_node: float
-    cpu_params_per_s: float
-    nvme_bytes_per_node: float
     world_size: int
     gpus_per_node: int
     precision: Precision
@@ -200,14 +229,20 @@ class TimeTerms:
     engine: Engine = Engine.DDP
     work: BlockWork | None = None
     flop_scale: float = 1.0  # measured / analytic FLOPs of the profile
-    param_bytes_per_micro: float = 0.0  # weight casts, gathered copies, gradient accumulation
-    optimizer_bytes: float = 0.0  # the optimizer step's HBM traffic on this GPU
+    traffic: EngineTraffic = EngineTraffic()
     exposed_step_collective_bytes: float = 0.0  # a per-step collective nothing hides (ZeRO-2 gather)
     tf32: bool = False  # fp32 matmuls on TF32 tensor cores (memfit's trainer leaves them off)
 
-    def compute_seconds(self, gpu: GpuSpeed, micro_batch: int, *, floor: bool = False) -> float:
-        """Compute seconds of one optimizer step at `micro_batch`; `floor`: without the engine's own
-        traffic and with the lowest learned factor of the precision (a bound for every engine)."""
+    def traffic_bytes(self, micro_batch: int) -> float:
+        """HBM bytes of one optimizer step that depend on the engine: per micro-step parameter traffic
+        and the optimizer step."""
+        return self.traffic.hbm_bytes(self.samples_per_gpu_step // micro_batch)
+
+    def compute_seconds(self, gpu: GpuSpeed, micro_batch: int, *, floor: bool = False,
+                        floor_traffic_bytes: float = 0.0) -> float:
+        """Compute seconds of one optimizer step at `micro_batch`; `floor`: with `floor_traffic_bytes` of
+        engine traffic instead of its own (the least of a group's engines) and the lowest learned factor
+        of the precision (a bound for every engine)."""
         accumulation = self.samples_per_gpu_step // micro_batch
         peak = gpu.peak_flops(self.precision, tf32=self.tf32)
         if peak <= 0:
@@ -218,9 +253,9 @@ class TimeTerms:
             rates = gpu.rates(self.precision, tf32=self.tf32)
             tokens = micro_batch * self.tokens_per_sample
             seconds = accumulation * micro_step_seconds(self.work, tokens, rates, flop_scale=self.flop_scale)
-            if not floor:
-                bandwidth = rates.hbm_bytes_per_s * HBM_EFFICIENCY
-                seconds += (accumulation * self.param_bytes_per_micro + self.optimizer_bytes) / bandwidth
+            traffic = floor_traffic_bytes if floor else self.traffic_bytes(micro_batch)
+            if traffic:
+                seconds += traffic / (rates.hbm_bytes_per_s * HBM_EFFICIENCY)
         factor = gpu.lowest_learned_factor(self.precision) if floor else gpu.learned_factor(self.precision, self.engine)
         if factor >= 1.0 or self.work is None or self.mfu is not None:
             return seconds * factor
@@ -242,15 +277,13 @@ class TimeTerms:
             exposed_comm = (accumulation * exposed(micro_comm, micro_compute)
                             + exposed(step_comm, micro_compute * 2 / 3)
                             + self.exposed_step_collective_bytes * per_byte)
-        transfer = (self.offload_transfer_bytes_per_step
-                    + self.offload_transfer_bytes_per_micro * accumulation) / (gpu.pcie_gbps * 1e9)
-        offload = transfer * (1 - OVERLAP)
-        if self.cpu_optimizer_params_per_node:
-            offload += self.cpu_optimizer_params_per_node / self.cpu_params_per_s
-        if self.nvme_bytes_per_node:
-            offload += self.nvme_bytes_per_node / (NVME_GBPS * 1e9)
+        offload = self.offload_seconds(gpu, micro_batch)
         total = compute + exposed_comm + offload
         return StepTime(compute, exposed_comm, offload, total)
+
+    def offload_seconds(self, gpu: GpuSpeed, micro_batch: int) -> float:
+        """Seconds of one optimizer step spent on CPU/NVMe offload that nothing hides."""
+        return self.traffic.offload_seconds(gpu, self.samples_per_gpu_step // micro_batch)
 
 
 def exposed(comm: float, window: float) -> float:
@@ -317,39 +350,25 @@ def _optimizer_bytes(strategy: Strategy, t: float) -> float:
     return shard * (8.0 + 8.0 + 2.0 * states + copy)
 
 
-def time_terms(shape: Shape, strategy: Strategy, *, samples_per_gpu_step: int,
-               flops_per_sample_override: float = 0.0, mfu: float | None = None, tf32: bool = False) -> TimeTerms:
-    """Step-time inputs of `strategy` with `samples_per_gpu_step` samples per GPU per step."""
+def _wire_bytes(strategy: Strategy) -> tuple[float, float]:
+    """Bytes per parameter and per gradient element moved between GPUs (and to the host): DeepSpeed
+    reduces 16-bit gradients; DDP (autocast) and FSDP (reduce_dtype) reduce fp32."""
+    mixed = strategy.mixed_precision
+    return (2.0 if mixed else 4.0), (2.0 if (mixed and strategy.config.engine == Engine.DEEPSPEED) else 4.0)
+
+
+@lru_cache(maxsize=4096)  # pure; the planner asks for every engine's plan after plan
+def engine_traffic(shape: Shape, strategy: Strategy) -> EngineTraffic:
+    """`strategy`'s EngineTraffic (what its engine, sharding and offload add to a step)."""
     n = strategy.world_size
-    ring = (n - 1) / n if n > 1 else 0.0
     p, t = float(shape.parameters), float(shape.trainable)
     adapters = _adapter_parameters(shape, strategy)
     if adapters is not None:
-        t = adapters  # LoRA/QLoRA: only the adapters' gradients are exchanged
-    mixed = strategy.mixed_precision
+        t = adapters
     ds = strategy.config.engine == Engine.DEEPSPEED
-    param_bytes = 2.0 if mixed else 4.0
-    # DeepSpeed reduces 16-bit gradients; DDP (autocast) and FSDP (reduce_dtype) reduce fp32.
-    grad_bytes = 2.0 if (mixed and ds) else 4.0
+    param_bytes, grad_bytes = _wire_bytes(strategy)
     stage = strategy.config.zero_stage
-    per_step = per_micro = exposed_step = 0.0
-    if stage <= 1:
-        per_step = 2 * ring * t * grad_bytes
-    elif stage == 2:
-        if ds:
-            per_micro = ring * t * grad_bytes
-            exposed_step = ring * p * param_bytes
-        else:
-            per_micro = ring * (p * param_bytes + t * grad_bytes)
-    else:
-        per_micro = ring * (2 * p * param_bytes + t * grad_bytes)
-    counted = counted_flops_per_sample(shape)
-    base = flops_per_sample_override or flops_per_sample(shape)
-    flops = base * recompute_factor(shape, strategy.config.activation_checkpointing) * samples_per_gpu_step
-    if adapters is not None:
-        flops *= _frozen_base_factor(shape, adapters)
     transfer_step = transfer_micro = cpu_params = nvme = 0.0
-    cpu_rate = DS_CPU_ADAM_PARAMS_PER_S if ds else TORCH_CPU_ADAM_PARAMS_PER_S
     g = min(strategy.gpus_per_node, n)
     if strategy.config.offload != Offload.NONE:
         shard_p, shard_t = p / n, t / n
@@ -363,17 +382,53 @@ def time_terms(shape: Shape, strategy: Strategy, *, samples_per_gpu_step: int,
             transfer_step = shard_p * param_bytes
         if strategy.config.offload == Offload.NVME:
             nvme = 2 * 12.0 * shard_t * g  # fp32 master + moments read and written once per step
+    return EngineTraffic(
+        param_bytes_per_micro=_param_bytes_per_micro(strategy, p, t),
+        optimizer_bytes=_optimizer_bytes(strategy, t),
+        offload_transfer_bytes_per_step=transfer_step,
+        offload_transfer_bytes_per_micro=transfer_micro,
+        cpu_optimizer_params_per_node=cpu_params,
+        cpu_params_per_s=DS_CPU_ADAM_PARAMS_PER_S if ds else TORCH_CPU_ADAM_PARAMS_PER_S,
+        nvme_bytes_per_node=nvme,
+    )
+
+
+@lru_cache(maxsize=4096)  # pure; the planner asks for the same terms plan after plan
+def time_terms(shape: Shape, strategy: Strategy, *, samples_per_gpu_step: int,
+               flops_per_sample_override: float = 0.0, mfu: float | None = None, tf32: bool = False) -> TimeTerms:
+    """Step-time inputs of `strategy` with `samples_per_gpu_step` samples per GPU per step."""
+    n = strategy.world_size
+    ring = (n - 1) / n if n > 1 else 0.0
+    p, t = float(shape.parameters), float(shape.trainable)
+    adapters = _adapter_parameters(shape, strategy)
+    if adapters is not None:
+        t = adapters  # LoRA/QLoRA: only the adapters' gradients are exchanged
+    ds = strategy.config.engine == Engine.DEEPSPEED
+    param_bytes, grad_bytes = _wire_bytes(strategy)
+    stage = strategy.config.zero_stage
+    per_step = per_micro = exposed_step = 0.0
+    if stage <= 1:
+        per_step = 2 * ring * t * grad_bytes
+    elif stage == 2:
+        if ds:
+            per_micro = ring * t * grad_bytes
+            exposed_step = ring * p * param_bytes
+        else:
+            per_micro = ring * (p * param_bytes + t * grad_bytes)
+    else:
+        per_micro = ring * (2 * p * param_bytes + t * grad_bytes)
+    g = min(strategy.gpus_per_node, n)
+    counted = counted_flops_per_sample(shape)
+    base = flops_per_sample_override or flops_per_sample(shape)
+    flops = base * recompute_factor(shape, strategy.config.activation_checkpointing) * samples_per_gpu_step
+    if adapters is not None:
+        flops *= _frozen_base_factor(shape, adapters)
     return TimeTerms(
         flops_per_gpu_step=flops,
         tokens_per_sample=shape.tokens,
         samples_per_gpu_step=samples_per_gpu_step,
         per_step_collective_bytes=per_step,
         per_micro_collective_bytes=per_micro,
-        offload_transfer_bytes_per_step=transfer_step,
-        offload_transfer_bytes_per_micro=transfer_micro,
-        cpu_optimizer_params_per_node=cpu_params,
-        cpu_params_per_s=cpu_rate,
-        nvme_bytes_per_node=nvme,
         world_size=n,
         gpus_per_node=g,
         precision=strategy.config.precision,
@@ -381,8 +436,7 @@ def time_terms(shape: Shape, strategy: Strategy, *, samples_per_gpu_step: int,
         engine=strategy.config.engine,
         work=block_work(shape, strategy),
         flop_scale=flops_per_sample_override / counted if flops_per_sample_override and counted else 1.0,
-        param_bytes_per_micro=_param_bytes_per_micro(strategy, p, t),
-        optimizer_bytes=_optimizer_bytes(strategy, t),
+        traffic=engine_traffic(shape, strategy),
         exposed_step_collective_bytes=exposed_step,
         tf32=tf32,
     )

@@ -59,7 +59,7 @@ def run(s: MemoryOptimizedTrainingJobSpec, observations: tuple[Observation, ...]
 
 
 def test_measured_peak_below_prediction_moves_to_a_cheaper_plan() -> None:
-    job = spec(24)
+    job = spec(20)  # memory-bound on L4: ZeRO-3 at micro-batch 2 (a measured peak lets it run 4)
     # Without the A100s (where one GPU is already the cheapest plan, whatever the peak) memory binds.
     others = frozenset({"a100-80-ondemand"})
     first = run(job, excluded=others).plan
@@ -260,20 +260,28 @@ def test_a_lora_run_is_keyed_with_its_adapters_and_never_read_as_a_full_fine_tun
     assert run(spec(24), (seen,)).plan == full_only
 
 
-def test_identical_inputs_against_one_capacity_snapshot_are_planned_once() -> None:
-    """planner.memo: a burst of identical jobs planned against the operator's shared capacity snapshot runs
-    one search; an equal spec parsed again hits, a new snapshot or a measured peak plans again."""
+def test_identical_inputs_with_the_same_usable_room_are_planned_once() -> None:
+    """planner.memo: identical jobs planned against capacity snapshots that leave them the same room run
+    one search; room beyond what the job can use (more free nodes than its maxNodes) changes nothing,
+    less room or a measured peak plans again."""
     from memfit.lifecycle.planning import PLAN_MEMO
 
-    snapshot: dict[str, PoolCapacity] = {}
-    first = run(spec(24), capacity=snapshot)
+    def room(whole: int) -> dict[str, PoolCapacity]:
+        return {"a100-80-ondemand": PoolCapacity(nodes=whole, ready_nodes=whole, allocatable_gpus=8 * whole,
+                                                 free_gpus=8 * whole, free_whole_nodes=whole)}
+
+    job = spec(24)
+    job = job.model_copy(update={"placement": job.placement.model_copy(update={"max_nodes": 2})})
+    first = run(job, capacity=room(2))
     hits = PLAN_MEMO.hits
-    again = run(spec(24), capacity=snapshot)  # another job, the same spec
+    again = run(job, capacity=room(2))  # another job, the same spec, a new snapshot object
     assert PLAN_MEMO.hits == hits + 1 and again.plan == first.plan
+    run(job, capacity=room(5))  # 5 free nodes: a 2-node job cannot tell them from 2
+    assert PLAN_MEMO.hits == hits + 2
     misses = PLAN_MEMO.misses
-    run(spec(24), capacity={})  # the next snapshot
+    run(job, capacity=room(1))  # one node fewer than the job could use
     assert first.plan is not None
     seen = Observation(config_key(first.plan), first.plan.gpu_product, first.plan.memory.peak_bytes,
                        first.plan.memory.peak_bytes // 2, first.plan.gpu_memory_bytes, False, "j")
-    run(spec(24), (seen,), capacity=snapshot)
+    run(job, (seen,), capacity=room(2))
     assert PLAN_MEMO.misses == misses + 2

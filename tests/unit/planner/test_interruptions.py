@@ -67,10 +67,12 @@ def test_the_pool_rate_overrides_the_catalog_default_of_its_capacity_type() -> N
     assert CATALOG.interruption_rate("spot") > 0 == CATALOG.interruption_rate("reserved")
 
 
-def spot_job(*, steps: int, checkpoint: dict[str, Any] | None = None) -> Any:
+def spot_job(*, steps: int, checkpoint: dict[str, Any] | None = None, max_nodes: int | None = None) -> Any:
     job = make_job().gpt(layers=12, hidden=768, heads=12, vocab=50257, sequenceLength=1024).batch(32).steps(steps)
     if checkpoint is not None:
         job.spec["training"]["checkpoint"] = checkpoint
+    if max_nodes is not None:
+        job.spec.setdefault("placement", {})["maxNodes"] = max_nodes
     return job.build()
 
 
@@ -80,7 +82,8 @@ def pools(rate: float) -> list[Any]:
 
 
 def test_on_demand_wins_when_spot_interruptions_cost_more_and_the_plan_says_why() -> None:
-    job = spot_job(steps=20_000, checkpoint={"emptyDir": True})  # about 3.3 h on an L4, no persistent checkpoint
+    # About 3.3 h on one L4 (one node: the rate below is per node-hour), no persistent checkpoint.
+    job = spot_job(steps=20_000, checkpoint={"emptyDir": True}, max_nodes=1)
     calm = plan(job, pools=pools(0.0), catalog=CATALOG)
     assert calm.chosen is not None and calm.chosen.pool == "l4-spot"
     hours = calm.chosen.hours

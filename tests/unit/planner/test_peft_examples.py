@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 from memfit.api.common import Engine, PeftMethod
+from memfit.api.training_config import TrainingConfig
 from memfit.catalog import CATALOG
 from memfit.cli.inputs import load_job, load_pools
 from memfit.planner import catalog_pools, plan
@@ -37,17 +38,23 @@ def test_llama_8b_lora_plans_lora_that_fits_with_headroom(source: str) -> None:
         assert alternative.strategy.config.peft in (PeftMethod.NONE, PeftMethod.LORA)  # never QLoRA
 
 
+def _unsharded(config: TrainingConfig) -> bool:
+    return config.engine == Engine.DDP or (config.engine == Engine.DEEPSPEED and config.zero_stage == 0)
+
+
 @pytest.mark.parametrize("source", ["example pools", "catalog"])
 def test_llama_70b_qlora_fits_one_80gb_gpu_and_explains_the_smaller_pools(source: str) -> None:
     job = load_job(EXAMPLES / "llama-70b-qlora.yaml")
     pools = _pools(source)
     result = plan(job.spec, pools=pools, catalog=CATALOG)
     assert result.plan is not None
-    assert result.plan.peft == PeftMethod.QLORA and result.plan.world_size == 1
+    # Unsharded: every GPU holds the whole 4-bit model (more than one only where they cost no more).
+    assert result.plan.peft == PeftMethod.QLORA and _unsharded(result.plan.training_config())
     assert result.plan.memory.peak_bytes * 1.1 <= result.plan.gpu_memory_bytes
     # The example pools' largest GPUs are 80 GB; the catalog also has the H200 (141 GB, cheaper per
-    # hour than an H100), which wins there -- with the 80 GB GPUs as single-GPU alternatives.
-    single_80 = [c for c in (result.chosen, *result.alternatives) if c is not None and c.gpus == 1
+    # hour than an H100), which wins there -- with the 80 GB GPUs as unsharded alternatives.
+    single_80 = [c for c in (result.chosen, *result.alternatives) if c is not None
+                 and _unsharded(c.strategy.config)
                  and 79 * GIB <= c.usable_bytes <= 81 * GIB and c.strategy.config.peft == PeftMethod.QLORA]
     assert single_80
     if source == "example pools":

@@ -5,12 +5,13 @@ from __future__ import annotations
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from memfit.api.common import Engine
 from memfit.api.job import MemoryOptimizedTrainingJobSpec, Minimize
 from memfit.api.pool import GPUNodePool
 from memfit.catalog import CATALOG
 from memfit.planner import PlanResult, plan, resolve_offers, resolve_shape, search_context
 from memfit.planner.reference import best_objective
-from memfit.planner.search import best_on_offer, objective_key
+from memfit.planner.search import TIE_TOLERANCE, best_on_offer, objective_key, tier
 from memfit.planner.space import strategy_choices
 from planner_factories import make_job, make_pool
 
@@ -194,3 +195,46 @@ def test_ranking_with_cutoffs_equals_solving_every_pool(
     got = [c for c in (result.chosen, *result.alternatives) if c is not None]
     assert [(c.pool, c.total_cost) for c in got] == [(c.pool, c.total_cost) for c in ranked[: 1 + alternatives]]
     assert {r.pool for r in result.rejections} == {o.pool for o in offers} - {c.pool for c in bests}
+
+
+# A search context is shared by later plans of the same job (planner.plan_job.CONTEXTS): what it caches
+# must hold on any pools, so a context warmed on other pools plans exactly as a fresh one.
+@settings(max_examples=40, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(varied_specs_and_pools(), varied_specs_and_pools())
+def test_a_context_warmed_on_other_pools_plans_like_a_fresh_one(
+    case: tuple[MemoryOptimizedTrainingJobSpec, list[GPUNodePool]],
+    other: tuple[MemoryOptimizedTrainingJobSpec, list[GPUNodePool]],
+) -> None:
+    from memfit.planner import plan_job
+
+    spec, pools = case
+    plan_job.CONTEXTS.clear()
+    fresh = plan(spec, pools=pools, catalog=CATALOG)
+    plan(spec, pools=other[1], catalog=CATALOG)  # the same job's context, warmed on other pools
+    plan(spec, pools=[*other[1], *pools[:1]], catalog=CATALOG)
+    warm = plan(spec, pools=pools, catalog=CATALOG)
+    assert warm.plan == fresh.plan
+    assert [a.describe() for a in warm.alternatives] == [a.describe() for a in fresh.alternatives]
+    assert warm.rejections == fresh.rejections
+
+
+def test_tie_tiers_are_transitive_and_follow_the_objective() -> None:
+    values = sorted([0.5, 0.999, 1.0, 1.004, 1.009, 1.0101, 1.02, 3.0, 1e-7, 1e6])
+    tiers = [tier(v) for v in values]
+    assert tiers == sorted(tiers)  # never decreasing: a lower bound on an objective bounds its tier
+    assert tier(1.0) == tier(1.0 + TIE_TOLERANCE / 2) < tier((1.0 + TIE_TOLERANCE) ** 2)
+    assert tier(0.0) < tier(1e-300) and tier(float("inf")) == float("inf")
+
+
+def test_a_launch_bound_job_takes_the_simplest_of_plans_that_tie() -> None:
+    """A tiny model's step is kernel launches: every engine costs within 1% of the others, so the plan
+    is plain DDP rather than FSDP a fraction of a percent cheaper (less fp16 weight-cast traffic)."""
+    def job(**pins: str) -> MemoryOptimizedTrainingJobSpec:
+        return make_job().gpt(layers=2, hidden=64, heads=4, vocab=512, sequenceLength=64).batch(8).pin(
+            precision="fp16", **pins).build()
+
+    pools = [make_pool("t4", "t4", per_node=1, max_nodes=1)]
+    chosen = plan(job(), pools=pools, catalog=CATALOG).chosen
+    assert chosen is not None and chosen.strategy.config.engine == Engine.DDP
+    fsdp = plan(job(engine="fsdp"), pools=pools, catalog=CATALOG).chosen
+    assert fsdp is not None and chosen.total_cost / (1 + TIE_TOLERANCE) < fsdp.total_cost < chosen.total_cost
