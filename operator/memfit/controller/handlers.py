@@ -30,6 +30,7 @@ from memfit.controller.kubeapi import MOTJ_PLURAL, ForeignObjectError, KubeApi
 from memfit.controller.pool_status import reconcile_pools
 from memfit.controller.reconcile import RecordConflict, reconcile_job
 from memfit.controller.settings import OperatorSettings
+from memfit.controller.watched_jobs import WatchedJobs, older
 from memfit.controller.workqueue import Key, WorkQueue
 from memfit.controller.world_cache import WorldCache
 from memfit.kube.names import LABEL_JOB, LABEL_MANAGED_BY, MANAGED_BY
@@ -54,7 +55,10 @@ class Runtime:
 
     def __init__(self, settings: OperatorSettings | None = None, api: KubeApi | None = None) -> None:
         self.settings = settings or OperatorSettings()
+        self.jobs = WatchedJobs()  # memfit's Jobs as the watch showed them: a pass reads them from here
         self.api = api
+        if api is not None:
+            api.watched_jobs = self.jobs
         self.world = WorldCache(self.settings.world_ttl_seconds, self.settings.node_ttl_seconds)
         self.queue = WorkQueue()
         self.events = EventPoster()
@@ -107,7 +111,7 @@ class Runtime:
         slim = {**body, "metadata": {k: v for k, v in meta.items() if k != "managedFields"}}
         with self._guard:
             kept = self._bodies.get(key)
-            if kept is None or not _older(slim, kept):
+            if kept is None or not older(slim, kept):
                 self._bodies[key] = slim
 
     def body(self, key: Key) -> dict[str, Any] | None:
@@ -267,18 +271,6 @@ def _reconcile_once(runtime: Runtime, api: KubeApi, namespace: str, name: str) -
     return False
 
 
-def _older(body: dict[str, Any], than: dict[str, Any]) -> bool:
-    """`body` is an older version of the same object than `than` (resourceVersions are etcd revisions;
-    one that is not a number, or another uid, counts as newer: the watch's order wins)."""
-    a, b = body.get("metadata") or {}, than.get("metadata") or {}
-    if a.get("uid") != b.get("uid"):
-        return False
-    try:
-        return int(a.get("resourceVersion", "")) < int(b.get("resourceVersion", ""))
-    except ValueError:
-        return False
-
-
 def _count(namespace: str, decision: Decision) -> None:
     """The counters the decision says to record (a stored decision: its status patch went through)."""
     for outcome in decision.replans:
@@ -338,8 +330,14 @@ async def on_motj_event(
 # repeated them (about half of all events). A pod that stays Unschedulable changes nothing; the
 # resync loop times it out. The watch is filtered server-side (CHILD_SELECTOR), not in kopf.
 @kopf.on.event("batch", "v1", "jobs", labels={LABEL_MANAGED_BY: MANAGED_BY, LABEL_JOB: kopf.PRESENT})
-async def on_child_job_event(labels: dict[str, str], namespace: str, memo: kopf.Memo, **_: Any) -> None:
+async def on_child_job_event(
+    event: dict[str, Any], labels: dict[str, str], namespace: str, name: str, memo: kopf.Memo, **_: Any
+) -> None:
     runtime: Runtime = memo.runtime
+    if event.get("type") == "DELETED":
+        runtime.jobs.gone(namespace, name)
+    elif isinstance(event.get("object"), dict):
+        runtime.jobs.seen(event["object"])
     job = labels[LABEL_JOB]
     key = (namespace, job)
     if not runtime.terminal(key):  # a finished job never changes again

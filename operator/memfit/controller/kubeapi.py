@@ -13,6 +13,7 @@ from kubernetes.client.exceptions import ApiException
 
 from memfit.api.common import API_GROUP, API_VERSION
 from memfit.controller.trainer_metrics import read_trainer_metrics
+from memfit.controller.watched_jobs import WatchedJobs
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +36,8 @@ class KubeApi:
     core: client.CoreV1Api
     batch: client.BatchV1Api
     custom: client.CustomObjectsApi
+    # The operator's watched Jobs (set by its Runtime): get_job answers from them while they are trusted.
+    watched_jobs: WatchedJobs | None = None
 
     @classmethod
     def from_client(cls, api_client: client.ApiClient | None = None) -> KubeApi:
@@ -50,9 +53,17 @@ class KubeApi:
     # Core and batch reads skip the client's model classes (`_preload_content=False` + json.loads):
     # deserialising into V1Pod/V1Job and back to dicts cost most of the operator's CPU at scale.
     def get_job(self, namespace: str, name: str) -> Manifest | None:
-        return _or_none(
-            lambda: _json(self.batch.read_namespaced_job(name, namespace, _preload_content=False))
-        )
+        """The Job as the operator's watch last showed it (controller.watched_jobs), else from the API
+        server (and kept)."""
+        watched = self.watched_jobs
+        if watched is not None and (kept := watched.get(namespace, name)) is not None:
+            return kept
+        found = _or_none(lambda: _json(self.batch.read_namespaced_job(name, namespace, _preload_content=False)))
+        if watched is not None and found is not None:
+            watched.seen(found)
+        elif watched is not None:
+            watched.gone(namespace, name)
+        return found
 
     def get_config_map(self, namespace: str, name: str) -> Manifest | None:
         return _or_none(
@@ -227,6 +238,8 @@ class KubeApi:
         except ApiException as error:
             if error.status != 404:
                 raise
+        if self.watched_jobs is not None:
+            self.watched_jobs.gone(namespace, name)
 
     def patch_motj_status(
         self, namespace: str, name: str, status: Manifest, resource_version: str
