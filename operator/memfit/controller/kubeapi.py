@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from kubernetes import client
@@ -37,7 +37,7 @@ class KubeApi:
     batch: client.BatchV1Api
     custom: client.CustomObjectsApi
     # The operator's watched Jobs (set by its Runtime): get_job answers from them while they are trusted.
-    watched_jobs: WatchedJobs | None = None
+    watched_jobs: WatchedJobs | None = field(default=None, kw_only=True)
 
     @classmethod
     def from_client(cls, api_client: client.ApiClient | None = None) -> KubeApi:
