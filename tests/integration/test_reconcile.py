@@ -8,9 +8,11 @@ import time
 
 import pytest
 from kubernetes import client
+from kubernetes.client.exceptions import ApiException
 from memfit.controller.kubeapi import KubeApi
 from memfit.controller.reconcile import reconcile_job
 from memfit.controller.settings import OperatorSettings
+from memfit.controller.watched_jobs import WatchedJobs
 from memfit_testbed.cluster_helpers import Kube
 from memfit_testbed.operator_helpers import GROUP, VERSION, apply_pools, create_job, get_job, quickstart
 from memfit_testbed.profiles import seed_profile
@@ -278,3 +280,25 @@ def test_status_costs_survive_a_restart_of_the_reconcile(kube: Kube, namespace: 
     reconcile_job(restarted, lost, settings=settings)
     rebuilt = get_job(kube, namespace, "restart")
     assert rebuilt is not None and rebuilt["status"]["plan"] == plan
+
+
+def test_kube_api_requests_speak_plain_json_and_raise_the_servers_status(namespace: str, api: KubeApi) -> None:
+    """KubeApi's own requests (no generated client methods): a created Job is kept for the next pass,
+    reads answer dicts or None, a selector travels encoded, and an error keeps the server's status."""
+    api.watched_jobs = WatchedJobs()
+    job = {
+        "apiVersion": "batch/v1", "kind": "Job",
+        "metadata": {"name": "plain", "namespace": namespace, "labels": {"memfit.dev/job": "plain"}},
+        "spec": {"suspend": True, "template": {"spec": {"restartPolicy": "Never",
+                                                        "containers": [{"name": "c", "image": "busybox"}]}}},
+    }
+    created, fresh = api.ensure(job)
+    assert fresh and created["metadata"]["uid"]
+    assert api.watched_jobs.get(namespace, "plain") is not None  # no GET for the next pass
+    again, fresh = api.ensure(job)  # 409: the existing one, read back
+    assert not fresh and again["metadata"]["uid"] == created["metadata"]["uid"]
+    assert api.get_config_map(namespace, "no-such-map") is None
+    assert api.list_pods(namespace, "memfit.dev/job=plain,memfit.dev/attempt in (0,1)") == []
+    with pytest.raises(ApiException) as raised:
+        api.patch_motj_status(namespace, "no-such-job", {"phase": "Running"}, "1")
+    assert raised.value.status == 404

@@ -24,6 +24,8 @@ TERMINAL = ("Succeeded", "Failed")
 MANAGED = "app.kubernetes.io/managed-by=memfit"
 PROFILE_CACHE = "profile-cache"
 REPLANNED = ("OutOfMemory", "NoCapacity")
+METADATA = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1"
+METADATA_LIST = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1"
 
 
 @dataclass
@@ -55,30 +57,36 @@ class JobRecorder:
             self.first_seen.setdefault(name, time.monotonic())
 
     def _run(self) -> None:
+        """List, then watch from the list's version, as metadata only and without the client's model
+        classes: the recorder needs names and UIDs, and decoding every Job event into a V1Job cost the
+        benchmark process a quarter of a core that the system under test shares (benchmarks/scale.py)."""
         batch = client.BatchV1Api(self.kube.api_client)
         version = ""
         while not self._stop.is_set():
             try:
                 if not version:
-                    listing = batch.list_namespaced_job(self.namespace)
-                    for job in listing.items:
-                        self._see(job.metadata.name, job.metadata.uid)
-                    version = listing.metadata.resource_version
+                    listing = Kube.raw(batch.list_namespaced_job, self.namespace, _headers={"Accept": METADATA_LIST})
+                    for job in (listing or {}).get("items") or []:
+                        self._see(job["metadata"]["name"], job["metadata"]["uid"])
+                    version = ((listing or {}).get("metadata") or {}).get("resourceVersion", "")
                 stream = watch.Watch().stream(
                     batch.list_namespaced_job,
                     self.namespace,
                     resource_version=version,
                     timeout_seconds=5,
                     allow_watch_bookmarks=True,
+                    deserialize=False,
+                    _headers={"Accept": METADATA},
                 )
                 for event in stream:
                     obj = event["object"]
                     if event["type"] == "ERROR":
                         version = ""
                         break
-                    version = obj.metadata.resource_version
+                    meta = obj.get("metadata") or {}
+                    version = meta.get("resourceVersion", version)
                     if event["type"] in ("ADDED", "MODIFIED"):
-                        self._see(obj.metadata.name, obj.metadata.uid)
+                        self._see(meta["name"], meta["uid"])
                     if self._stop.is_set():
                         break
             except ApiException as error:

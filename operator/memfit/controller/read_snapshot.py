@@ -251,14 +251,14 @@ def _workload(api: ChildReader, namespace: str, job: Manifest) -> Manifest | Non
 
 def _attempt_children(api: ChildReader, ref: JobRef, index: int, *, progress_due: bool = False) -> AttemptChildren:
     """The attempt's Job, plan and pods. The plan ConfigMap is written before the Job (crash-safe order)
-    and the Job carries a copy of the plan, so while the Job exists and none of its pods waits to start
-    the ConfigMap is not read: a ConfigMap somebody deleted shows as a pod that cannot mount it (Pending),
-    and that pass reads it and restores it. Most passes of a running job read one object fewer."""
+    and the Job carries a copy of the plan, so while the Job exists and none of its pods waits to start on
+    its node the ConfigMap is not read: a ConfigMap somebody deleted shows as a bound pod that cannot mount
+    it (Pending), and that pass reads it and restores it. Most passes of a running job read one object fewer."""
     name = train_job_name(ref.name, index)
     job = api.get_job(ref.namespace, name)
     pods = api.list_pods(ref.namespace, pod_selector(ref.name, COMPONENT_TRAINER, index)) if job else []
     annotated = _annotated_plan(job) if job is not None else None
-    waiting = any((p.get("status") or {}).get("phase", "Pending") == "Pending" for p in pods)
+    waiting = any(_waits_on_node(p) for p in pods)
     if annotated is not None and not waiting:
         plan, recorded = annotated, True
     else:
@@ -272,6 +272,13 @@ def _attempt_children(api: ChildReader, ref: JobRef, index: int, *, progress_due
         plan_recorded=recorded,
         trainer=_trainer_sample(api, ref, index, pods) if progress_due else None,
     )
+
+
+def _waits_on_node(pod: Manifest) -> bool:
+    """Bound to a node and not started: what a missing ConfigMap volume looks like. A pod the scheduler
+    has not placed yet waits for a node (a volume does not keep a pod from being scheduled), so in a
+    queue of pending pods the plan ConfigMap is not read again on every pass."""
+    return (pod.get("status") or {}).get("phase", "Pending") == "Pending" and bool((pod.get("spec") or {}).get("nodeName"))
 
 
 def _trainer_sample(api: ChildReader, ref: JobRef, index: int, pods: list[Manifest]) -> TrainerSample | None:

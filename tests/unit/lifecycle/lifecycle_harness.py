@@ -167,11 +167,12 @@ class Harness:
         """The Job controller's first sync."""
         self.job(job).setdefault("status", {})["startTime"] = _iso(at or self.now)
 
-    def add_pod(self, job: str, index: int = 0, *, phase: str = "Running", **status: Any) -> str:
+    def add_pod(self, job: str, index: int = 0, *, phase: str = "Running", node: str = "", **status: Any) -> str:
         template = self.job(job)["spec"]["template"]
         name = f"{job}-{index}"
         self.pods[name] = {
             "metadata": {"name": name, "labels": dict(template["metadata"]["labels"])},
+            "spec": {"nodeName": node} if node else {},
             "status": {"phase": phase, **status},
         }
         if phase == "Running":

@@ -72,7 +72,7 @@ class CountingReads(Harness):
         return super().get_config_map(namespace, name)
 
 
-def test_a_running_attempt_takes_its_plan_from_the_job_and_reads_the_config_map_only_for_a_waiting_pod() -> None:
+def test_a_running_attempt_takes_its_plan_from_the_job_and_reads_the_config_map_only_for_a_pod_waiting_on_its_node() -> None:
     h = running(CountingReads)
     assert isinstance(h, CountingReads)
     h.config_map_reads = 0
@@ -81,7 +81,10 @@ def test_a_running_attempt_takes_its_plan_from_the_job_and_reads_the_config_map_
     # Somebody deletes the plan ConfigMap: a replacement pod cannot mount it and waits; that pass reads
     # the ConfigMap, finds it gone, and the decision restores it.
     del h.objects[("ConfigMap", "j-plan-0")]
-    h.add_pod("j-train-0", 1, phase="Pending")
+    h.add_pod("j-train-0", 1, phase="Pending")  # not placed yet: it waits for a node, not for a volume
+    snap = observe_snapshot(h, h.body(), settings=SETTINGS, world=None, now=h.now)
+    assert h.config_map_reads == 0 and snap.attempt is not None and snap.attempt.plan_recorded
+    h.add_pod("j-train-0", 1, phase="Pending", node="gpu-node-1")
     snap = observe_snapshot(h, h.body(), settings=SETTINGS, world=None, now=h.now)
     assert h.config_map_reads == 1 and snap.attempt is not None and not snap.attempt.plan_recorded
     h.reconcile()
