@@ -357,8 +357,8 @@ async def on_child_job_event(
     runtime: Runtime = memo.runtime
     if event.get("type") == "DELETED":
         runtime.jobs.gone(namespace, name)
-    elif isinstance(event.get("object"), dict):
-        runtime.jobs.seen(event["object"])
+    elif isinstance(event.get("object"), dict) and not runtime.jobs.seen(event["object"]):
+        return  # the echo of the Job as our own create left it: the pass that created it saw this
     job = labels[LABEL_JOB]
     key = (namespace, job)
     if not runtime.terminal(key):  # a finished job never changes again

@@ -31,15 +31,21 @@ class WatchedJobs:
         self.hits = 0
         self.misses = 0
 
-    def seen(self, body: Manifest) -> None:
-        """Keep `body` unless a newer version of the same Job is kept (managedFields dropped)."""
+    def seen(self, body: Manifest) -> bool:
+        """Keep `body` unless a newer version of the same Job is kept (managedFields dropped). False when
+        exactly this version was kept already (the watch's echo of the operator's own create): nothing
+        new to look at."""
         meta = body.get("metadata") or {}
         key = (str(meta.get("namespace", "")), str(meta.get("name", "")))
         slim = {**body, "metadata": {k: v for k, v in meta.items() if k != "managedFields"}}
         with self._lock:
             kept = self._kept.get(key)
+            if kept is not None and same_version(slim, kept[1]):
+                self._kept[key] = (self._clock(), kept[1])
+                return False
             if kept is None or not older(slim, kept[1]):
                 self._kept[key] = (self._clock(), slim)
+            return True
 
     def gone(self, namespace: str, name: str) -> None:
         """The Job was deleted (or a read found none)."""
@@ -59,6 +65,13 @@ class WatchedJobs:
     def __len__(self) -> int:
         with self._lock:
             return len(self._kept)
+
+
+def same_version(body: Manifest, other: Manifest) -> bool:
+    """The same object at the same resourceVersion."""
+    a, b = body.get("metadata") or {}, other.get("metadata") or {}
+    return bool(a.get("resourceVersion")) and (a.get("uid"), a.get("resourceVersion")) == (
+        b.get("uid"), b.get("resourceVersion"))
 
 
 def older(body: Manifest, than: Manifest) -> bool:

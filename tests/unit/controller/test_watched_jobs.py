@@ -56,3 +56,16 @@ def test_a_body_is_trusted_only_for_a_while_so_a_missed_deletion_is_found() -> N
     jobs.seen(job("a", "1"))
     assert jobs.get("ns", "a") is not None
     assert (jobs.hits, jobs.misses) == (2, 1)
+
+
+def test_the_echo_of_a_kept_version_is_no_news_and_any_other_version_is() -> None:
+    clock = Clock()
+    jobs = WatchedJobs(clock=clock)
+    assert jobs.seen(job("a", "5"))  # as the operator's create left it
+    clock.now = TRUST_SECONDS  # the watch's ADDED event of that same version: nothing to look at
+    assert not jobs.seen(job("a", "5"))
+    clock.now = 2 * TRUST_SECONDS  # ... and it renewed the trust
+    assert jobs.get("ns", "a") is not None
+    assert jobs.seen(job("a", "6", active=1))
+    assert jobs.seen(job("a", "6", uid="other"))  # another Job of the same name
+    assert jobs.seen(job("b", "6"))
