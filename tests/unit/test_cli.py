@@ -68,3 +68,17 @@ def test_help_lists_every_command_and_nothing_that_does_not_exist() -> None:
     assert result.returncode == 0, result.stderr
     assert "{crds,validate,catalog,plan,estimate,operator,pools,kueue}" in result.stdout
     assert "demo" not in result.stdout  # the quickstart is `make demo`, not a memfit command
+
+
+def test_the_operator_keeps_start_up_objects_out_of_the_collectors_scans() -> None:
+    import gc
+
+    from memfit.cli.cluster import _quiet_garbage_collector
+
+    threshold = gc.get_threshold()
+    try:
+        _quiet_garbage_collector()
+        assert gc.get_freeze_count() > 0 and gc.get_threshold()[0] > threshold[0]
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*threshold)
