@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import gc
 import subprocess
 import sys
 from pathlib import Path
+
+from memfit.cli.cluster import _quiet_garbage_collector
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -71,10 +74,6 @@ def test_help_lists_every_command_and_nothing_that_does_not_exist() -> None:
 
 
 def test_the_operator_keeps_start_up_objects_out_of_the_collectors_scans() -> None:
-    import gc
-
-    from memfit.cli.cluster import _quiet_garbage_collector
-
     threshold = gc.get_threshold()
     try:
         _quiet_garbage_collector()
