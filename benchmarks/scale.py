@@ -232,10 +232,12 @@ def run_scenario(
     trains = {f"{name}-train-0": name for name in created}
     deadline = t0 + args.timeout
     launched_all = None
+    requests_launched = None
     while time.monotonic() < deadline:
         seen = recorder.first_seen
         if all(t in seen for t in trains):
             launched_all = max(seen[t] for t in trains) - t0
+            requests_launched = per_job(requests_before, request_counts(kube.api_client), len(created), top=16)
             break
         time.sleep(0.2)
     done_all = None
@@ -283,6 +285,8 @@ def run_scenario(
         # Every client's requests from the first create to all finished (the operator, the Job
         # controller, the scheduler, KWOK; watches excluded), per job.
         "api_requests": requests,
+        # The same, from the first create to the last training Job seen: the launch phase alone.
+        "api_requests_to_all_launched": requests_launched,
     }
 
 

@@ -62,6 +62,7 @@ def test_operator_deployment(rendered: Rendered, variant: str) -> None:
     assert env["MEMFIT_IMAGE_PULL_POLICY"] == "IfNotPresent"
     assert env["MEMFIT_POD_FS_GROUP"] == str(values["trainer"]["fsGroup"])  # digits, whatever its size
     assert env["MEMFIT_POD_FS_GROUP_CHANGE_POLICY"] == values["trainer"]["fsGroupChangePolicy"]
+    assert env["MEMFIT_WORKERS"] == str(values["operator"]["workers"])
     digest = values["image"]["digest"]
     assert container["image"] == (f"memfit/operator@{digest}" if digest else "memfit/operator:0.1.0")
     assert container["ports"] == [{"name": "http-metrics", "containerPort": 8080, "protocol": "TCP"}]

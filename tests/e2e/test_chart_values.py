@@ -20,6 +20,7 @@ BAD_VALUES = {
     "namespace not a DNS label": (["--set", "operator.watchNamespaces[0]=Team_A"], "watchNamespaces"),
     "pull policy not an enum value": (["--set", "image.pullPolicy=Sometimes"], "pullPolicy"),
     "digest not sha256": (["--set", "image.digest=latest"], "digest"),
+    "no reconcile workers": (["--set", "operator.workers=0"], "workers"),
     "port below 1024": (["--set", "metrics.port=80"], "port"),
     "pool without spec": (["--set", "gpuNodePools[0].name=l4"], "spec"),
     "pool capacity type": (["--set", "gpuNodePools[0].name=l4", "--set", "gpuNodePools[0].spec.gpu.product=L4",

@@ -83,7 +83,7 @@ def cmd_operator(args: argparse.Namespace) -> int:
     if labels:
         settings = OperatorSettings.from_env(**overrides, extra_pod_labels=settings.extra_pod_labels | labels)
     _load_kube_config()
-    api = KubeApi.from_client()
+    api = KubeApi.from_client(workers=settings.workers)
     runtime = handlers.Runtime(settings, api)
     if args.metrics_port:
         metrics.serve(args.metrics_host, args.metrics_port, runtime.healthy)

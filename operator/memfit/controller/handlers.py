@@ -40,6 +40,9 @@ log = logging.getLogger("memfit.operator")
 
 TERMINAL = (Phase.SUCCEEDED, Phase.FAILED)
 ROUTINE_PHASES = frozenset({Phase.LAUNCHING, Phase.RUNNING, *TERMINAL})
+# Workers that also take routine passes (a launched job's status refresh); the others launch and re-plan
+# only. 16 is the worker count the paced runs of benchmarks/scale.py met their CPU target with.
+ROUTINE_WORKERS = 16
 CHILD_SELECTOR = f"{LABEL_MANAGED_BY}={MANAGED_BY},{LABEL_JOB}"  # only memfit's Jobs, not the cluster's
 # The longest a job goes without a look when nothing it watches changes (a missed event is found then).
 MAX_RECHECK_SECONDS = 60.0
@@ -208,10 +211,11 @@ def reconcile_by_name(runtime: Runtime, namespace: str, name: str) -> None:
         _reconcile_once(runtime, runtime.api, namespace, name)
 
 
-def work_forever(runtime: Runtime) -> None:
-    """A worker: take a job from the queue, reconcile it, and queue it again when a re-plan is due."""
+def work_forever(runtime: Runtime, *, urgent_only: bool = False) -> None:
+    """A worker: take a job from the queue, reconcile it, and queue it again when a re-plan is due.
+    `urgent_only`: only passes that launch or re-plan (controller.workqueue)."""
     while not runtime.stop.is_set():
-        key = runtime.queue.get(timeout=1.0)
+        key = runtime.queue.get(timeout=1.0, urgent_only=urgent_only)
         if key is None or runtime.api is None:
             continue
         try:
@@ -222,9 +226,11 @@ def work_forever(runtime: Runtime) -> None:
             runtime.queue.add(key)
 
 
-def start_workers(runtime: Runtime, count: int) -> list[threading.Thread]:
+def start_workers(runtime: Runtime, count: int, *, routine: int = ROUTINE_WORKERS) -> list[threading.Thread]:
+    """`count` workers, of which `routine` also take routine passes (the rest only urgent ones)."""
     threads = [
-        threading.Thread(target=work_forever, args=(runtime,), name=f"memfit-worker-{i}", daemon=True)
+        threading.Thread(target=work_forever, args=(runtime,), kwargs={"urgent_only": i >= routine},
+                         name=f"memfit-worker-{i}", daemon=True)
         for i in range(count)
     ]
     for thread in threads:

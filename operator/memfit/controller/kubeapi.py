@@ -30,7 +30,10 @@ CREATED = {
     "Service": "/api/v1/namespaces/{namespace}/services",
     "PersistentVolumeClaim": "/api/v1/namespaces/{namespace}/persistentvolumeclaims",
 }
-CONNECTIONS = 32  # kept-alive connections: every reconcile thread and the resync loop reuse one
+# Kept-alive connections beyond one per reconcile worker: the resync loop, the event posters, the pool
+# snapshot and the AdmissionCheck's loop. A pool smaller than the threads using it drops (and later
+# re-opens, with a TLS handshake) a connection whenever more threads than it holds are in a request.
+SPARE_CONNECTIONS = 8
 
 
 class ForeignObjectError(RuntimeError):
@@ -48,10 +51,10 @@ class KubeApi:
     watched_jobs: WatchedJobs | None = field(default=None, kw_only=True)
 
     @classmethod
-    def from_client(cls, api_client: client.ApiClient | None = None) -> KubeApi:
+    def from_client(cls, api_client: client.ApiClient | None = None, *, workers: int = 16) -> KubeApi:
         if api_client is None:
             config = client.Configuration.get_default_copy()
-            config.connection_pool_maxsize = max(config.connection_pool_maxsize or 0, CONNECTIONS)
+            config.connection_pool_maxsize = max(config.connection_pool_maxsize or 0, workers + SPARE_CONNECTIONS)
             api_client = client.ApiClient(config)
         return cls(
             client.CoreV1Api(api_client), client.BatchV1Api(api_client), client.CustomObjectsApi(api_client)

@@ -21,7 +21,10 @@ class OperatorSettings:
     trainer_service_account: str = ""
     world_ttl_seconds: float = 1.0  # pools + capacity snapshot shared by the reconciles of this long
     node_ttl_seconds: float = 10.0  # the Node list behind it (nodes change far less often than pods)
-    workers: int = 16  # reconciles in parallel (threads; each mostly waits for the API server)
+    # Reconciles in parallel (threads; each mostly waits for the API server: a launch pass is about eight
+    # round trips in a row). 16 launched a burst of 1,000 jobs at 0.43 of a bare client's rate on the
+    # 2-core test bed, 48 at 1.07 (docs/reliability.md, benchmarks/scale.py).
+    workers: int = 64
     # The checkpoint claims memfit creates (chart values checkpoints.*): "" = the default StorageClass.
     checkpoint_storage_class: str = ""
     checkpoint_access_mode: str = "ReadWriteOnce"  # ReadWriteMany lets plans span nodes
@@ -45,7 +48,7 @@ class OperatorSettings:
             trainer_image=os.environ.get("MEMFIT_TRAINER_IMAGE", DEFAULT_TRAINER_IMAGE),
             image_pull_policy=os.environ.get("MEMFIT_IMAGE_PULL_POLICY", "IfNotPresent"),
             extra_pod_labels=labels,
-            workers=int(os.environ.get("MEMFIT_WORKERS", "16")),
+            workers=_positive_int("MEMFIT_WORKERS (operator.workers)", os.environ.get("MEMFIT_WORKERS", "64")),
             checkpoint_storage_class=os.environ.get("MEMFIT_CHECKPOINT_STORAGE_CLASS", ""),
             checkpoint_access_mode=_access_mode(os.environ.get("MEMFIT_CHECKPOINT_ACCESS_MODE", "ReadWriteOnce")),
             checkpoint_min_bytes=parse_quantity(os.environ.get("MEMFIT_CHECKPOINT_MIN_SIZE", "10Gi")),
@@ -68,6 +71,16 @@ def _positive(name: str, value: str) -> float:
     if not seconds > 0:
         raise ValueError(f"{name} must be a number of seconds above 0; got {value!r}")
     return seconds
+
+
+def _positive_int(name: str, value: str) -> int:
+    try:
+        count = int(value)
+    except ValueError:
+        count = 0
+    if count < 1:
+        raise ValueError(f"{name} must be a whole number of at least 1; got {value!r}")
+    return count
 
 
 def _admission_check(value: str) -> float:

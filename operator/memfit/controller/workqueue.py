@@ -9,6 +9,12 @@ Two priorities (the shape of controller-runtime's priority queue): a job that wa
 re-planned comes before a pass that refreshes a running job's status, so a burst of new jobs is not
 queued behind the watch events of the ones already running. A waiting routine pass is taken first once
 it waited `routine_max_wait` seconds, so routine work is delayed, never starved.
+
+Workers are of two kinds: every worker takes urgent keys, only some take routine ones
+(`get(urgent_only=True)` for the rest). A launch pass is a chain of API round trips, so more of them in
+flight launch a burst faster; routine passes are better few: events of a running job that arrive while
+its key waits are folded into one pass, and with as many routine workers as launch workers a burst's
+refreshes ran sooner and folded less (more passes, pod lists and status patches for the same jobs).
 """
 
 from __future__ import annotations
@@ -33,7 +39,9 @@ class WorkQueue:
     ) -> None:
         self._clock = clock
         self._routine_max_wait = routine_max_wait
-        self._cond = threading.Condition()
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)  # workers that take any key wait here
+        self._urgent_cond = threading.Condition(self._lock)  # urgent-only workers wait here
         self._urgent: deque[Key] = deque()
         self._routine: deque[tuple[float, Key]] = deque()  # (queued at, key); may hold promoted keys
         self._queued: dict[Key, bool] = {}  # key -> urgent
@@ -56,18 +64,21 @@ class WorkQueue:
             self._queued[key] = urgent
             if urgent:
                 self._urgent.append(key)
+                self._urgent_cond.notify()
             else:
                 self._routine.append((self._clock(), key))
             self._cond.notify()
 
-    def get(self, timeout: float | None = None) -> Key | None:
-        """The next key (now being processed), or None when closed or after `timeout` seconds."""
-        with self._cond:
+    def get(self, timeout: float | None = None, *, urgent_only: bool = False) -> Key | None:
+        """The next key (now being processed), or None when closed or after `timeout` seconds.
+        `urgent_only`: wait for an urgent key, leaving routine ones to the other workers."""
+        cond = self._urgent_cond if urgent_only else self._cond
+        with self._lock:
             deadline = None if timeout is None else self._clock() + timeout
             while True:
                 if self._closed:
                     return None
-                key = self._next()
+                key = self._next(urgent_only)
                 if key is not None:
                     del self._queued[key]
                     self._processing.add(key)
@@ -75,11 +86,13 @@ class WorkQueue:
                 remaining = None if deadline is None else deadline - self._clock()
                 if remaining is not None and remaining <= 0:
                     return None
-                self._cond.wait(remaining)
+                cond.wait(remaining)
 
-    def _next(self) -> Key | None:
+    def _next(self, urgent_only: bool = False) -> Key | None:
         """A routine key that waited too long, else the first urgent key, else the first routine key
         (skipping entries of keys since promoted to urgent or already taken)."""
+        if urgent_only:
+            return self._urgent.popleft() if self._urgent else None
         while self._routine and self._queued.get(self._routine[0][1]) is not False:
             self._routine.popleft()
         if self._routine and (not self._urgent or self._clock() - self._routine[0][0] >= self._routine_max_wait):
@@ -108,9 +121,10 @@ class WorkQueue:
             self._done_at.pop(key, None)
 
     def close(self) -> None:
-        with self._cond:
+        with self._lock:
             self._closed = True
             self._cond.notify_all()
+            self._urgent_cond.notify_all()
 
     def __len__(self) -> int:
         with self._cond:

@@ -93,3 +93,39 @@ def test_urgency_of_a_key_added_while_processing_is_kept() -> None:
     q.add(B)
     q.done(A)
     assert [q.get(0), q.get(0)] == [B, A]  # both urgent, in the order they became queued
+
+
+def test_an_urgent_only_worker_leaves_routine_keys_to_the_others() -> None:
+    q = WorkQueue()
+    q.add(A, urgent=False)
+    assert q.get(0, urgent_only=True) is None
+    q.add(B)
+    assert q.get(0, urgent_only=True) == B
+    assert q.get(0) == A
+
+
+def test_each_kind_of_waiting_worker_is_woken_by_the_keys_it_takes() -> None:
+    """A routine key wakes a worker that takes it, not only an urgent-only one; an urgent key wakes an
+    urgent-only worker even while the others wait too."""
+    q = WorkQueue()
+    got: dict[str, object] = {}
+    urgent_only = threading.Thread(target=lambda: got.setdefault("urgent-only", q.get(30, urgent_only=True)))
+    urgent_only.start()
+    any_kind = threading.Thread(target=lambda: got.setdefault("any", q.get(30)))
+    any_kind.start()
+    q.add(A, urgent=False)
+    any_kind.join(timeout=30)
+    assert got == {"any": A}
+    q.add(B)
+    urgent_only.join(timeout=30)
+    assert got == {"any": A, "urgent-only": B}
+
+
+def test_close_wakes_urgent_only_workers() -> None:
+    q = WorkQueue()
+    got: list[object] = []
+    worker = threading.Thread(target=lambda: got.append(q.get(urgent_only=True)))
+    worker.start()
+    q.close()
+    worker.join(timeout=5)
+    assert got == [None]
