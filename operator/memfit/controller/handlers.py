@@ -215,8 +215,13 @@ def work_forever(runtime: Runtime, *, urgent_only: bool = False) -> None:
     """A worker: take a job from the queue, reconcile it, and queue it again when a re-plan is due.
     `urgent_only`: only passes that launch or re-plan (controller.workqueue)."""
     while not runtime.stop.is_set():
-        key = runtime.queue.get(timeout=1.0, urgent_only=urgent_only)
-        if key is None or runtime.api is None:
+        # No timeout: an idle worker sleeps until a key comes or the queue closes (64 workers waking
+        # every second to look again cost CPU for nothing).
+        key = runtime.queue.get(urgent_only=urgent_only)
+        if key is None:
+            return  # the queue closed: the operator stops
+        if runtime.api is None:
+            runtime.queue.done(key)
             continue
         try:
             followup = _reconcile_once(runtime, runtime.api, *key)

@@ -42,6 +42,9 @@ class WorkQueue:
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)  # workers that take any key wait here
         self._urgent_cond = threading.Condition(self._lock)  # urgent-only workers wait here
+        # Waiting workers of each kind not yet woken: a key wakes one worker that takes it, and only one
+        # (each wake-up is a thread switch; at 64 workers they were a twentieth of the operator's CPU).
+        self._asleep = {self._cond: 0, self._urgent_cond: 0}
         self._urgent: deque[Key] = deque()
         self._routine: deque[tuple[float, Key]] = deque()  # (queued at, key); may hold promoted keys
         self._queued: dict[Key, bool] = {}  # key -> urgent
@@ -64,10 +67,14 @@ class WorkQueue:
             self._queued[key] = urgent
             if urgent:
                 self._urgent.append(key)
-                self._urgent_cond.notify()
             else:
                 self._routine.append((self._clock(), key))
-            self._cond.notify()
+            self._wake(self._urgent_cond if urgent and self._asleep[self._urgent_cond] else self._cond)
+
+    def _wake(self, cond: threading.Condition) -> None:
+        if self._asleep[cond]:
+            self._asleep[cond] -= 1
+            cond.notify()
 
     def get(self, timeout: float | None = None, *, urgent_only: bool = False) -> Key | None:
         """The next key (now being processed), or None when closed or after `timeout` seconds.
@@ -86,7 +93,9 @@ class WorkQueue:
                 remaining = None if deadline is None else deadline - self._clock()
                 if remaining is not None and remaining <= 0:
                     return None
-                cond.wait(remaining)
+                self._asleep[cond] += 1
+                if not cond.wait(remaining):  # timed out: nobody woke this worker
+                    self._asleep[cond] = max(0, self._asleep[cond] - 1)
 
     def _next(self, urgent_only: bool = False) -> Key | None:
         """A routine key that waited too long, else the first urgent key, else the first routine key
@@ -123,8 +132,9 @@ class WorkQueue:
     def close(self) -> None:
         with self._lock:
             self._closed = True
-            self._cond.notify_all()
-            self._urgent_cond.notify_all()
+            for cond in self._asleep:
+                self._asleep[cond] = 0
+                cond.notify_all()
 
     def __len__(self) -> int:
         with self._cond:

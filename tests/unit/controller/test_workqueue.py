@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 
-from memfit.controller.workqueue import WorkQueue
+from memfit.controller.workqueue import Key, WorkQueue
 
 A, B = ("ns", "a"), ("ns", "b")
 
@@ -129,3 +129,37 @@ def test_close_wakes_urgent_only_workers() -> None:
     q.close()
     worker.join(timeout=5)
     assert got == [None]
+
+
+def test_workers_without_timeouts_take_every_key_of_both_kinds() -> None:
+    """Workers that sleep until woken (no polling): every key added, urgent or routine, from several
+    threads at once, is taken; none waits for a wake-up that went to the wrong kind of worker."""
+    q = WorkQueue()
+    keys = [("ns", f"k{i}") for i in range(400)]
+    taken: list[Key] = []
+    lock = threading.Lock()
+    all_taken = threading.Event()
+
+    def worker(urgent_only: bool) -> None:
+        while (key := q.get(urgent_only=urgent_only)) is not None:
+            with lock:
+                taken.append(key)
+                if len(taken) == len(keys):
+                    all_taken.set()
+            q.done(key)
+
+    workers = [threading.Thread(target=worker, args=(i % 2 == 0,)) for i in range(8)]
+    for w in workers:
+        w.start()
+    producers = [threading.Thread(target=lambda part=part: [q.add(k, urgent=int(k[1][1:]) % 3 != 0) for k in part])
+                 for part in (keys[0::2], keys[1::2])]
+    for p in producers:
+        p.start()
+    for p in producers:
+        p.join()
+    assert all_taken.wait(60), f"{len(keys) - len(taken)} keys never taken"
+    q.close()
+    for w in workers:
+        w.join(timeout=10)
+    assert sorted(taken) == sorted(keys)
+    assert not any(w.is_alive() for w in workers)
