@@ -4,7 +4,8 @@
 
 - latency_ms: p50/p99 of `memfit.planner.plan` over a suite of public model configurations on 10
   pools (the 8 catalog GPUs with 8 GPUs per node and up to 8 nodes, plus two 1-GPU spot pools), the
-  full strategy space (all auto).
+  full strategy space (all auto), with the garbage collector set as the operator sets it (where the
+  planner runs); `default_gc_p99` beside it with the interpreter's default collector.
 - optimality: on 200 random specs (random model, batch, optimizer, headroom, objective, pools and
   GPU memory), the fraction where the planner's objective equals a naive brute force that enumerates
   every configuration, layout and micro-batch with the public memory and time functions, without the
@@ -30,6 +31,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import platform
@@ -43,6 +45,7 @@ from typing import Any
 from memfit.api.job import MemoryOptimizedTrainingJobSpec, Minimize
 from memfit.api.pool import GPUNodePool
 from memfit.catalog import CATALOG
+from memfit.cli.cluster import quiet_garbage_collector
 from memfit.cli.inputs import load_pools
 from memfit.planner import (
     catalog_pools,
@@ -66,7 +69,7 @@ DEFAULT_OUT = ROOT / "results" / "planner.json"
 MEASURES = ["operator/memfit/planner", "operator/memfit/memory", "operator/memfit/catalog.py",
             *(f"operator/memfit/api/{m}.py" for m in ("common", "job", "plan", "pool", "problem", "profile",
                                                        "training_config")),
-            "examples/gpunodepools.yaml", "benchmarks/planner.py"]
+            "operator/memfit/cli/cluster.py", "examples/gpunodepools.yaml", "benchmarks/planner.py"]
 REALISTIC_POOLS = ROOT.parent / "examples" / "gpunodepools.yaml"
 GIB = 1024**3
 
@@ -171,35 +174,55 @@ def _forget_earlier_plans() -> None:
     step.engine_traffic.cache_clear()
 
 
+def _timed_plans(specs: list[MemoryOptimizedTrainingJobSpec], pools: list[GPUNodePool], repeats: int, *,
+                 first_plan: bool) -> tuple[list[float], list[float]]:
+    """Wall-clock and thread-CPU milliseconds of each plan."""
+    times: list[float] = []
+    cpu: list[float] = []
+    for _ in range(repeats):
+        for spec in specs:
+            if first_plan:
+                _forget_earlier_plans()
+            start, start_cpu = time.perf_counter(), time.thread_time()
+            plan(spec, pools=pools, catalog=CATALOG)
+            cpu.append((time.thread_time() - start_cpu) * 1000)
+            times.append((time.perf_counter() - start) * 1000)
+    return times, cpu
+
+
 def bench_latency(repeats: int) -> dict[str, Any]:
     """Each case planned as a new job (the target) and again as a re-plan of a job already planned (the
-    operator's next capacity snapshot, the next job of a sweep)."""
+    operator's next capacity snapshot, the next job of a sweep), with the garbage collector set as the
+    operator sets it (`memfit.cli.cluster.quiet_garbage_collector`), where every plan it makes runs;
+    first plans also with the interpreter's default collector (`default_gc_*`: `memfit plan` on a laptop)."""
     pools = benchmark_pools()
     specs = [case_spec(m, s, g, n) for _, m, _, s, g, n in CASES]
     for spec in specs:  # warm imports and caches outside the timing
         plan(spec, pools=pools, catalog=CATALOG)
     out: dict[str, Any] = {}
     load_before = os.getloadavg()[0]
-    for label, first_plan in (("", True), ("replan_", False)):
-        times: list[float] = []
-        cpu: list[float] = []
-        for _ in range(repeats):
-            for spec in specs:
-                if first_plan:
-                    _forget_earlier_plans()
-                start, start_cpu = time.perf_counter(), time.thread_time()
-                plan(spec, pools=pools, catalog=CATALOG)
-                cpu.append((time.thread_time() - start_cpu) * 1000)
-                times.append((time.perf_counter() - start) * 1000)
-        out.update({f"{label}p50": round(percentile(times, 0.5), 2), f"{label}p99": round(percentile(times, 0.99), 2),
-                    f"{label}max": round(max(times), 2), f"{label}cpu_p50": round(percentile(cpu, 0.5), 2),
-                    f"{label}cpu_p99": round(percentile(cpu, 0.99), 2)})
+    default_times, _ = _timed_plans(specs, pools, repeats, first_plan=True)
+    threshold = gc.get_threshold()
+    quiet_garbage_collector()
+    try:
+        for label, first_plan in (("", True), ("replan_", False)):
+            times, cpu = _timed_plans(specs, pools, repeats, first_plan=first_plan)
+            out.update({f"{label}p50": round(percentile(times, 0.5), 2), f"{label}p99": round(percentile(times, 0.99), 2),
+                        f"{label}max": round(max(times), 2), f"{label}cpu_p50": round(percentile(cpu, 0.5), 2),
+                        f"{label}cpu_p99": round(percentile(cpu, 0.99), 2)})
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*threshold)
+    out.update({"default_gc_p50": round(percentile(default_times, 0.5), 2),
+                "default_gc_p99": round(percentile(default_times, 0.99), 2)})
     return {**out, "runs": repeats * len(specs), "pools": len(pools), "specs": len(specs),
             "space": "all strategy fields auto",
             "load_average_1m": [round(load_before, 2), round(os.getloadavg()[0], 2)],
             "note": "wall-clock p50/p99 of a job's first plan (the target; what plans share across calls is "
-                    "dropped before each) and of a re-plan of the same job (replan_*), and thread CPU time; "
-                    "the machine is shared, see the load"}
+                    "dropped before each) and of a re-plan of the same job (replan_*), and thread CPU time, "
+                    "with the operator's garbage-collector settings; default_gc_*: first plans with the "
+                    "interpreter's default collector (its full collections land inside some plans); the "
+                    "machine is shared, see the load"}
 
 
 # ------------------------------------------------------------------------------------------ optimality
@@ -416,7 +439,8 @@ def print_report(report: dict[str, Any]) -> None:
     print(f"latency: p50 {lat['p50']} ms, p99 {lat['p99']} ms, max {lat['max']} ms over {lat['runs']} plans "
           f"({lat['pools']} pools, {lat['specs']} public configurations, full space); CPU p50 {lat['cpu_p50']} ms, "
           f"p99 {lat['cpu_p99']} ms; load average {lat['load_average_1m']} on {os.cpu_count()} CPUs; "
-          f"a re-plan of the same job: p50 {lat['replan_p50']} ms, p99 {lat['replan_p99']} ms")
+          f"a re-plan of the same job: p50 {lat['replan_p50']} ms, p99 {lat['replan_p99']} ms; with the "
+          f"interpreter's default garbage collector: p50 {lat['default_gc_p50']} ms, p99 {lat['default_gc_p99']} ms")
     detail = report["optimality_detail"]
     print(f"optimality: {opt:.3f} ({detail['equal']}/{detail['specs']} random specs equal to brute force; "
           f"planner {detail['planner_seconds_total']} s vs brute force {detail['brute_force_seconds_total']} s)")

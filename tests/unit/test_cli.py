@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from memfit.cli.cluster import _quiet_garbage_collector
+from memfit.cli.cluster import quiet_garbage_collector
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -76,7 +76,7 @@ def test_help_lists_every_command_and_nothing_that_does_not_exist() -> None:
 def test_the_operator_keeps_start_up_objects_out_of_the_collectors_scans() -> None:
     threshold = gc.get_threshold()
     try:
-        _quiet_garbage_collector()
+        quiet_garbage_collector()
         assert gc.get_freeze_count() > 0 and gc.get_threshold()[0] > threshold[0]
     finally:
         gc.unfreeze()

@@ -103,7 +103,7 @@ def cmd_operator(args: argparse.Namespace) -> int:
             daemon=True,
         ).start()
     memo = handlers.runtime_memo(runtime)
-    _quiet_garbage_collector()
+    quiet_garbage_collector()
     if args.namespace:
         kopf.run(standalone=True, namespaces=args.namespace, memo=memo)
     else:
@@ -111,7 +111,7 @@ def cmd_operator(args: argparse.Namespace) -> int:
     return 0
 
 
-def _quiet_garbage_collector() -> None:
+def quiet_garbage_collector() -> None:
     """Keep what start-up loaded (modules, schemas, the catalog) out of the cyclic collector's scans, and
     let it run after 20,000 net allocations instead of 700: a pass decodes whole Jobs, pods and MOTJs
     (tens of thousands of short-lived dicts a second at scale), which at the default triggered

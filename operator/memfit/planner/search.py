@@ -316,12 +316,27 @@ def search_key(c: Candidate, minimize: Minimize) -> Key:
 def any_fit(ctx: SearchContext, prepared: PreparedOffer) -> bool:
     """Whether anything fits the offer at all (leanest configurations and largest layouts first).
     When nothing does, every configuration has been tried and the failures are complete."""
+    offer, failures = prepared.offer, prepared.failures
     order = sorted(prepared.bounds, key=lambda item: -item[3].world_size)
-    for _, _, _, layout, _, members in order:
-        for choice in sorted(members, key=lambda c: (ctx.min_peak(c, layout), c.rank)):
-            candidate, _ = _evaluate(ctx, prepared.offer, layout, choice, prepared.failures, None)
+    for _, _, _, layout, group_ranks, members in order:
+        group_key = (group_ranks, layout.world_size)
+        known = ctx.group_min_cache.get(group_key)
+        if known is not None and not ctx.fits_gpu(known[0], offer.usable_bytes):  # as search_offer does
+            failures.note_memory(known[0], known[1], layout.world_size, ctx.min_peak_micro_batch(known[1], layout))
+            _note_lean_on_gpu(ctx, failures, members, layout)
+            continue
+        ordered = sorted(members, key=lambda c: (ctx.min_peak(c, layout), c.rank))
+        for i, choice in enumerate(ordered):
+            candidate, out_of_memory = _evaluate(ctx, offer, layout, choice, failures, None)
             if candidate is not None:
                 return True
+            if out_of_memory:
+                # The rest have smallest peaks at least as large: none fits either. What the failures
+                # keep of them is the leanest without offload (the leanest of all is this one).
+                _note_lean_on_gpu(ctx, failures, ordered[i + 1:], layout)
+                if i == 0:
+                    ctx.group_min_cache[group_key] = (ctx.min_peak(choice, layout), choice)
+                break
     return False
 
 
