@@ -238,3 +238,49 @@ def test_a_launch_bound_job_takes_the_simplest_of_plans_that_tie() -> None:
     assert chosen is not None and chosen.strategy.config.engine == Engine.DDP
     fsdp = plan(job(engine="fsdp"), pools=pools, catalog=CATALOG).chosen
     assert fsdp is not None and chosen.total_cost / (1 + TIE_TOLERANCE) < fsdp.total_cost < chosen.total_cost
+
+
+def _evaluate_every_member(ctx, prepared):  # type: ignore[no-untyped-def]
+    """The any-fit check as it was first written: every member of every group, leanest first."""
+    from memfit.planner.search import _evaluate
+
+    for _, _, _, layout, _, members in sorted(prepared.bounds, key=lambda item: -item[3].world_size):
+        for choice in sorted(members, key=lambda c: (ctx.min_peak(c, layout), c.rank)):
+            if _evaluate(ctx, prepared.offer, layout, choice, prepared.failures, None)[0] is not None:
+                return True
+    return False
+
+
+def _noted(failures):  # type: ignore[no-untyped-def]
+    def entry(e):  # type: ignore[no-untyped-def]
+        return None if e is None else (e[0], e[1].rank, *e[2:])
+
+    return (entry(failures.min_memory), entry(failures.min_memory_on_gpu), entry(failures.min_host),
+            entry(failures.min_nvme), entry(failures.min_deadline), failures.interrupted_world_size)
+
+
+@settings(max_examples=8, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(specs_and_pools())
+def test_any_fit_notes_what_evaluating_every_member_notes(case: tuple[MemoryOptimizedTrainingJobSpec, list[GPUNodePool]]) -> None:
+    """A pool that cannot rank is only checked for any fit; the check stops at a group's first member out
+    of memory and skips groups an earlier pool showed too large, and still finds the same answer and
+    explains the pool with the same failures as evaluating every member (pools in turn, as a plan goes)."""
+    from memfit.planner.search import any_fit, prepare_offer
+
+    spec, few = case
+    # Two small pools in a row: the second meets groups the first showed too large.
+    pools = few + [make_pool("small", "t4", per_node=1, memory_mib=900, max_nodes=2),
+                   make_pool("smaller", "t4", per_node=1, memory_mib=600, max_nodes=2),
+                   *(make_pool(f"cat-{p}", p, per_node=2, max_nodes=2) for p in PRODUCTS)]
+    shape = resolve_shape(spec, None)
+    assert not isinstance(shape, str)
+    reference_ctx, ctx = search_context(spec, shape), search_context(spec, shape)
+    choices, _ = strategy_choices(spec.strategy)
+    offers, _ = resolve_offers(pools, catalog=CATALOG)
+    for offer in offers:
+        reference = prepare_offer(reference_ctx, offer, choices)
+        prepared = prepare_offer(ctx, offer, choices)
+        assert any_fit(ctx, prepared) == _evaluate_every_member(reference_ctx, reference), offer.pool
+        assert _noted(prepared.failures) == _noted(reference.failures), offer.pool
+        best_on_offer(ctx, offer, choices)  # what a plan's search leaves in the context for the next pool
+        best_on_offer(reference_ctx, offer, choices)
