@@ -269,9 +269,9 @@ def test_any_fit_notes_what_evaluating_every_member_notes(case: tuple[MemoryOpti
 
     spec, few = case
     # Two small pools in a row: the second meets groups the first showed too large.
-    pools = few + [make_pool("small", "t4", per_node=1, memory_mib=900, max_nodes=2),
-                   make_pool("smaller", "t4", per_node=1, memory_mib=600, max_nodes=2),
-                   *(make_pool(f"cat-{p}", p, per_node=2, max_nodes=2) for p in PRODUCTS)]
+    pools = [*few, make_pool("small", "t4", per_node=1, memory_mib=900, max_nodes=2),
+             make_pool("smaller", "t4", per_node=1, memory_mib=600, max_nodes=2),
+             *(make_pool(f"cat-{p}", p, per_node=2, max_nodes=2) for p in PRODUCTS)]
     shape = resolve_shape(spec, None)
     assert not isinstance(shape, str)
     reference_ctx, ctx = search_context(spec, shape), search_context(spec, shape)
