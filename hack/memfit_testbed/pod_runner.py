@@ -200,6 +200,8 @@ class PodRunner:
             for c in init:
                 self._start(run, c)
                 self._report(run, "Pending", init, main, started)
+                if _sidecar(c):
+                    continue  # a native sidecar: started, it runs beside what follows until the pod ends
                 if not self._wait(run, [c], init_policy, start, deadline):
                     return self._finish(run, init, main, started)
                 if c.result and c.result["exitCode"] != 0:
@@ -345,8 +347,11 @@ class PodRunner:
 
     def _finish(self, run: PodRun, init: list[Container], main: list[Container], started: str) -> None:
         for c in run.containers:
+            if _sidecar(c) and c.proc is not None and c.proc.poll() is None:
+                _kill(c.proc, run.grace)  # the kubelet stops sidecars once the other containers ended
             self._collect(run, c)
-        ok = all(c.result is not None and c.result["exitCode"] == 0 for c in run.containers)
+        # Like the kubelet, the phase follows the containers that are not sidecars.
+        ok = all(c.result is not None and c.result["exitCode"] == 0 for c in run.containers if not _sidecar(c))
         phase = "Succeeded" if ok else "Failed"
         self._report(run, phase, init, main, started)
         log.info("pod %s: %s", run.ns_name, phase)
@@ -359,7 +364,7 @@ class PodRunner:
                 started: str) -> None:
         t = now()
         running = phase == "Running"
-        init_done = all(c.result is not None and c.result["exitCode"] == 0 for c in init)
+        init_done = all(_sidecar(c) or (c.result is not None and c.result["exitCode"] == 0) for c in init)
         cond = [
             {"type": "PodReadyToStartContainers", "status": "True", "lastTransitionTime": started},
             {"type": "Initialized", "status": "True" if init_done else "False", "lastTransitionTime": t},
@@ -509,6 +514,11 @@ def simulate_pods(
     (Running until deleted, or completing `complete_after` after they run: a KWOK duration)."""
     annotations = {SIMULATE_ANNOTATION: selector, SIMULATE_COMPLETE_ANNOTATION: complete_after}
     core.patch_namespace(namespace, {"metadata": {"annotations": annotations}})
+
+
+def _sidecar(c: Container) -> bool:
+    """A native sidecar: an init container with restartPolicy Always (not restarted here when it exits)."""
+    return c.spec.get("restartPolicy") == "Always"
 
 
 def _cstatus(c: Container) -> Obj:

@@ -20,6 +20,8 @@ from memfit.api.finetune_rules import (
     inside_volume,
 )
 from memfit.api.job import MemoryOptimizedTrainingJobSpec, MemoryOptimizedTrainingJobStatus
+from memfit.api.own_code_rules import CEL_RULES as OWN_CODE_CEL_RULES
+from memfit.api.pod_template_rules import CEL_RULES as POD_TEMPLATE_CEL_RULES
 from memfit.api.pool import GPUNodePoolSpec, GPUNodePoolStatus
 
 MAX_JOB_NAME = 40  # same bound as memfit.kube.names.MAX_JOB_NAME
@@ -194,6 +196,9 @@ CEL_RULES: dict[str, list[dict[str, str]]] = {
         },
     ],
 }
+CEL_RULES.update(POD_TEMPLATE_CEL_RULES)
+for _path, _rules in OWN_CODE_CEL_RULES.items():
+    CEL_RULES[_path] = CEL_RULES.get(_path, []) + _rules
 # A path on a volume claim is relative and has no `..` segment (`finetune_rules.escapes`, same regex).
 CEL_RULES.update({
     f"MemoryOptimizedTrainingJob.{field_path}": [

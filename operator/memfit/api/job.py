@@ -24,7 +24,9 @@ from memfit.api.common import (
     Toggle,
 )
 from memfit.api.data import DataSpec
+from memfit.api.own_code import OwnContainer
 from memfit.api.peft import PeftSpec
+from memfit.api.pod_template import PodTemplate
 from memfit.api.problem import Problem
 from memfit.api.reasons import Reason
 from memfit.api.rules import check_spec
@@ -256,6 +258,18 @@ class MemoryOptimizedTrainingJobSpec(ApiModel):
     profiling: ProfilingSpec = Field(default_factory=ProfilingSpec, description="Profiling run.")
     recovery: RecoverySpec = Field(default_factory=RecoverySpec, description="Re-planning bounds.")
     scheduling: SchedulingSpec = Field(default_factory=SchedulingSpec, description="Gang scheduling.")
+    container: OwnContainer | None = Field(
+        default=None,
+        description="Your own training container (image, command, args, env, workingDir) instead of memfit's "
+        "trainer; `honors` lists the knobs the script applies. The problem still describes the model for "
+        "planning. docs/own-code.md.",
+    )
+    pod_template: PodTemplate | None = Field(
+        default=None,
+        description="What memfit adds to every pod of the job: labels, annotations, env, envFrom, volumes and "
+        "mounts, serviceAccountName, imagePullSecrets, tolerations, nodeSelector terms, initContainers and "
+        "sidecars. Fields memfit owns are refused, naming the field.",
+    )
 
     @model_validator(mode="after")
     def _cross_field_rules(self) -> Self:

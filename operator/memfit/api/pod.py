@@ -37,6 +37,19 @@ ENV_VOLUMES_DIR = "MEMFIT_VOLUMES_DIR"
 ENV_FETCH_SHARED = "MEMFIT_FETCH_SHARED"  # "1": the hub cache is shared by the nodes (rank 0 fetches)
 ENV_NODE_RANK = "MEMFIT_NODE_RANK"
 ENV_TERMINATION_MESSAGE_PATH = "MEMFIT_TERMINATION_MESSAGE_PATH"  # overrides /dev/termination-log
+# The plan's knobs for a user's own training container (spec.container; docs/own-code.md)
+ENV_MICRO_BATCH_SIZE = "MEMFIT_MICRO_BATCH_SIZE"
+ENV_GRADIENT_ACCUMULATION_STEPS = "MEMFIT_GRADIENT_ACCUMULATION_STEPS"
+ENV_GLOBAL_BATCH_SIZE = "MEMFIT_GLOBAL_BATCH_SIZE"
+ENV_PRECISION = "MEMFIT_PRECISION"  # fp32, bf16 or fp16
+ENV_ZERO_STAGE = "MEMFIT_ZERO_STAGE"
+ENV_ACTIVATION_CHECKPOINTING = "MEMFIT_ACTIVATION_CHECKPOINTING"  # none, selective or full
+ENV_OPTIMIZER_8BIT = "MEMFIT_OPTIMIZER_8BIT"  # true or false
+ENV_MAX_STEPS = "MEMFIT_MAX_STEPS"
+ENV_LEARNING_RATE = "MEMFIT_LEARNING_RATE"
+ENV_DEEPSPEED_CONFIG = "MEMFIT_DEEPSPEED_CONFIG"  # the DeepSpeed config's path (a script that takes one)
+CONFIG_MOUNT = "/memfit/config"  # generated files for a user's container (the DeepSpeed config)
+DEEPSPEED_FILE = "deepspeed.json"
 # Fault injection (tests and chaos drills; docs/operator.md)
 ENV_INJECT_OOM_AT_STEP = "MEMFIT_INJECT_OOM_AT_STEP"
 ENV_INJECT_OOM_RANK = "MEMFIT_INJECT_OOM_RANK"
@@ -79,3 +92,30 @@ PROGRESS_SERIES = (
     METRIC_STEP_SECONDS_COUNT,
     METRIC_RESUMED_FROM_STEP,
 )
+
+# --- what memfit owns in its pods (spec.podTemplate may add to a pod, never change these) -----------
+TRAINER_CONTAINER = "trainer"
+PROFILER_CONTAINER = "profiler"
+FETCH_CONTAINER = "fetch-model"  # the download step's init container (memfit-trainer fetch)
+CONFIG_CONTAINER = "memfit-config"  # writes the generated files of a user's container (the DeepSpeed config)
+OWNED_CONTAINERS = (TRAINER_CONTAINER, PROFILER_CONTAINER, FETCH_CONTAINER, CONFIG_CONTAINER)
+# Volumes memfit declares (source-<n>: the model and data claims, one each)
+OWNED_VOLUMES = ("plan", "problem", "shm", "tmp", "checkpoints", "output", "nvme", "model", "memfit-config")
+OWNED_VOLUME_PREFIX = "source-"
+# Paths memfit mounts (a mount at one of them or inside one would shadow memfit's files)
+OWNED_MOUNTS = (PLAN_MOUNT, CHECKPOINT_MOUNT, OUTPUT_MOUNT, NVME_MOUNT, "/memfit", "/dev/shm", "/tmp")
+# Variables memfit sets on its containers (the user-settable MEMFIT_SEED, MEMFIT_KEEP_CHECKPOINTS,
+# MEMFIT_FIRST_STEPS and the fault-injection ones are not owned: a template may set them).
+OWNED_ENV = (
+    ENV_JOB, ENV_METRICS_PORT, ENV_PLAN_PATH, ENV_CHECKPOINT_DIR, ENV_OUTPUT_DIR, ENV_SAVE_MERGED,
+    ENV_VOLUMES_DIR, ENV_FETCH_SHARED, ENV_NODE_RANK, ENV_TERMINATION_MESSAGE_PATH,
+    ENV_NNODES, ENV_NPROC_PER_NODE, ENV_TORCHRUN_NODE_RANK, ENV_MASTER_ADDR, ENV_MASTER_PORT,
+    ENV_HF_HOME, ENV_HF_TOKEN, ENV_HF_ENDPOINT, ENV_HF_HUB_OFFLINE,
+    ENV_MICRO_BATCH_SIZE, ENV_GRADIENT_ACCUMULATION_STEPS, ENV_GLOBAL_BATCH_SIZE, ENV_PRECISION, ENV_ZERO_STAGE,
+    ENV_ACTIVATION_CHECKPOINTING, ENV_OPTIMIZER_8BIT, ENV_MAX_STEPS, ENV_LEARNING_RATE, ENV_DEEPSPEED_CONFIG,
+)
+# Label and annotation prefixes memfit, Kueue and the Job controller write on pods
+OWNED_METADATA_PREFIXES = ("memfit.dev/", "kueue.x-k8s.io/", "batch.kubernetes.io/")
+OWNED_METADATA_KEYS = ("job-name", "controller-uid")
+# Extended resources memfit requests itself (the GPUs of the plan; MIG slices are nvidia.com/mig-*)
+OWNED_RESOURCE_PREFIX = "nvidia.com/"

@@ -11,7 +11,9 @@ from collections.abc import Callable
 from typing import Any
 
 from memfit.api.finetune_rules import check_finetune
+from memfit.api.own_code_rules import check_own_code
 from memfit.api.peft_rules import check_peft
+from memfit.api.pod_template_rules import check_pod_template
 
 Finding = tuple[str, str] | None
 
@@ -112,6 +114,6 @@ SPEC_RULES: tuple[Callable[[Any], Finding], ...] = (
 
 def check_spec(spec: Any) -> list[tuple[str, str]]:
     """Every cross-field violation of a MOTJ spec (wire form): `strategy.peft` and the fine-tune rules
-    (model source, data, output) included."""
+    (model source, data, output) `podTemplate`'s and `container`'s included."""
     found = [finding for rule in SPEC_RULES if (finding := rule(spec)) is not None]
-    return found + (check_peft(spec) + check_finetune(spec) if isinstance(spec, dict) else [])
+    return found + (check_peft(spec) + check_finetune(spec) + check_pod_template(spec) + check_own_code(spec) if isinstance(spec, dict) else [])

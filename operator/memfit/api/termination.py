@@ -150,18 +150,27 @@ def parse_message(text: str) -> dict[str, object]:
     return parsed if isinstance(parsed, dict) else {}
 
 
+# What PyTorch prints when the CUDA caching allocator cannot allocate (torch.OutOfMemoryError, "CUDA out of
+# memory. Tried to allocate ..."): a user's own script that dies of it leaves these words in the last log
+# lines, which FallbackToLogsOnError makes its termination message.
+CUDA_OOM_WORDS = ("torch.OutOfMemoryError", "torch.cuda.OutOfMemoryError", "CUDA out of memory")
+
+
 def out_of_memory_reason(
-    message: dict[str, object], *, exit_code: int | None, container_reason: str
+    message: dict[str, object], *, exit_code: int | None, container_reason: str, text: str = ""
 ) -> TerminationReason | None:
     """CUDAOutOfMemory or HostOutOfMemory when a pod ran out of memory, else None.
 
     The message's own reason wins (both OOM reasons exit with EXIT_OUT_OF_MEMORY); without one, the
-    kernel's OOMKilled means host RAM and the exit code alone means the trainer's CUDA OOM."""
+    kernel's OOMKilled means host RAM, the exit code alone means the trainer's CUDA OOM, and PyTorch's own
+    words in a free-text message (`text`: a user's script's last log lines) mean a CUDA OOM too."""
     reason = message.get(KEY_REASON)
     if reason == TerminationReason.CUDA_OUT_OF_MEMORY:
         return TerminationReason.CUDA_OUT_OF_MEMORY
     if reason == TerminationReason.HOST_OUT_OF_MEMORY or container_reason == CONTAINER_OOM_KILLED:
         return TerminationReason.HOST_OUT_OF_MEMORY
     if exit_code == EXIT_OUT_OF_MEMORY:
+        return TerminationReason.CUDA_OUT_OF_MEMORY
+    if not message and exit_code and any(words in text for words in CUDA_OOM_WORDS):
         return TerminationReason.CUDA_OUT_OF_MEMORY
     return None

@@ -6,6 +6,7 @@ import json
 from collections.abc import Sequence
 
 from memfit.api import pod as contract
+from memfit.api.pod_template import PodTemplate
 from memfit.api.problem import HuggingFaceProblem, Problem
 from memfit.kube.common import (
     GPU_RESOURCE,
@@ -28,6 +29,7 @@ from memfit.kube.names import (
     profile_input_name,
     profile_job_name,
 )
+from memfit.kube.pod_template import apply_pod_template
 
 PROFILE_BACKOFF_LIMIT = 1  # one retry for a flaky node; a deterministic failure fails fast
 
@@ -61,6 +63,7 @@ def build_profile_job(
     qlora_double_quant: bool = True,
     queue: str = "",
     model: HuggingFaceProblem | None = None,
+    template: PodTemplate | None = None,
 ) -> Manifest:
     """Job `<job>-profile`: runs `memfit-trainer profile` on one GPU of the profiling pool.
 
@@ -74,7 +77,8 @@ def build_profile_job(
     LocalQueue (`scheduling.kueueQueue`): the Job carries its label and is created suspended, as the
     training Job is; Kueue admits it against the profiling pool's flavor. `model`: the job's Hugging Face
     model; without an inline config the profiler reads its config.json from the model's claim (mounted
-    read-only) or from the hub (memfit.kube.hub.profile_model_access).
+    read-only) or from the hub (memfit.kube.hub.profile_model_access). `template`: the job's
+    spec.podTemplate, added to the pod (memfit.kube.pod_template).
     """
     model_mounts, model_volumes, model_env = profile_model_access(model, pod)
     peft_args: list[str] = []
@@ -88,7 +92,7 @@ def build_profile_job(
         LABEL_POOL: placement.pool,
     }
     container: Manifest = {
-        "name": "profiler",
+        "name": contract.PROFILER_CONTAINER,
         "image": pod.image,
         "imagePullPolicy": pod.image_pull_policy,
         "command": ["memfit-trainer", "profile"],
@@ -130,7 +134,8 @@ def build_profile_job(
             "suspend": bool(queue),
             "backoffLimit": PROFILE_BACKOFF_LIMIT,
             "activeDeadlineSeconds": timeout_seconds,
-            "template": {"metadata": {"labels": labels | pod.extra_labels}, "spec": pod_spec},
+            "template": apply_pod_template({"metadata": {"labels": labels | pod.extra_labels}, "spec": pod_spec},
+                                           template),
         },
     }
 

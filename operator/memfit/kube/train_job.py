@@ -35,10 +35,12 @@ from memfit.kube.names import (
     service_name,
     train_job_name,
 )
+from memfit.kube.own_code import apply_own_container
+from memfit.kube.pod_template import apply_pod_template
 
 RETRYABLE_POD_FAILURES = 3  # other crashes: the pod restarts and resumes from the last checkpoint
 SHM_MIN_BYTES = 1 << 30
-FETCH_CONTAINER = "fetch-model"  # the init container of the download step (memfit-trainer fetch)
+FETCH_CONTAINER = contract.FETCH_CONTAINER
 COMPLETION_INDEX = "metadata.annotations['batch.kubernetes.io/job-completion-index']"
 
 
@@ -264,7 +266,7 @@ def build_training_job(
         # Offloaded optimizer state lives in host RAM (plus /dev/shm, which counts against the limit).
         resources["requests"] = {"memory": str(host_bytes + shm_bytes)}
     container: Manifest = {
-        "name": "trainer",
+        "name": contract.TRAINER_CONTAINER,
         "image": pod.image,
         "imagePullPolicy": pod.image_pull_policy,
         # `memfit-trainer train` starts torchrun for multi-GPU plans and keeps the trainer's exit codes.
@@ -299,6 +301,7 @@ def build_training_job(
     }
     if needs_download(spec):
         pod_spec["initContainers"] = [_fetch_container(spec, pod)]
+    apply_own_container(pod_spec, spec.container, plan, pod, plan_path=PLAN_PATH)
     if spec.scheduling.priority_class_name:
         pod_spec["priorityClassName"] = spec.scheduling.priority_class_name
     if pod.service_account:
@@ -324,7 +327,7 @@ def build_training_job(
                     {
                         "action": "FailJob",
                         "onExitCodes": {
-                            "containerName": "trainer",
+                            "containerName": contract.TRAINER_CONTAINER,
                             "operator": "In",
                             "values": list(FAIL_JOB_EXIT_CODES),
                         },
@@ -332,7 +335,8 @@ def build_training_job(
                     *_fetch_failure_rule(spec),
                 ]
             },
-            "template": {"metadata": {"labels": pod_labels}, "spec": pod_spec},
+            "template": apply_pod_template({"metadata": {"labels": pod_labels}, "spec": pod_spec},
+                                           spec.pod_template),
         },
     }
 

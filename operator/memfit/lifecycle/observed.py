@@ -57,7 +57,7 @@ class PodSummary:
     def out_of_memory(self) -> TerminationReason | None:
         """CUDAOutOfMemory, HostOutOfMemory or None."""
         return out_of_memory_reason(
-            self.message, exit_code=self.exit_code, container_reason=self.container_reason
+            self.message, exit_code=self.exit_code, container_reason=self.container_reason, text=self.raw_message
         )
 
     @property

@@ -99,7 +99,12 @@ def profiling_choice(spec: MemoryOptimizedTrainingJobSpec, world: World) -> Prof
 
 
 def _allowed(spec: MemoryOptimizedTrainingJobSpec, world: World) -> list[GPUNodePool]:
-    return [p for p in world.pools if not spec.placement.node_pools or p.metadata.name in spec.placement.node_pools]
+    """The pools the job may use: named in placement.nodePools (all when empty), and with a node selector
+    the podTemplate's terms do not contradict."""
+    template = spec.pod_template
+    return [p for p in world.pools
+            if (not spec.placement.node_pools or p.metadata.name in spec.placement.node_pools)
+            and not (template and template.selector_conflicts(p.spec.node_selector))]
 
 
 def _by_price(pools: list[GPUNodePool]) -> list[GPUNodePool]:
@@ -164,6 +169,7 @@ def profile_step(
                     depth=choice.depth,
                     queue=spec.scheduling.kueue_queue,
                     model=spec.problem.huggingface,
+                    template=spec.pod_template,
                     **_lora_check(spec),
                 )
             )

@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from memfit.api.job import ObjectMeta
+from memfit.api.pod_template import PodTemplate
 from memfit.api.pool import (
     GPUNodePool,
     GPUNodePoolSpec,
@@ -264,9 +265,12 @@ def resolve_offer(pool: GPUNodePool, *, catalog: GpuCatalog,
 
 def resolve_offers(
     pools: Sequence[GPUNodePool], *, catalog: GpuCatalog, allowed: Sequence[str] = (),
-    free_gpus: Mapping[str, int | FreeGpus] | None = None,
+    free_gpus: Mapping[str, int | FreeGpus] | None = None, template: PodTemplate | None = None,
 ) -> tuple[list[Offer], list[PoolRejection]]:
     """Offers for the pools named in `allowed` (all when empty), sorted by name, and rejections.
+
+    `template`: the job's spec.podTemplate; a pool whose node selector contradicts its nodeSelector terms
+    is rejected (no node of it could take the pods).
 
     `free_gpus` (pool -> a GPU cap, or free nodes and shared-node GPUs from live capacity) limits the
     layouts; a pool absent from it is not limited.
@@ -278,6 +282,10 @@ def resolve_offers(
         rejections.append(PoolRejection(missing, "named in placement.nodePools but no such GPUNodePool exists"))
     for pool in sorted(pools, key=lambda p: p.metadata.name):
         if allowed and pool.metadata.name not in allowed:
+            continue
+        if template is not None and (conflicts := template.selector_conflicts(pool.spec.node_selector)):
+            rejections.append(PoolRejection(pool.metadata.name, "spec.podTemplate.nodeSelector asks "
+                                            f"{', '.join(conflicts)}, which its nodeSelector contradicts"))
             continue
         free = free_gpus.get(pool.metadata.name) if free_gpus is not None else None
         resolved = resolve_offer(pool, catalog=catalog, free_gpus=free)

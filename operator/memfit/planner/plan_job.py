@@ -35,6 +35,7 @@ from memfit.planner.measured_speed import (
 )
 from memfit.planner.memo import PlanMemo
 from memfit.planner.offers import FreeGpus, Offer, PoolRejection, catalog_pool, resolve_offer, resolve_offers
+from memfit.planner.own_code import with_container_pins
 from memfit.planner.practitioner import practitioner_baseline
 from memfit.planner.result import BaselineResult, Candidate, PlanResult
 from memfit.planner.search import any_fit, objective_key, prepare_offer, search_key, search_offer
@@ -239,6 +240,7 @@ def plan(
     `free_gpus` (pool -> a GPU cap, or live free nodes and shared-node GPUs) limits the layouts;
     `measured_step_times` of finished GPU runs calibrate each product's throughput (planner.measured_speed); `measured_peaks` correct the predictions.
     """
+    spec = with_container_pins(spec)  # a job's own script: the engine it runs (planner.own_code)
     shape = resolve_shape(spec, profile)
     if isinstance(shape, str):
         return _no_fit([shape])
@@ -250,7 +252,7 @@ def plan(
     if not choices:
         pin_problems = pin_problems or peft_reasons
     offers, rejections = resolve_offers(pools, catalog=catalog, allowed=spec.placement.node_pools,
-                                        free_gpus=free_gpus)
+                                        free_gpus=free_gpus, template=spec.pod_template)
     speed_factors = step_time_factors(measured_step_times)
     offers = [with_measured_speed(with_device_terms(o, ctx), speed_factors) for o in offers]
     baseline = _practitioner_default(ctx, spec, pools, catalog, speed_factors)
@@ -391,7 +393,8 @@ def _practitioner_default(ctx: SearchContext, spec: MemoryOptimizedTrainingJobSp
                           catalog: GpuCatalog, speed_factors: Mapping[SpeedKey, LearnedSpeed]) -> BaselineResult | None:
     """The practitioner's setup under the job's pins on the allowed pools (capacity aside: it is what the
     job would have cost, not what is free now), with the same calibration and measured speeds as the plan."""
-    offers, _ = resolve_offers(pools, catalog=catalog, allowed=spec.placement.node_pools)
+    offers, _ = resolve_offers(pools, catalog=catalog, allowed=spec.placement.node_pools,
+                               template=spec.pod_template)
     return practitioner_baseline(ctx, [with_measured_speed(with_device_terms(o, ctx), speed_factors)
                                        for o in offers], pins=spec.strategy)
 

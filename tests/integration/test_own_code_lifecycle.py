@@ -1,0 +1,83 @@
+"""A job that runs its own training script (spec.container) end to end on the local cluster: the example's
+plain PyTorch loop (examples/own-code/train_loop.py, delivered by a ConfigMap through spec.podTemplate) is
+profiled by model, planned, run by torchrun with memfit's plan in its environment (DDP), or with the DeepSpeed
+config memfit writes beside it, and Succeeds; the settings it reports are the plan's."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from memfit_testbed.cluster_helpers import Kube
+from memfit_testbed.operator_helpers import create_job, quickstart, wait_phase
+from memfit_testbed.own_code_cases import LOOP, LOOP_PINS
+from operator_ready import module_operator
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+TIMEOUT = 420.0
+SCRIPT = Path(__file__).resolve().parents[2] / "examples" / "own-code" / "train_loop.py"
+WORKSPACE = {
+    "volumes": [{"name": "workspace", "configMap": {"name": "own-loop"}}],
+    "volumeMounts": [{"name": "workspace", "mountPath": "/workspace", "readOnly": True}],
+    "env": [{"name": "MEMFIT_DEVICE", "value": "cpu"}],  # this machine has no GPU: DeepSpeed's CPU config
+}
+
+
+@pytest.fixture(scope="module")
+def operator(cluster: Any, kube: Kube, tmp_path_factory: pytest.TempPathFactory,
+             request: pytest.FixtureRequest) -> Iterator[tuple[Path, int]]:
+    with module_operator(cluster, kube, request, tmp_path_factory) as (log, port):
+        yield log, port
+
+
+def _run(kube: Kube, namespace: str, log: Path, name: str, container: dict[str, Any]) -> tuple[dict, list[dict]]:
+    kube.core.create_namespaced_config_map(namespace, {"metadata": {"name": "own-loop"},
+                                                       "data": {"train_loop.py": SCRIPT.read_text()}})
+    doc = quickstart(name, container=container, podTemplate=WORKSPACE, strategy=dict(LOOP_PINS))
+    create_job(kube, namespace, doc)
+    job = wait_phase(kube, namespace, name, ("Succeeded", "Failed"), TIMEOUT, log)
+    assert job["status"]["phase"] == "Succeeded", job["status"]
+    pods = kube.pods(namespace, f"memfit.dev/job={name},memfit.dev/component=trainer")
+    return job, pods
+
+
+def _reported(pods: list[dict]) -> dict[str, Any]:
+    """What the script said it ran with (rank 0 writes it as its termination message)."""
+    messages = [c["state"]["terminated"].get("message") for p in pods for c in p["status"]["containerStatuses"]]
+    return json.loads(next(m for m in messages if m))
+
+
+def test_a_plain_torchrun_loop_runs_memfits_plan_and_succeeds(
+    kube: Kube, namespace: str, operator: tuple[Path, int]
+) -> None:
+    job, pods = _run(kube, namespace, operator[0], "own-loop", LOOP)
+    plan = job["status"]["plan"]
+    assert plan["engine"] == "ddp" and plan["activationCheckpointing"] == "none" and not plan["optimizer8bit"]
+    reported = _reported(pods)
+    assert reported["engine"] == "ddp" and reported["steps"] == 20
+    assert reported["micro_batch"] == plan["microBatchSize"]
+    assert reported["accumulation"] == plan["gradientAccumulationSteps"]
+    assert reported["precision"] == plan["precision"]
+    assert reported["world"] == plan["gpus"]
+    assert reported["micro_batch"] * reported["accumulation"] * reported["world"] == 8  # the global batch
+    for pod in pods:
+        trainer = pod["spec"]["containers"][0]
+        assert trainer["name"] == "trainer" and trainer["command"] == LOOP["command"]
+
+
+def test_a_script_taking_memfits_deepspeed_config_runs_deepspeed_and_succeeds(
+    kube: Kube, namespace: str, operator: tuple[Path, int]
+) -> None:
+    container = {**LOOP, "honors": ["deepspeedConfig"]}
+    job, pods = _run(kube, namespace, operator[0], "own-ds", container)
+    plan = job["status"]["plan"]
+    assert plan["engine"] == "deepspeed"
+    reported = _reported(pods)
+    assert reported["engine"] == "deepspeed"
+    assert (reported["micro_batch"], reported["accumulation"]) == (plan["microBatchSize"],
+                                                                   plan["gradientAccumulationSteps"])
+    statuses = {s["name"]: s for p in pods for s in p["status"]["initContainerStatuses"]}
+    assert statuses["memfit-config"]["state"]["terminated"]["exitCode"] == 0

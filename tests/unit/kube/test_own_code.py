@@ -1,0 +1,55 @@
+"""The training pod of a job with its own container: the user's image and command in the trainer's place,
+memfit's plan in its environment, the DeepSpeed config written beside it when the script takes one."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from factories import OWNER, PLACEMENT, POD, make_plan
+from memfit.api.job import MemoryOptimizedTrainingJobSpec
+from memfit.kube.train_job import build_training_job
+from memfit_testbed.own_code_cases import LOOP, job_spec
+
+
+def _pod(container: dict[str, Any], **strategy: Any) -> dict[str, Any]:
+    spec = MemoryOptimizedTrainingJobSpec.model_validate(job_spec(container, **strategy))
+    plan = make_plan(micro_batch_size=2, gradient_accumulation_steps=4, nodes=2, gpus_per_node=4)
+    job = build_training_job(owner=OWNER, spec=spec, plan=plan, placement=PLACEMENT, pod=POD)
+    return job["spec"]["template"]["spec"]
+
+
+def _env(container: dict[str, Any]) -> dict[str, str]:
+    return {e["name"]: e.get("value", "") for e in container["env"]}
+
+
+def test_the_users_container_takes_the_trainers_place_with_the_plan_in_its_environment() -> None:
+    own = {**LOOP, "args": ["--batch=$(MEMFIT_MICRO_BATCH_SIZE)"], "workingDir": "/workspace",
+           "env": [{"name": "WANDB_MODE", "value": "offline"}]}
+    pod = _pod(own)
+    [trainer] = pod["containers"]
+    assert trainer["name"] == "trainer" and trainer["image"] == LOOP["image"]
+    assert trainer["command"] == LOOP["command"] and trainer["args"] == own["args"]
+    assert trainer["workingDir"] == "/workspace"
+    env = _env(trainer)
+    assert env["MEMFIT_MICRO_BATCH_SIZE"] == "2" and env["MEMFIT_GRADIENT_ACCUMULATION_STEPS"] == "4"
+    assert env["MEMFIT_PRECISION"] == "bf16" and env["MEMFIT_ZERO_STAGE"] == "2"
+    assert env["MEMFIT_ACTIVATION_CHECKPOINTING"] == "full" and env["MEMFIT_OPTIMIZER_8BIT"] == "true"
+    assert env["PET_NNODES"] == "2" and env["PET_NPROC_PER_NODE"] == "4"  # torchrun reads these
+    assert env["MEMFIT_CHECKPOINT_DIR"] == "/checkpoints/llama" and env["WANDB_MODE"] == "offline"
+    assert [e["name"] for e in trainer["env"]][-1] == "WANDB_MODE"  # may refer to memfit's with $(NAME)
+    assert trainer["resources"]["limits"]["nvidia.com/gpu"] == "4"
+    assert trainer["terminationMessagePolicy"] == "FallbackToLogsOnError"
+    assert "MEMFIT_DEEPSPEED_CONFIG" not in env and "initContainers" not in pod
+
+
+def test_a_script_taking_the_deepspeed_config_finds_it_written_by_memfits_image() -> None:
+    pod = _pod({**LOOP, "honors": ["deepspeedConfig"]})
+    [writer] = pod["initContainers"]
+    assert writer["name"] == "memfit-config" and writer["image"] == POD.image
+    assert writer["command"][:2] == ["sh", "-c"] and "memfit-trainer deepspeed-config" in writer["command"][2]
+    assert writer["command"][3:] == ["/etc/memfit/plan.json", "/memfit/config/deepspeed.json"]
+    trainer = pod["containers"][0]
+    assert _env(trainer)["MEMFIT_DEEPSPEED_CONFIG"] == "/memfit/config/deepspeed.json"
+    assert {"name": "memfit-config", "mountPath": "/memfit/config", "readOnly": True} in trainer["volumeMounts"]
+    assert {"name": "memfit-config", "emptyDir": {}} in pod["volumes"]
+    assert writer["securityContext"] == trainer["securityContext"]
