@@ -43,6 +43,9 @@ ROUTINE_PHASES = frozenset({Phase.LAUNCHING, Phase.RUNNING, *TERMINAL})
 # Workers that also take routine passes (a launched job's status refresh); the others launch and re-plan
 # only. 16 is the worker count the paced runs of benchmarks/scale.py met their CPU target with.
 ROUTINE_WORKERS = 16
+# A routine pass waits this long in the queue, so that the status changes a running job's Job sends in a
+# row (pods created, scheduled, running, finished) are one pass, not one each (controller.workqueue).
+ROUTINE_MIN_WAIT_SECONDS = 1.0
 CHILD_SELECTOR = f"{LABEL_MANAGED_BY}={MANAGED_BY},{LABEL_JOB}"  # only memfit's Jobs, not the cluster's
 # The longest a job goes without a look when nothing it watches changes (a missed event is found then).
 MAX_RECHECK_SECONDS = 60.0
@@ -63,7 +66,7 @@ class Runtime:
         if api is not None:
             api.watched_jobs = self.jobs
         self.world = WorldCache(self.settings.world_ttl_seconds, self.settings.node_ttl_seconds)
-        self.queue = WorkQueue()
+        self.queue = WorkQueue(routine_min_wait=ROUTINE_MIN_WAIT_SECONDS)
         self.events = EventPoster()
         self.healthy = threading.Event()
         self.stop = threading.Event()

@@ -8,7 +8,9 @@ in an executor holding their bodies: at 1,000 jobs that backlog was most of the 
 Two priorities (the shape of controller-runtime's priority queue): a job that waits to be launched or
 re-planned comes before a pass that refreshes a running job's status, so a burst of new jobs is not
 queued behind the watch events of the ones already running. A waiting routine pass is taken first once
-it waited `routine_max_wait` seconds, so routine work is delayed, never starved.
+it waited `routine_max_wait` seconds, so routine work is delayed, never starved; and none is taken before
+it waited `routine_min_wait` seconds (client-go's AddAfter), so the events a running job's Job and pods
+send within that time are folded into one pass however many workers are idle.
 
 Workers are of two kinds: every worker takes urgent keys, only some take routine ones
 (`get(urgent_only=True)` for the rest). A launch pass is a chain of API round trips, so more of them in
@@ -35,10 +37,12 @@ class WorkQueue:
     a time."""
 
     def __init__(
-        self, clock: Callable[[], float] = time.monotonic, routine_max_wait: float = ROUTINE_MAX_WAIT_SECONDS
+        self, clock: Callable[[], float] = time.monotonic, routine_max_wait: float = ROUTINE_MAX_WAIT_SECONDS,
+        routine_min_wait: float = 0.0,
     ) -> None:
         self._clock = clock
         self._routine_max_wait = routine_max_wait
+        self._routine_min_wait = routine_min_wait
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)  # workers that take any key wait here
         self._urgent_cond = threading.Condition(self._lock)  # urgent-only workers wait here
@@ -93,6 +97,8 @@ class WorkQueue:
                 remaining = None if deadline is None else deadline - self._clock()
                 if remaining is not None and remaining <= 0:
                     return None
+                if not urgent_only and (ripe := self._routine_ripe_in()) is not None:
+                    remaining = ripe if remaining is None else min(remaining, ripe)
                 self._asleep[cond] += 1
                 if not cond.wait(remaining):  # timed out: nobody woke this worker
                     self._asleep[cond] = max(0, self._asleep[cond] - 1)
@@ -104,11 +110,19 @@ class WorkQueue:
             return self._urgent.popleft() if self._urgent else None
         while self._routine and self._queued.get(self._routine[0][1]) is not False:
             self._routine.popleft()
-        if self._routine and (not self._urgent or self._clock() - self._routine[0][0] >= self._routine_max_wait):
-            return self._routine.popleft()[1]
+        if self._routine:
+            waited = self._clock() - self._routine[0][0]
+            if waited >= self._routine_max_wait or (not self._urgent and waited >= self._routine_min_wait):
+                return self._routine.popleft()[1]
         if self._urgent:
             return self._urgent.popleft()
         return None
+
+    def _routine_ripe_in(self) -> float | None:
+        """Seconds until the oldest routine key has waited `routine_min_wait` (None: no routine key)."""
+        if not self._routine:
+            return None
+        return max(0.001, self._routine[0][0] + self._routine_min_wait - self._clock())
 
     def done(self, key: Key) -> None:
         """The worker finished `key`; queue it again if it was added meanwhile."""

@@ -58,3 +58,15 @@ def test_completed_message_carries_the_final_eval_loss_under_the_contract_key() 
     wire = TerminationMessage(TerminationReason.COMPLETED, steps=6, final_loss=1.25, eval_loss=1.5).to_json()
     assert parse_message(wire)[KEY_EVAL_LOSS] == 1.5
     assert KEY_EVAL_LOSS not in parse_message(TerminationMessage(TerminationReason.COMPLETED, steps=6).to_json())
+
+
+def test_pytorchs_own_words_in_a_scripts_last_log_lines_are_a_cuda_oom() -> None:
+    """A user's script (spec.container) writes no JSON message: its log tail (FallbackToLogsOnError) is."""
+    tail = ('  File "train.py", line 80, in <module>\ntorch.OutOfMemoryError: CUDA out of memory. Tried to allocate '
+            "2.00 GiB. GPU 0 has a total capacity of 79.19 GiB of which 1.02 GiB is free.")
+    assert out_of_memory_reason({}, exit_code=1, container_reason="Error", text=tail) == (
+        TerminationReason.CUDA_OUT_OF_MEMORY)
+    assert out_of_memory_reason({}, exit_code=1, container_reason="Error", text="KeyError: 'labels'") is None
+    assert out_of_memory_reason({}, exit_code=0, container_reason="Completed", text=tail) is None
+    # memfit's own trainer's JSON message keeps its say.
+    assert out_of_memory_reason({"reason": "TrainingError"}, exit_code=1, container_reason="Error", text=tail) is None

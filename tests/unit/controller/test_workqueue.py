@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 from memfit.controller.workqueue import Key, WorkQueue
 
@@ -163,3 +164,25 @@ def test_workers_without_timeouts_take_every_key_of_both_kinds() -> None:
         w.join(timeout=10)
     assert sorted(taken) == sorted(keys)
     assert not any(w.is_alive() for w in workers)
+
+
+def test_a_routine_key_waits_its_minimum_so_a_running_jobs_events_fold_into_one_pass() -> None:
+    now = [0.0]
+    queue = WorkQueue(clock=lambda: now[0], routine_min_wait=1.0)
+    queue.add(("ns", "a"), urgent=False)
+    assert queue.get(timeout=0) is None  # younger than a second: not yet
+    now[0] = 0.5
+    queue.add(("ns", "a"), urgent=False)  # another event of the same job: folded, its age kept
+    queue.add(("ns", "b"))  # an urgent key is not held back
+    assert queue.get(timeout=0) == ("ns", "b")
+    now[0] = 1.0
+    assert queue.get(timeout=0) == ("ns", "a")
+    assert queue.get(timeout=0) is None
+
+
+def test_a_worker_waiting_on_a_young_routine_key_takes_it_once_it_is_ripe() -> None:
+    queue = WorkQueue(routine_min_wait=0.2)
+    queue.add(("ns", "a"), urgent=False)
+    started = time.monotonic()
+    assert queue.get(timeout=5) == ("ns", "a")  # no other add wakes the worker: it woke itself
+    assert 0.15 <= time.monotonic() - started < 5
