@@ -85,7 +85,8 @@ def check_own_code(spec: Mapping[str, Any]) -> Findings:
     container = spec.get("container")
     if not isinstance(container, Mapping):
         return []
-    honors = container.get("honors") if isinstance(container.get("honors"), list) else []
+    listed = container.get("honors")
+    honors: list[Any] = listed if isinstance(listed, list) else []
     deepspeed = Knob.DEEPSPEED_CONFIG.value in honors
 
     def applies(knob: Knob) -> bool:
