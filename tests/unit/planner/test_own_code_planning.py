@@ -7,6 +7,7 @@ from memfit.api.common import Checkpointing, Engine, Offload
 from memfit.api.job import MemoryOptimizedTrainingJobSpec
 from memfit.catalog import CATALOG
 from memfit.planner import plan
+from memfit.planner.own_code import with_container_pins
 from memfit_testbed.own_code_cases import LOOP, job_spec
 from planner_factories import make_pool
 
@@ -33,6 +34,4 @@ def test_a_script_taking_the_deepspeed_config_is_planned_on_deepspeed() -> None:
 
 def test_memfits_own_trainer_keeps_the_whole_space() -> None:
     spec = MemoryOptimizedTrainingJobSpec.model_validate({"problem": job_spec(LOOP)["problem"]})
-    from memfit.planner.own_code import with_container_pins
-
     assert with_container_pins(spec) is spec
