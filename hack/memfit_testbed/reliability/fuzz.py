@@ -9,6 +9,7 @@ had admitted it): that layer must refuse every case that reaches it without crea
 from __future__ import annotations
 
 import time
+import uuid
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -111,7 +112,7 @@ def judge_in_process(case: Case, namespace: str) -> tuple[bool, str]:
         "metadata": {
             "name": case.doc["metadata"]["name"],
             "namespace": namespace,
-            "uid": "00000000-fuzz",
+            "uid": str(uuid.uuid4()),  # each case is its own object (specs are parsed once per uid + generation)
             "resourceVersion": "1",
             "generation": 1,
         },

@@ -30,6 +30,7 @@ from memfit.controller.kubeapi import MOTJ_PLURAL, ForeignObjectError, KubeApi
 from memfit.controller.pool_status import reconcile_pools
 from memfit.controller.reconcile import RecordConflict, reconcile_job
 from memfit.controller.settings import OperatorSettings
+from memfit.controller.settled_pods import SettledPods
 from memfit.controller.watched_jobs import WatchedJobs, older
 from memfit.controller.workqueue import Key, WorkQueue
 from memfit.controller.world_cache import WorldCache
@@ -63,8 +64,10 @@ class Runtime:
         self.settings = settings or OperatorSettings()
         self.jobs = WatchedJobs()  # memfit's Jobs as the watch showed them: a pass reads them from here
         self.api = api
+        self.pods = SettledPods()  # settled pod lists of memfit's Jobs, reused while the Job is unchanged
         if api is not None:
             api.watched_jobs = self.jobs
+            api.settled_pods = self.pods
         self.world = WorldCache(self.settings.world_ttl_seconds, self.settings.node_ttl_seconds)
         self.queue = WorkQueue(routine_min_wait=ROUTINE_MIN_WAIT_SECONDS)
         self.events = EventPoster()

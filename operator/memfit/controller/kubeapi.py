@@ -12,6 +12,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from memfit.api.common import API_GROUP, API_VERSION
+from memfit.controller.settled_pods import SettledPods
 from memfit.controller.trainer_metrics import read_trainer_metrics
 from memfit.controller.watched_jobs import WatchedJobs
 
@@ -49,6 +50,8 @@ class KubeApi:
     custom: client.CustomObjectsApi
     # The operator's watched Jobs (set by its Runtime): get_job answers from them while they are trusted.
     watched_jobs: WatchedJobs | None = field(default=None, kw_only=True)
+    # The operator's settled pod lists (set by its Runtime): list_job_pods reuses them.
+    settled_pods: SettledPods | None = field(default=None, kw_only=True)
 
     @classmethod
     def from_client(cls, api_client: client.ApiClient | None = None, *, workers: int = 16) -> KubeApi:
@@ -122,6 +125,17 @@ class KubeApi:
     def list_pods(self, namespace: str, selector: str) -> list[Manifest]:
         pods = self._request("GET", f"/api/v1/namespaces/{namespace}/pods", query={"labelSelector": selector})
         return list(pods.get("items") or [])
+
+    def list_job_pods(self, namespace: str, selector: str, job: Manifest) -> list[Manifest]:
+        """The pods of `job` (`selector`): a list read at this version of the Job in which every pod was
+        settled is reused (controller.settled_pods), else they are listed."""
+        kept = self.settled_pods.get(namespace, selector, job) if self.settled_pods is not None else None
+        if kept is not None:
+            return kept
+        pods = self.list_pods(namespace, selector)
+        if self.settled_pods is not None:
+            self.settled_pods.keep(namespace, selector, job, pods)
+        return pods
 
     def list_workloads(self, namespace: str, selector: str) -> list[Manifest]:
         """Kueue Workloads; none when Kueue is not installed (404) or the chart did not grant the read

@@ -17,6 +17,7 @@ from memfit.api import pod as contract
 from memfit.api.job import MemoryOptimizedTrainingJobSpec, MemoryOptimizedTrainingJobStatus
 from memfit.api.plan import Plan
 from memfit.controller.kubeapi import KubeApi
+from memfit.controller.parsed_bodies import spec_of, status_of
 from memfit.controller.settings import OperatorSettings
 from memfit.controller.world_cache import observe_world
 from memfit.kube.checkpoints import CheckpointStorage, checkpoint_volume
@@ -49,8 +50,6 @@ from memfit.lifecycle.snapshot import (
     needs_profiling_job,
     needs_progress,
     next_attempt_index,
-    parse_spec,
-    parse_status,
 )
 
 Manifest = dict[str, Any]
@@ -62,6 +61,7 @@ class ChildReader(Protocol):
     def get_job(self, namespace: str, name: str) -> Manifest | None: ...
     def get_config_map(self, namespace: str, name: str) -> Manifest | None: ...
     def list_pods(self, namespace: str, selector: str) -> list[Manifest]: ...
+    def list_job_pods(self, namespace: str, selector: str, job: Manifest) -> list[Manifest]: ...
     def get_claim(self, namespace: str, name: str) -> Manifest | None: ...
     def trainer_metrics(self, host: str, port: int, *, job: str) -> dict[str, float] | None: ...
     def list_workloads(self, namespace: str, selector: str) -> list[Manifest]: ...
@@ -109,12 +109,12 @@ def observe_snapshot(
         generation=meta.get("generation"),
         annotations=dict(meta.get("annotations") or {}),
     )
-    spec, problems = parse_spec(ref.name, body.get("spec"))
-    status = parse_status(body.get("status")) or MemoryOptimizedTrainingJobStatus()
+    spec, problems = spec_of(meta, body.get("spec"))
+    status = status_of(meta, body.get("status")) or MemoryOptimizedTrainingJobStatus()
     snap = Snapshot(
         job=ref,
         spec=spec,
-        spec_problems=tuple(problems),
+        spec_problems=problems,
         status=status,
         now=(now or datetime.now(UTC)).replace(microsecond=0),
         settings=launch_settings(settings),
@@ -256,7 +256,7 @@ def _attempt_children(api: ChildReader, ref: JobRef, index: int, *, progress_due
     it (Pending), and that pass reads it and restores it. Most passes of a running job read one object fewer."""
     name = train_job_name(ref.name, index)
     job = api.get_job(ref.namespace, name)
-    pods = api.list_pods(ref.namespace, pod_selector(ref.name, COMPONENT_TRAINER, index)) if job else []
+    pods = api.list_job_pods(ref.namespace, pod_selector(ref.name, COMPONENT_TRAINER, index), job) if job else []
     annotated = _annotated_plan(job) if job is not None else None
     waiting = any(_waits_on_node(p) for p in pods)
     if annotated is not None and not waiting:

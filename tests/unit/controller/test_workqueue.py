@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
 from memfit.controller.workqueue import Key, WorkQueue
 
 A, B = ("ns", "a"), ("ns", "b")
@@ -132,10 +133,12 @@ def test_close_wakes_urgent_only_workers() -> None:
     assert got == [None]
 
 
-def test_workers_without_timeouts_take_every_key_of_both_kinds() -> None:
+@pytest.mark.parametrize("min_wait", [0.0, 0.05])
+def test_workers_without_timeouts_take_every_key_of_both_kinds(min_wait: float) -> None:
     """Workers that sleep until woken (no polling): every key added, urgent or routine, from several
-    threads at once, is taken; none waits for a wake-up that went to the wrong kind of worker."""
-    q = WorkQueue()
+    threads at once, is taken; none waits for a wake-up that went to the wrong kind of worker, and with a
+    minimum wait none is stranded when the worker timing the oldest routine key hands that on."""
+    q = WorkQueue(routine_min_wait=min_wait)
     keys = [("ns", f"k{i}") for i in range(400)]
     taken: list[Key] = []
     lock = threading.Lock()
@@ -186,3 +189,35 @@ def test_a_worker_waiting_on_a_young_routine_key_takes_it_once_it_is_ripe() -> N
     started = time.monotonic()
     assert queue.get(timeout=5) == ("ns", "a")  # no other add wakes the worker: it woke itself
     assert 0.15 <= time.monotonic() - started < 5
+
+
+def test_routine_keys_added_while_one_is_timed_wake_no_other_worker() -> None:
+    """One sleeping worker times the oldest routine key; later routine keys ripen after it (FIFO), so their
+    adds wake nobody (each wake-up would only put a worker back to sleep until the key is ripe). Once
+    ripe, every key is taken."""
+    q = WorkQueue(routine_min_wait=0.5)
+    returns = [0]
+    wait = q._cond.wait
+
+    def counted_wait(timeout: float | None = None) -> bool:
+        woken = wait(timeout)
+        returns[0] += 1
+        return woken
+
+    q._cond.wait = counted_wait  # type: ignore[method-assign]
+    taken: list[Key] = []
+    workers = [threading.Thread(target=lambda: taken.append(q.get(timeout=30) or ("", ""))) for _ in range(4)]
+    for w in workers:
+        w.start()
+    deadline = time.monotonic() + 30
+    while q._asleep[q._cond] < 4 and time.monotonic() < deadline:  # every worker asleep, none timing
+        time.sleep(0.005)
+    started = time.monotonic()
+    for i in range(4):
+        q.add(("ns", f"r{i}"), urgent=False)
+    time.sleep(0.2)
+    if time.monotonic() - started < 0.45:  # still before the first key is ripe
+        assert returns[0] <= 1, f"{returns[0]} workers woken for keys none could take yet"
+    for w in workers:
+        w.join(timeout=30)
+    assert sorted(taken) == [("ns", f"r{i}") for i in range(4)]

@@ -67,6 +67,15 @@ def terminated(code: int, message: str = "", reason: str = "Error") -> Manifest:
     }
 
 
+# Every distinct spec gets its own generation, as the API server bumps it on each spec change: the operator
+# parses a spec once per (uid, generation) (controller.parsed_bodies), and every harness job is "uid-1".
+_GENERATIONS: dict[str, int] = {}
+
+
+def generation_of(spec: Manifest) -> int:
+    return _GENERATIONS.setdefault(json.dumps(spec, sort_keys=True, default=str), len(_GENERATIONS) + 1)
+
+
 @dataclass
 class Harness:
     """One MOTJ named `j` in namespace `ns`, its children, and the clock."""
@@ -94,6 +103,9 @@ class Harness:
 
     def trainer_metrics(self, host: str, port: int, *, job: str) -> dict[str, float] | None:
         return dict(self.metrics) if self.metrics is not None else None
+
+    def list_job_pods(self, namespace: str, selector: str, job: Manifest) -> list[Manifest]:
+        return self.list_pods(namespace, selector)
 
     def list_pods(self, namespace: str, selector: str) -> list[Manifest]:
         wanted = dict(term.split("=", 1) for term in selector.split(","))
@@ -126,7 +138,7 @@ class Harness:
             "name": self.name,
             "namespace": "ns",
             "uid": "uid-1",
-            "generation": 1,
+            "generation": generation_of(self.spec),
             "annotations": self.annotations,
         }
         return {"metadata": meta, "spec": self.spec, "status": copy.deepcopy(self.status)}
