@@ -5,8 +5,8 @@ at 1,000 jobs the most expensive read of the operator (a ninth of its CPU, py-sp
 benchmarks/scale.py), mostly repeated by passes in which nothing had changed (the resync's progress
 looks). A pod that runs or has finished changes in ways that matter only together with its Job: the Job
 controller counts it as ready, not ready, terminating, succeeded or failed in the Job's status, which
-gives the Job a new resourceVersion. So a list in which every pod is settled (Running with an address,
-Succeeded or Failed) is reused while the Job keeps the version it had then, for at most
+gives the Job a new resourceVersion. So a list in which every pod is settled (Running, Succeeded or
+Failed) is reused while the Job keeps the version it had then, for at most
 `trust_seconds` (the same bound as the watched Job itself, controller.watched_jobs). A list with a
 pending pod (being scheduled, pulling, waiting for a volume: changes the Job does not count), or with
 no pod at all, is never reused.
@@ -27,12 +27,10 @@ SWEEP_EVERY = 256  # keeps between two sweeps of the lists no longer trusted
 
 
 def settled(pod: Manifest) -> bool:
-    """Running with an address, or finished: what changes next shows in the Job's status."""
+    """Running or finished, and not being deleted: what changes next shows in the Job's status. (A
+    kubelet reports a pod's address with its first Running status; a simulated pod has none.)"""
     meta, status = pod.get("metadata") or {}, pod.get("status") or {}
-    if meta.get("deletionTimestamp"):
-        return False
-    phase = status.get("phase")
-    return phase in ("Succeeded", "Failed") or (phase == "Running" and bool(status.get("podIP")))
+    return not meta.get("deletionTimestamp") and status.get("phase") in ("Running", "Succeeded", "Failed")
 
 
 def job_version(job: Manifest) -> Version | None:

@@ -43,7 +43,7 @@ class CountingApi(KubeApi):
 def test_what_counts_as_settled() -> None:
     assert settled(pod("Running")) and settled(pod("Succeeded", ip="")) and settled(pod("Failed", ip=""))
     assert not settled(pod("Pending"))
-    assert not settled(pod("Running", ip=""))  # no address yet: rank 0's metrics cannot be read
+    assert settled(pod("Running", ip=""))  # a simulated pod has no address
     assert not settled(pod("Running", deletionTimestamp="2026-12-06T00:00:00Z"))
 
 
