@@ -62,6 +62,10 @@ ENV_FIRST_STEPS = "MEMFIT_FIRST_STEPS"  # steps the first-steps memory check cov
 ENV_DEVICE = "MEMFIT_DEVICE"  # cpu | cuda | simulated-cuda (the local pod runner)
 ENV_CPU_MEMORY_METER = "MEMFIT_CPU_MEMORY_METER"
 ENV_SIMULATED_GPU = "MEMFIT_SIMULATED_GPU"
+# The probe that profiles a user's own script (memfit_trainer.probe): its driver sets these for the script's
+# process, whose sitecustomize then installs the probe's hooks.
+ENV_PROBE_OUT = "MEMFIT_PROBE_OUT"  # where the hooks write their JSON result (rank 0; other ranks beside it)
+ENV_PROBE_STEPS = "MEMFIT_PROBE_STEPS"  # optimizer steps to measure before the probe ends the process
 # torchrun's own variables (torch.distributed.run reads PET_<flag>)
 ENV_NNODES = "PET_NNODES"
 ENV_NPROC_PER_NODE = "PET_NPROC_PER_NODE"

@@ -33,6 +33,15 @@ ROUTINE_MAX_WAIT_SECONDS = 30.0
 CALLED, ARMED = "called", "armed"
 
 
+class _Sleeper:
+    """A waiting worker's flag: set when a wake-up was sent for it (compared by identity)."""
+
+    __slots__ = ("picked",)
+
+    def __init__(self) -> None:
+        self.picked = False
+
+
 class WorkQueue:
     """Two FIFOs of keys (urgent, routine), each key queued at most once and processed by one worker at
     a time."""
@@ -47,9 +56,11 @@ class WorkQueue:
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)  # workers that take any key wait here
         self._urgent_cond = threading.Condition(self._lock)  # urgent-only workers wait here
-        # Waiting workers of each kind not yet woken: a key wakes one worker that takes it, and only one
-        # (each wake-up is a thread switch; at 64 workers they were a twentieth of the operator's CPU).
-        self._asleep = {self._cond: 0, self._urgent_cond: 0}
+        # Waiting workers of each kind not yet woken, one flag each: a key wakes one worker that takes it,
+        # and only one (each wake-up is a thread switch; at 64 workers they were a twentieth of the
+        # operator's CPU). A flag, not a count: a worker whose timed wait ended just as it was picked
+        # must not be counted out twice, or a sleeping worker is never woken again (a stalled queue).
+        self._asleep: dict[threading.Condition, deque[_Sleeper]] = {self._cond: deque(), self._urgent_cond: deque()}
         self._urgent: deque[Key] = deque()
         self._routine: deque[tuple[float, Key]] = deque()  # (queued at, key); may hold promoted keys
         self._queued: dict[Key, bool] = {}  # key -> urgent
@@ -91,7 +102,7 @@ class WorkQueue:
 
     def _wake(self, cond: threading.Condition) -> None:
         if self._asleep[cond]:
-            self._asleep[cond] -= 1
+            self._asleep[cond].popleft().picked = True
             cond.notify()
 
     def get(self, timeout: float | None = None, *, urgent_only: bool = False) -> Key | None:
@@ -117,10 +128,11 @@ class WorkQueue:
                 if timer:
                     self._timer = ARMED
                     remaining = ripe if remaining is None else min(remaining, ripe)
-                self._asleep[cond] += 1
-                woken = cond.wait(remaining)
-                if not woken:  # timed out: nobody woke this worker
-                    self._asleep[cond] = max(0, self._asleep[cond] - 1)
+                sleeper = _Sleeper()
+                self._asleep[cond].append(sleeper)
+                cond.wait(remaining)
+                if not sleeper.picked:  # timed out (or woken by a notify meant for a worker whose wait ended)
+                    self._asleep[cond].remove(sleeper)
                 if timer:
                     self._timer = ""
 
@@ -167,8 +179,10 @@ class WorkQueue:
     def close(self) -> None:
         with self._lock:
             self._closed = True
-            for cond in self._asleep:
-                self._asleep[cond] = 0
+            for cond, asleep in self._asleep.items():
+                for sleeper in asleep:
+                    sleeper.picked = True
+                asleep.clear()
                 cond.notify_all()
 
     def __len__(self) -> int:

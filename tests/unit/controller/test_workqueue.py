@@ -210,7 +210,7 @@ def test_routine_keys_added_while_one_is_timed_wake_no_other_worker() -> None:
     for w in workers:
         w.start()
     deadline = time.monotonic() + 30
-    while q._asleep[q._cond] < 4 and time.monotonic() < deadline:  # every worker asleep, none timing
+    while len(q._asleep[q._cond]) < 4 and time.monotonic() < deadline:  # every worker asleep, none timing
         time.sleep(0.005)
     started = time.monotonic()
     for i in range(4):
@@ -221,3 +221,80 @@ def test_routine_keys_added_while_one_is_timed_wake_no_other_worker() -> None:
     for w in workers:
         w.join(timeout=30)
     assert sorted(taken) == [("ns", f"r{i}") for i in range(4)]
+
+
+def test_no_worker_is_lost_when_timed_waits_race_wake_ups() -> None:
+    """Routine keys trickle in while one worker times the oldest (timed waits that end just as a wake-up
+    picks them): every key is still taken. A sleeping worker counted out twice was never woken again,
+    and the queue stalled with keys in it (seen at 1,000 jobs in benchmarks/scale.py)."""
+    q = WorkQueue(routine_min_wait=0.003)
+    keys = [("ns", f"t{i}") for i in range(1500)]
+    taken: set[Key] = set()
+    lock = threading.Lock()
+    all_taken = threading.Event()
+
+    def worker(urgent_only: bool) -> None:
+        while (key := q.get(urgent_only=urgent_only)) is not None:
+            with lock:
+                taken.add(key)
+                if len(taken) == len(keys):
+                    all_taken.set()
+            q.done(key)
+
+    workers = [threading.Thread(target=worker, args=(i >= 6,), daemon=True) for i in range(12)]
+    for w in workers:
+        w.start()
+
+    def produce(part: list[Key]) -> None:
+        for i, k in enumerate(part):
+            q.add(k, urgent=i % 5 == 0)
+            if i % 3 == 0:
+                time.sleep(0.001)
+
+    producers = [threading.Thread(target=produce, args=(keys[j::2],)) for j in range(2)]
+    for p in producers:
+        p.start()
+    for p in producers:
+        p.join()
+    assert all_taken.wait(60), f"{len(keys) - len(taken)} keys never taken: the queue stalled"
+    q.close()
+    for w in workers:
+        w.join(timeout=10)
+
+
+def test_a_wake_up_that_meets_a_timed_out_wait_loses_no_worker() -> None:
+    """The race behind that stall, forced: every wait reports a time-out, also when a wake-up picked it
+    (its timed wait ended just as the key came). Sleeping workers must stay counted: each key, added
+    one at a time, is still taken."""
+    q = WorkQueue(routine_min_wait=0.01)
+    wait = q._cond.wait
+
+    def raced_wait(timeout: float | None = None) -> bool:
+        wait(timeout)
+        return False
+
+    q._cond.wait = raced_wait  # type: ignore[method-assign]
+    taken: list[Key] = []
+    got = threading.Condition()
+
+    def worker() -> None:
+        while (key := q.get()) is not None:
+            with got:
+                taken.append(key)
+                got.notify_all()
+            q.done(key)
+
+    workers = [threading.Thread(target=worker, daemon=True) for _ in range(3)]
+    for w in workers:
+        w.start()
+    for i in range(30):
+        deadline = time.monotonic() + 10
+        while len(q._asleep[q._cond]) < 3:  # every worker back asleep (and counted) before the next key
+            assert time.monotonic() < deadline, f"before key {i}: a sleeping worker is no longer counted"
+            time.sleep(0.001)
+        q.add(("ns", f"k{i}"), urgent=False)
+        with got:
+            assert got.wait_for(lambda i=i: len(taken) > i, timeout=10), f"key {i} never taken: a worker was lost"
+    q.close()
+    for w in workers:
+        w.join(timeout=10)

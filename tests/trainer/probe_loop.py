@@ -1,0 +1,68 @@
+"""A tiny plain PyTorch loop for the probe's tests: reads MEMFIT_MICRO_BATCH_SIZE, or misbehaves on purpose.
+
+`--mode`: honest (what a script should do), ignores (feeds micro-batch 8 whatever memfit plans),
+never-steps (forward and backward, no optimizer step), exits (exit code 1 after one step), hangs (sleeps
+after one step), oom (PyTorch's CUDA out-of-memory error from micro-batch 4 up). `--memfit-meter`: no
+probe; measure each step with memfit's own CPU step meter and print the peaks as JSON (the reference).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import torch
+from memfit.api import pod as contract
+from torch import nn
+
+SEQ, WIDTH, HIDDEN = 16, 128, 512
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--mode", default="honest")
+    parser.add_argument("--memfit-meter", action="store_true")
+    parser.add_argument("--steps", type=int, default=4)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    meter = None
+    if args.memfit_meter:
+        from memfit_trainer.meters import step_meter
+
+        meter = step_meter(torch.device("cpu"), os.environ)
+        meter.start()  # before the model, as memfit's trainer (and the probe) do
+    micro = int(os.environ.get(contract.ENV_MICRO_BATCH_SIZE, "2"))
+    if args.mode == "ignores":
+        micro = 8
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(WIDTH, HIDDEN), nn.GELU(), nn.Linear(HIDDEN, WIDTH))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    peaks = []
+    for step in range(1, args.steps + 1):
+        batch = torch.randn(micro, SEQ, WIDTH)
+        loss = model(batch).square().mean()
+        if args.mode == "oom" and micro >= 4:
+            raise torch.OutOfMemoryError(
+                "CUDA out of memory. Tried to allocate 2.00 GiB (simulated by probe_loop)"
+            )
+        loss.backward()
+        if args.mode != "never-steps":
+            optimizer.step()
+        if meter is not None:
+            peaks.append(meter.end_step().peak_bytes)
+        optimizer.zero_grad(set_to_none=True)
+        if step == 1 and args.mode == "exits":
+            print("probe_loop: giving up after step 1 on purpose", file=sys.stderr)
+            sys.exit(1)
+        if step == 1 and args.mode == "hangs":
+            time.sleep(3600)
+    if meter is not None:
+        meter.stop()  # a profiler still running at interpreter exit crashes it
+        print(json.dumps({"peakBytes": peaks}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,210 @@
+"""The in-process probe: counts a script's optimizer steps and reads memory once per training step.
+
+Installed by `startup/sitecustomize.py` into the user's unchanged process. A training step ends when the
+outermost optimizer step returns: torch's global optimizer step hooks (every `torch.optim.Optimizer`
+subclass runs them), nested steps (an optimizer wrapping another) counted once. DeepSpeed's ZeRO and
+fp16/bf16 wrappers are not torch optimizers: they call the wrapped torch optimizer once per parameter
+group (ZeRO-1/2, `stage_1_and_2.py` `step`) or per sub-group (ZeRO-3, `stage3.py` `_optimizer_step`),
+and not at all on an fp16 overflow. So once the script steps a `DeepSpeedEngine`, the engine's `step` is
+the training step: one where the engine's `global_steps` moved (an accumulation boundary).
+
+The step's memory is read at the next safe point: the next outermost module call (or interpreter exit).
+Not in the optimizer post hook: torch runs it inside the step's `record_function` range, and ending the
+CPU meter's profiler cycle there corrupts the profiler (segfaults within ~50 steps, torch 2.15).
+
+The micro-batch the script fed is the leading dimension of the first tensor argument of the step's first
+outermost `nn.Module` call (global forward hooks, call depth tracked so inner modules do not count).
+After MEMFIT_PROBE_STEPS steps every rank writes its result and ends the process with exit code 0.
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import os
+import sys
+import time
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.nn.modules import module as torch_module
+from torch.optim import optimizer as torch_optimizer
+
+from memfit_trainer.probe.env import DEFAULT_PROBE_STEPS, ENV_PROBE_OUT, ENV_PROBE_STEPS, rank_result_path
+from memfit_trainer.probe.readers import StepReader, reader_for
+from memfit_trainer.probe.records import (
+    ENDED_AT_EXIT,
+    ENDED_AT_STEPS,
+    RUNNING,
+    ProbeResult,
+    StepRecord,
+    write_atomic,
+)
+
+DEEPSPEED_ENGINE_MODULE = "deepspeed.runtime.engine"
+
+
+def leading_dimension(values: Iterable[Any]) -> int | None:
+    """The first dimension of the first tensor among `values` (None without a tensor of rank >= 1)."""
+    for value in values:
+        if isinstance(value, torch.Tensor):
+            return int(value.shape[0]) if value.dim() > 0 else None
+    return None
+
+
+class Probe:
+    """The probe's state in one process: step records, module call depth, optimizer step depth."""
+
+    def __init__(self, *, out: Path, steps_wanted: int, rank: int, reader: StepReader,
+                 exit_process: Callable[[int], None] = os._exit) -> None:  # fmt: skip
+        self.out = out
+        self.steps_wanted = steps_wanted
+        self.rank = rank
+        self.reader = reader
+        self.exit_process = exit_process
+        self.records: list[StepRecord] = []
+        self.forward_calls = 0
+        self.steps_ended = 0
+        self.optimizer_steps = 0
+        self.finished = False  # the final result is written
+        self._module_depth = 0
+        self._step_depth = 0
+        self._fed: int | None = None
+        self._first_call_of_step = True
+        self._deepspeed = False  # the script steps a DeepSpeed engine: its step is the training step
+        self._patched_engine: type | None = None
+        self._last_step_end = time.perf_counter()
+        self._ended_at: float | None = None  # a step ended at this time; its reading is pending
+
+    # --- nn.Module calls ----------------------------------------------------------------------------
+
+    def on_module_call(self, module: torch.nn.Module, args: tuple[Any, ...]) -> None:
+        if self._module_depth == 0:
+            self.settle()
+            self.forward_calls += 1
+            self.patch_deepspeed()
+            if self._first_call_of_step:
+                self._fed = leading_dimension(args)
+        self._module_depth += 1
+
+    def on_module_return(self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
+                         output: Any) -> None:  # fmt: skip
+        self._module_depth = max(0, self._module_depth - 1)
+        if self._module_depth == 0 and self._first_call_of_step:
+            if self._fed is None:  # called with keyword arguments only (model(**batch))
+                self._fed = leading_dimension(kwargs.values())
+            self._first_call_of_step = False
+
+    # --- optimizer steps ----------------------------------------------------------------------------
+
+    def on_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self._step_depth += 1
+
+    def on_optimizer_stepped(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self.optimizer_steps += 1
+        self._step_depth = max(0, self._step_depth - 1)
+        if self._step_depth == 0 and not self._deepspeed:
+            self.end_step()
+
+    def patch_deepspeed(self) -> None:
+        """Wrap DeepSpeedEngine.step once DeepSpeed is imported (checked at each outermost module call)."""
+        engine_module = sys.modules.get(DEEPSPEED_ENGINE_MODULE)
+        engine_class = getattr(engine_module, "DeepSpeedEngine", None)
+        if engine_class is None or engine_class is self._patched_engine:
+            return
+        original = engine_class.step
+        probe = self
+
+        @functools.wraps(original)
+        def step(engine: Any, *args: Any, **kwargs: Any) -> Any:
+            probe._deepspeed = True
+            before = getattr(engine, "global_steps", None)
+            probe._step_depth += 1
+            try:
+                out = original(engine, *args, **kwargs)
+            finally:
+                probe._step_depth = max(0, probe._step_depth - 1)
+            if probe._step_depth == 0 and getattr(engine, "global_steps", None) != before:
+                probe.end_step()
+            return out
+
+        engine_class.step = step
+        self._patched_engine = engine_class
+
+    # --- readings and the result --------------------------------------------------------------------
+
+    def end_step(self) -> None:
+        """One training step ended: its reading is taken at the next safe point (`settle`)."""
+        self._ended_at = time.perf_counter()
+        self.steps_ended += 1
+        if self.steps_ended < self.steps_wanted:
+            self.write(RUNNING)  # what a process that hangs before its next step leaves behind
+
+    def settle(self) -> None:
+        """Read the ended step's memory; after the last wanted step, write and end the process."""
+        if self._ended_at is None:
+            return
+        seconds, self._ended_at = self._ended_at - self._last_step_end, None
+        memory = self.reader.read()
+        self.records.append(
+            StepRecord(
+                step=len(self.records) + 1,
+                peak_bytes=memory.peak_bytes,
+                step_seconds=round(seconds, 6),
+                micro_batch=self._fed,
+                reserved_peak_bytes=memory.reserved_peak_bytes,
+            )
+        )
+        self._fed = None
+        self._first_call_of_step = True
+        self._last_step_end = time.perf_counter()  # the reading's own time belongs to no step
+        if len(self.records) < self.steps_wanted:
+            self.write(RUNNING)
+            return
+        self.write(ENDED_AT_STEPS)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        self.exit_process(0)
+
+    def result(self, ended: str) -> ProbeResult:
+        return ProbeResult(rank=self.rank, device=self.reader.device, memory_meter=self.reader.meter_name,
+                           steps_wanted=self.steps_wanted, ended=ended, forward_calls=self.forward_calls,
+                           steps=tuple(self.records), steps_ended=self.steps_ended,
+                           optimizer_steps=self.optimizer_steps)  # fmt: skip
+
+    def write(self, ended: str) -> None:
+        write_atomic(rank_result_path(self.out, self.rank), self.result(ended).to_json())
+        self.finished = ended != RUNNING
+
+    def write_at_exit(self) -> None:
+        """The script ended before the last wanted step: the result so far, when it trained at all (a
+        launcher such as torchrun, which runs no model, writes nothing). Then stop the meter."""
+        try:
+            self.settle()
+            if not self.finished and (self.records or self.forward_calls):
+                self.write(ENDED_AT_EXIT)
+        finally:
+            self.reader.close()
+
+
+def install(probe: Probe) -> None:
+    """Register the probe's global module and optimizer hooks and its exit handler."""
+    torch_module.register_module_forward_pre_hook(probe.on_module_call)
+    torch_module.register_module_forward_hook(probe.on_module_return, with_kwargs=True, always_call=True)
+    torch_optimizer.register_optimizer_step_pre_hook(probe.on_optimizer_step)
+    torch_optimizer.register_optimizer_step_post_hook(probe.on_optimizer_stepped)
+    atexit.register(probe.write_at_exit)
+
+
+def install_from_env(environ: Mapping[str, str]) -> Probe | None:
+    """The probe MEMFIT_PROBE_OUT asks for, installed; None when the variable is unset."""
+    out = environ.get(ENV_PROBE_OUT, "").strip()
+    if not out:
+        return None
+    steps = int(environ.get(ENV_PROBE_STEPS, "") or DEFAULT_PROBE_STEPS)
+    rank = int(environ.get("RANK", "0") or 0)  # torchrun's rank of this process
+    probe = Probe(out=Path(out), steps_wanted=max(1, steps), rank=rank, reader=reader_for(environ))
+    install(probe)
+    return probe
