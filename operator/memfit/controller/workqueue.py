@@ -128,6 +128,8 @@ class WorkQueue:
                 if timer:
                     self._timer = ARMED
                     remaining = ripe if remaining is None else min(remaining, ripe)
+                elif self._timer == CALLED and not urgent_only:
+                    self._timer = ""  # nothing left to time (the keys were taken or promoted): call again
                 sleeper = _Sleeper()
                 self._asleep[cond].append(sleeper)
                 cond.wait(remaining)

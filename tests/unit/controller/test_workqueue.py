@@ -248,6 +248,8 @@ def test_no_worker_is_lost_when_timed_waits_race_wake_ups() -> None:
     def produce(part: list[Key]) -> None:
         for i, k in enumerate(part):
             q.add(k, urgent=i % 5 == 0)
+            if i % 7 == 0:
+                q.add(k)  # promoted: its routine entry is left behind, stale
             if i % 3 == 0:
                 time.sleep(0.001)
 
@@ -298,3 +300,25 @@ def test_a_wake_up_that_meets_a_timed_out_wait_loses_no_worker() -> None:
     q.close()
     for w in workers:
         w.join(timeout=10)
+
+
+def test_a_routine_key_after_a_promoted_one_still_wakes_a_worker() -> None:
+    """A routine key promoted to urgent leaves its routine entry behind; once that stale entry is gone,
+    the call for a timing worker must not stay pending: the next routine key wakes a sleeping worker
+    (it stayed queued for ever at 1,000 jobs in benchmarks/scale.py)."""
+    q = WorkQueue(routine_min_wait=0.05)
+    q.add(A, urgent=False)  # no worker asleep: the call for a timing worker reaches nobody
+    q.add(A)  # promoted
+    assert q.get(0) == A
+    q.done(A)
+    got: list[Key | None] = []
+    worker = threading.Thread(target=lambda: got.append(q.get()), daemon=True)
+    worker.start()
+    deadline = time.monotonic() + 10
+    while not q._asleep[q._cond]:
+        assert time.monotonic() < deadline
+        time.sleep(0.001)
+    q.add(B, urgent=False)
+    worker.join(timeout=5)
+    q.close()
+    assert got == [B], "the routine key woke no worker"
