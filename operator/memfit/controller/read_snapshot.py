@@ -17,7 +17,7 @@ from memfit.api import pod as contract
 from memfit.api.job import MemoryOptimizedTrainingJobSpec, MemoryOptimizedTrainingJobStatus
 from memfit.api.plan import Plan
 from memfit.controller.kubeapi import KubeApi
-from memfit.controller.parsed_bodies import spec_of, status_of
+from memfit.controller.parsed_bodies import spec_of
 from memfit.controller.settings import OperatorSettings
 from memfit.controller.world_cache import observe_world
 from memfit.kube.checkpoints import CheckpointStorage, checkpoint_volume
@@ -50,6 +50,7 @@ from memfit.lifecycle.snapshot import (
     needs_profiling_job,
     needs_progress,
     next_attempt_index,
+    parse_status,
 )
 
 Manifest = dict[str, Any]
@@ -110,7 +111,7 @@ def observe_snapshot(
         annotations=dict(meta.get("annotations") or {}),
     )
     spec, problems = spec_of(meta, body.get("spec"))
-    status = status_of(meta, body.get("status")) or MemoryOptimizedTrainingJobStatus()
+    status = parse_status(body.get("status")) or MemoryOptimizedTrainingJobStatus()
     snap = Snapshot(
         job=ref,
         spec=spec,
