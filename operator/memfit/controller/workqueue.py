@@ -30,7 +30,6 @@ Key = tuple[str, str]  # (namespace, name)
 
 
 ROUTINE_MAX_WAIT_SECONDS = 30.0
-CALLED, ARMED = "called", "armed"
 
 
 class _Sleeper:
@@ -67,12 +66,6 @@ class WorkQueue:
         self._processing: set[Key] = set()
         self._dirty: dict[Key, bool] = {}
         self._done_at: dict[Key, float] = {}
-        # One waiting worker at most sleeps until the oldest routine key is ripe (the timer); the others
-        # sleep until woken. A routine key added while a timer runs wakes nobody: it ripens after the
-        # oldest (a FIFO), and the worker that takes that one hands the timer on. Before, every routine
-        # add woke a worker only to put it back to sleep until the key was ripe, and each sleeper woke
-        # at that moment: a twenty-fifth of the operator's CPU in thread switches (py-spy, scale.py).
-        self._timer = ""  # "", CALLED (a worker was woken to time) or ARMED (one is timing)
         self._closed = False
 
     def add(self, key: Key, *, urgent: bool = True) -> None:
@@ -89,16 +82,9 @@ class WorkQueue:
             self._queued[key] = urgent
             if urgent:
                 self._urgent.append(key)
-                self._wake(self._urgent_cond if self._asleep[self._urgent_cond] else self._cond)
             else:
                 self._routine.append((self._clock(), key))
-                if not self._timer:  # else the worker timing the oldest routine key takes this one after it
-                    self._call_timer()
-
-    def _call_timer(self) -> None:
-        """Wake a worker to time the oldest routine key (the first worker that waits next takes the role)."""
-        self._timer = CALLED
-        self._wake(self._cond)
+            self._wake(self._urgent_cond if urgent and self._asleep[self._urgent_cond] else self._cond)
 
     def _wake(self, cond: threading.Condition) -> None:
         if self._asleep[cond]:
@@ -118,25 +104,17 @@ class WorkQueue:
                 if key is not None:
                     del self._queued[key]
                     self._processing.add(key)
-                    if self._routine and self._timer != ARMED:
-                        self._call_timer()  # routine keys wait: another worker times the oldest
                     return key
                 remaining = None if deadline is None else deadline - self._clock()
                 if remaining is not None and remaining <= 0:
                     return None
-                timer = not urgent_only and self._timer != ARMED and (ripe := self._routine_ripe_in()) is not None
-                if timer:
-                    self._timer = ARMED
+                if not urgent_only and (ripe := self._routine_ripe_in()) is not None:
                     remaining = ripe if remaining is None else min(remaining, ripe)
-                elif self._timer == CALLED and not urgent_only:
-                    self._timer = ""  # nothing left to time (the keys were taken or promoted): call again
                 sleeper = _Sleeper()
                 self._asleep[cond].append(sleeper)
                 cond.wait(remaining)
                 if not sleeper.picked:  # timed out (or woken by a notify meant for a worker whose wait ended)
                     self._asleep[cond].remove(sleeper)
-                if timer:
-                    self._timer = ""
 
     def _next(self, urgent_only: bool = False) -> Key | None:
         """A routine key that waited too long, else the first urgent key, else the first routine key
