@@ -362,7 +362,7 @@ def table(out: dict[str, Any]) -> str:
         ("orphans", str(t["orphans"]), "0"),
         ("status inconsistent with children", str(t["status_inconsistent"]), "0"),
         ("unexpected outcomes", str(t["unexpected_outcomes"]), "0"),
-        ("  explained (pool's nodes not Ready while waiting)", str(t["explained_outcomes"]), ""),
+        ("  explained (nodes not Ready, or GPUs all held, while waiting)", str(t["explained_outcomes"]), ""),
         ("children of hostile specs", str(t["hostile_spec_children"]), "0"),
         (
             "operator crashes / logged tracebacks",

@@ -228,8 +228,16 @@ def check_world(
                 if why:
                     report.explained.append(f"{seen}: {why}")
                 else:
-                    report.unexpected.append(f"{seen}: {status.get('message', '')[:200]}")
+                    report.unexpected.append(f"{seen}: {status.get('message', '')[:200]}{_off_path(status)}")
     return report
+
+
+def _off_path(status: dict[str, Any]) -> str:
+    """The reasons of the attempts that did not succeed: what a reader needs to tell a wrong re-plan
+    from a right one."""
+    reasons = [f"attempt {a.get('index')} {a.get('outcome')}: {str(a.get('reason') or '')[:240]}"
+               for a in status.get("attempts") or [] if a.get("outcome") != "Succeeded"]
+    return f" ({'; '.join(reasons)})" if reasons else ""
 
 
 def _consistency(

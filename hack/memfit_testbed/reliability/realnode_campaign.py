@@ -25,6 +25,7 @@ from memfit_testbed.operator_helpers import apply_pools, create_job, quickstart,
 from memfit_testbed.realnode.cluster import real_node_cluster
 from memfit_testbed.realnode.node import unsupported_reason
 from memfit_testbed.reliability.chaos import install_crds
+from memfit_testbed.reliability.gpu_occupancy import GpuOccupancy, waited_on_busy_gpus
 from memfit_testbed.reliability.invariants import JobRecorder, check_world, leftovers
 
 NAMESPACE = "realnode-chaos"
@@ -56,6 +57,8 @@ def _campaign(kube: Kube, kubeconfig: Path, image: str, work: Path, lifecycles: 
     kube.core.create_namespace({"metadata": {"name": NAMESPACE}})
     kube.wait("default SA", lambda: kube.raw(kube.core.read_namespaced_service_account, "default", NAMESPACE), 60)
     recorder = JobRecorder(kube, NAMESPACE).start()
+    occupancy = GpuOccupancy(kube).start()
+    capacity_timeout = int(quickstart("x")["spec"]["recovery"]["capacityTimeoutSeconds"])
     log = work / "operator-realnode.log"
     names = [f"rn-{i}" for i in range(lifecycles)]
     operator = _operator(kubeconfig, image, log)
@@ -81,8 +84,11 @@ def _campaign(kube: Kube, kubeconfig: Path, image: str, work: Path, lifecycles: 
                 next_kill = time.monotonic() + rng.uniform(2.0, 8.0)
             time.sleep(0.5)
         seconds = round(time.monotonic() - started, 1)
+        # More lifecycles than the node has GPUs: a job whose neighbours held every GPU for the
+        # quickstart's capacityTimeoutSeconds is re-planned (NoCapacity), as documented.
         report = check_world(kube, NAMESPACE, recorder=recorder,
-                             expected={n: ("Succeeded", ["Succeeded"]) for n in names})
+                             expected={n: ("Succeeded", ["Succeeded"]) for n in names},
+                             explain=lambda _, status: waited_on_busy_gpus(occupancy, capacity_timeout, status))
         custom = client.CustomObjectsApi(kube.api_client)
         for name in names:
             custom.delete_namespaced_custom_object("memfit.dev", "v1alpha1", NAMESPACE,
@@ -93,6 +99,7 @@ def _campaign(kube: Kube, kubeconfig: Path, image: str, work: Path, lifecycles: 
             time.sleep(1.0)
             left = leftovers(kube, NAMESPACE)
     finally:
+        occupancy.stop()
         recorder.stop()
         stop_operator(operator)
     return report.summary() | {

@@ -26,6 +26,7 @@ from memfit import metrics
 from memfit.api.common import API_GROUP, API_VERSION
 from memfit.api.job import Phase
 from memfit.controller.events import EventPoster
+from memfit.controller.kept_profiles import KeptProfiles
 from memfit.controller.kubeapi import MOTJ_PLURAL, ForeignObjectError, KubeApi
 from memfit.controller.pool_status import reconcile_pools
 from memfit.controller.reconcile import RecordConflict, reconcile_job
@@ -65,9 +66,11 @@ class Runtime:
         self.jobs = WatchedJobs()  # memfit's Jobs as the watch showed them: a pass reads them from here
         self.api = api
         self.pods = SettledPods()  # settled pod lists of memfit's Jobs, reused while the Job is unchanged
+        self.profiles = KeptProfiles()  # profile caches read lately, parsed, forgotten on our own write
         if api is not None:
             api.watched_jobs = self.jobs
             api.settled_pods = self.pods
+            api.kept_profiles = self.profiles
         self.world = WorldCache(self.settings.world_ttl_seconds, self.settings.node_ttl_seconds)
         self.queue = WorkQueue(routine_min_wait=ROUTINE_MIN_WAIT_SECONDS)
         self.events = EventPoster()

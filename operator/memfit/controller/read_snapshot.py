@@ -32,7 +32,7 @@ from memfit.kube.names import (
     profile_job_name,
     train_job_name,
 )
-from memfit.kube.profile_cache import CachedProfile, parse_profile_cache
+from memfit.kube.profile_cache import CachedProfile
 from memfit.kube.train_job import PLAN_KEY, named_claims, parse_plan_record
 from memfit.lifecycle import AttemptChildren, JobRef, LaunchSettings, RecordedPlan, Snapshot, World
 from memfit.lifecycle.launch import ANNOTATION_PLAN_JSON
@@ -61,6 +61,7 @@ class ChildReader(Protocol):
 
     def get_job(self, namespace: str, name: str) -> Manifest | None: ...
     def get_config_map(self, namespace: str, name: str) -> Manifest | None: ...
+    def profile_cache(self, namespace: str, name: str) -> CachedProfile | None: ...
     def list_pods(self, namespace: str, selector: str) -> list[Manifest]: ...
     def list_job_pods(self, namespace: str, selector: str, job: Manifest) -> list[Manifest]: ...
     def get_claim(self, namespace: str, name: str) -> Manifest | None: ...
@@ -215,8 +216,7 @@ class _Pools:
 
 
 def _profile_cache(api: ChildReader, namespace: str, digest: str) -> CachedProfile | None:
-    raw = api.get_config_map(namespace, profile_cache_name(digest))
-    return parse_profile_cache((raw or {}).get("data"))
+    return api.profile_cache(namespace, profile_cache_name(digest))
 
 
 def _profiling(api: ChildReader, ref: JobRef) -> JobSummary | None:

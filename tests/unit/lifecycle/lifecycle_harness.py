@@ -21,6 +21,7 @@ from memfit.api.pool import GPUNodePool
 from memfit.api.profile import Profile
 from memfit.controller.read_snapshot import observe_snapshot
 from memfit.controller.settings import OperatorSettings
+from memfit.kube.profile_cache import CachedProfile, parse_profile_cache
 from memfit.kube.train_job import PLAN_KEY
 from memfit.lifecycle import Decision, Delete, Ensure, PoolCapacity, World, WriteData, decide
 from memfit.memory.problems import shape_from_problem
@@ -97,6 +98,9 @@ class Harness:
 
     def get_config_map(self, namespace: str, name: str) -> Manifest | None:
         return copy.deepcopy(self.objects.get(("ConfigMap", name)))
+
+    def profile_cache(self, namespace: str, name: str) -> CachedProfile | None:
+        return parse_profile_cache((self.get_config_map(namespace, name) or {}).get("data"))
 
     def get_claim(self, namespace: str, name: str) -> Manifest | None:
         return copy.deepcopy(self.objects.get(("PersistentVolumeClaim", name)))
