@@ -93,10 +93,20 @@ POOLS = ("t4-spot", "l4-ondemand", "a10g-ondemand", "a100-80-ondemand")
 
 
 def delete_namespace(kube: Kube, namespace: str, timeout: float = 600.0) -> None:
-    """Delete a scenario's namespace (its jobs and their children) and wait until it is gone."""
+    """Delete a scenario's namespace (its jobs and their children) and wait until it is gone, and until
+    the test bed's provisioner has deleted the volumes its claims left: a run that started while 1,000
+    released volumes were still being deleted saw its own claims bound a minute late, its pods unschedulable
+    meanwhile, and memfit re-planned them (NoCapacity after the quickstart's 60 s)."""
     kube.core.delete_namespace(namespace)
     kube.wait(f"namespace {namespace} deleted",
               lambda: kube.raw(kube.core.read_namespace, namespace) is None, timeout=timeout, interval=1.0)
+
+    def volumes_left() -> int:
+        items = (kube.raw(kube.core.list_persistent_volume) or {}).get("items") or []
+        return sum(1 for v in items if ((v.get("spec") or {}).get("claimRef") or {}).get("namespace") == namespace)
+
+    kube.wait(f"the volumes of namespace {namespace} deleted", lambda: volumes_left() == 0 or None,
+              timeout=timeout, interval=1.0)
 
 
 def percentile(values: list[float], q: float) -> float:

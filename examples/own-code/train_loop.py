@@ -3,12 +3,14 @@
 Run by `torchrun` (which reads memfit's PET_* variables): one process per GPU, DDP over NCCL (gloo on a
 CPU), or DeepSpeed when the pod carries memfit's DeepSpeed config (MEMFIT_DEEPSPEED_CONFIG). It applies
 the micro-batch, gradient accumulation and precision of the plan, saves a checkpoint to
-MEMFIT_CHECKPOINT_DIR every few steps and resumes from the newest one, and prints the settings in effect.
+MEMFIT_CHECKPOINT_DIR every `--save-every` steps (keeping the newest two) and resumes from the newest one,
+and prints the settings in effect.
 The model is the quickstart's: a 2-layer GPT (hidden 64, 4 heads, vocabulary 512, 64 tokens).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import pathlib
@@ -18,7 +20,7 @@ import torch.distributed as dist
 from torch import nn
 
 VOCAB, SEQ, HIDDEN, HEADS, LAYERS = 512, 64, 64, 4, 2
-SAVE_EVERY = 5
+KEEP_CHECKPOINTS = 2
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
@@ -41,6 +43,9 @@ def setting(name: str, default: str) -> str:
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--save-every", type=int, default=5, help="steps between two checkpoints")
+    save_every = parser.parse_args().save_every
     micro = int(setting("MICRO_BATCH_SIZE", "8"))
     accumulation = int(setting("GRADIENT_ACCUMULATION_STEPS", "1"))
     precision = setting("PRECISION", "fp32")
@@ -92,10 +97,14 @@ def main() -> None:
         if not deepspeed_config:
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
-        if rank == 0 and not deepspeed_config and ((step + 1) % SAVE_EVERY == 0 or step + 1 == steps):
+        if rank == 0 and not deepspeed_config and ((step + 1) % save_every == 0 or step + 1 == steps):
             folder.mkdir(parents=True, exist_ok=True)
+            saved = folder / f"step-{step + 1}.pt"
             torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step + 1},
-                       folder / f"step-{step + 1}.pt")
+                       saved.with_suffix(".tmp"))
+            saved.with_suffix(".tmp").replace(saved)  # a kill mid-save leaves no half checkpoint to resume from
+            for old in sorted(folder.glob("step-*.pt"), key=lambda p: int(p.stem.split("-")[1]))[:-KEEP_CHECKPOINTS]:
+                old.unlink()
     if rank == 0:
         print(f"finished step {steps} loss {loss.item():.4f}", flush=True)
         summary = {"micro_batch": micro, "accumulation": accumulation, "precision": precision, "world": world,

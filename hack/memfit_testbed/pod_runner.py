@@ -20,6 +20,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import psutil
 from kubernetes import client, config, watch
 from kubernetes.client.exceptions import ApiException
 
@@ -536,16 +537,34 @@ def _cstatus(c: Container) -> Obj:
 
 
 def _kill(proc: subprocess.Popen[bytes], grace: float) -> None:
-    """SIGTERM the process group, SIGKILL it after `grace` seconds."""
+    """SIGTERM the container's processes, SIGKILL them after `grace` seconds: its process group and every
+    descendant, as a kubelet ends the container's whole cgroup (a launcher such as torchrun starts its
+    workers in sessions of their own, which outlived the group's SIGKILL and went on training)."""
+    tree = descendants(proc.pid)
     for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
         if proc.poll() is not None:
             break
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, sig)
+        signal_tree(proc.pid, tree, sig)
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=max(wait, 0.01))
-    with contextlib.suppress(ProcessLookupError, PermissionError):  # stray grandchildren
-        os.killpg(proc.pid, signal.SIGKILL)
+    signal_tree(proc.pid, tree + descendants(proc.pid), signal.SIGKILL)  # stray grandchildren
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process started under `pid`, however deep (none once it is gone)."""
+    try:
+        return [p.pid for p in psutil.Process(pid).children(recursive=True)]
+    except psutil.Error:
+        return []
+
+
+def signal_tree(pid: int, tree: list[int], sig: int) -> None:
+    """Send `sig` to `pid`'s process group and to each process of `tree` and its group."""
+    for target in (pid, *tree):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(target, sig)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(target, sig)
 
 
 def main(argv: list[str] | None = None) -> int:

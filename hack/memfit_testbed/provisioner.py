@@ -29,6 +29,7 @@ STORAGE_CLASS = "memfit-local"
 PROVISIONER = "testbed.memfit.dev/hostpath"
 PROVISIONED_BY = "pv.kubernetes.io/provisioned-by"
 DEFAULT_CLASS = "storageclass.kubernetes.io/is-default-class"
+DELETES_PER_PASS = 50
 log = logging.getLogger("provisioner")
 Obj = dict[str, Any]
 
@@ -56,15 +57,18 @@ class Provisioner:
             if error.status != 409:
                 raise
 
-    def sync(self) -> None:
+    def sync(self, max_deletes: int = DELETES_PER_PASS) -> None:
+        """Provision every Pending claim, then delete at most `max_deletes` released volumes: a namespace
+        of 1,000 jobs deleted at once must not keep new claims waiting for a whole pass of deletions."""
         for claim in self.core.list_persistent_volume_claim_for_all_namespaces().items:
             if (claim.spec.storage_class_name == STORAGE_CLASS and not claim.spec.volume_name
                     and (claim.status.phase or "Pending") == "Pending"):  # fmt: skip
                 self._provision(claim)
-        for volume in self.core.list_persistent_volume().items:
-            ours = (volume.metadata.annotations or {}).get(PROVISIONED_BY) == PROVISIONER
-            if ours and (volume.status.phase or "") in ("Released", "Failed"):
-                self._delete(volume)
+        released = [v for v in self.core.list_persistent_volume().items
+                    if (v.metadata.annotations or {}).get(PROVISIONED_BY) == PROVISIONER
+                    and (v.status.phase or "") in ("Released", "Failed")]
+        for volume in released[:max_deletes]:
+            self._delete(volume)
 
     def _provision(self, claim: Any) -> None:
         meta = claim.metadata

@@ -1,11 +1,13 @@
 """A job that runs its own training script (spec.container) end to end on the local cluster: the example's
 plain PyTorch loop (examples/own-code/train_loop.py, delivered by a ConfigMap through spec.podTemplate) is
 profiled by model, planned, run by torchrun with memfit's plan in its environment (DDP), or with the DeepSpeed
-config memfit writes beside it, and Succeeds; the settings it reports are the plan's."""
+config memfit writes beside it, and Succeeds; the settings it reports are the plan's. A training pod of the
+loop killed mid-run is replaced, and the script resumes from its own checkpoint in MEMFIT_CHECKPOINT_DIR."""
 
 from __future__ import annotations
 
 import json
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,6 +16,7 @@ import pytest
 from memfit_testbed.cluster_helpers import Kube
 from memfit_testbed.operator_helpers import create_job, quickstart, wait_phase
 from memfit_testbed.own_code_cases import LOOP, LOOP_PINS
+from memfit_testbed.pod_runner import descendants, signal_tree
 from operator_ready import module_operator
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
@@ -33,11 +36,15 @@ def operator(cluster: Any, kube: Kube, tmp_path_factory: pytest.TempPathFactory,
         yield log, port
 
 
-def _run(kube: Kube, namespace: str, log: Path, name: str, container: dict[str, Any]) -> tuple[dict, list[dict]]:
+def _create(kube: Kube, namespace: str, name: str, container: dict[str, Any], **spec: Any) -> None:
     kube.core.create_namespaced_config_map(namespace, {"metadata": {"name": "own-loop"},
                                                        "data": {"train_loop.py": SCRIPT.read_text()}})
-    doc = quickstart(name, container=container, podTemplate=WORKSPACE, strategy=dict(LOOP_PINS))
-    create_job(kube, namespace, doc)
+    create_job(kube, namespace, quickstart(name, container=container, podTemplate=WORKSPACE,
+                                           strategy=dict(LOOP_PINS), **spec))
+
+
+def _run(kube: Kube, namespace: str, log: Path, name: str, container: dict[str, Any]) -> tuple[dict, list[dict]]:
+    _create(kube, namespace, name, container)
     job = wait_phase(kube, namespace, name, ("Succeeded", "Failed"), TIMEOUT, log)
     assert job["status"]["phase"] == "Succeeded", job["status"]
     pods = kube.pods(namespace, f"memfit.dev/job={name},memfit.dev/component=trainer")
@@ -81,3 +88,38 @@ def test_a_script_taking_memfits_deepspeed_config_runs_deepspeed_and_succeeds(
                                                                    plan["gradientAccumulationSteps"])
     statuses = {s["name"]: s for p in pods for s in p["status"]["initContainerStatuses"]}
     assert statuses["memfit-config"]["state"]["terminated"]["exitCode"] == 0
+
+
+def test_a_killed_pod_of_a_plain_loop_resumes_from_the_scripts_own_checkpoint(
+    cluster: Any, kube: Kube, namespace: str, operator: tuple[Path, int]
+) -> None:
+    # The kill follows the first checkpoint (a thirtieth of the steps) by about a poll and a read: mid-run
+    # at 1 ms a step as at 10 ms (this machine's range for the tiny model), a minute at most to finish.
+    name, steps, every = "own-resume", 3000, 100
+    training = {"globalBatchSize": 8, "maxSteps": steps, "optimizer": "adamw", "learningRate": 0.001}
+    one_node = {"maxNodes": 1, "baseline": {"nodePool": "a100-80", "nodes": 1}}  # one pod: killed, replaced
+    _create(kube, namespace, name, {**LOOP, "args": ["--save-every", str(every)]}, training=training, placement=one_node)
+    claim = cluster.workdir / "pod-runner" / "claims" / namespace / f"{name}-checkpoints"
+    saved = kube.wait("the script's first checkpoint on the job's claim",
+                      lambda: sorted(claim.rglob("step-*.pt")), timeout=TIMEOUT, interval=0.1)
+    victim = kube.wait("a running trainer", lambda: _running(kube, namespace, name), timeout=60, interval=0.1)
+    pid = int(victim["status"]["containerStatuses"][0]["containerID"].removeprefix("memfit-local://"))
+    signal_tree(pid, descendants(pid), signal.SIGKILL)  # torchrun and its worker: a kernel kill of the container
+    job = wait_phase(kube, namespace, name, ("Succeeded", "Failed"), TIMEOUT, operator[0])
+    assert job["status"]["phase"] == "Succeeded", job["status"]
+    assert [a["outcome"] for a in job["status"]["attempts"]] == ["Succeeded"]  # a lost pod is no re-plan
+    pods = kube.pods(namespace, f"memfit.dev/job={name},memfit.dev/component=trainer")
+    ended = [p["status"]["containerStatuses"][0]["state"]["terminated"] for p in pods]
+    assert sorted(t["exitCode"] for t in ended) == [0, 137], ended
+    reported = json.loads(next(t["message"] for t in ended if t["exitCode"] == 0))
+    first = int(saved[0].stem.split("-")[1])
+    assert reported["steps"] == steps and first <= reported["resumed_from"] < steps, (reported, saved)
+    assert reported["resumed_from"] % every == 0, reported  # a whole checkpoint, never a half-written one
+
+
+def _running(kube: Kube, namespace: str, name: str) -> dict[str, Any] | None:
+    for pod in kube.pods(namespace, f"memfit.dev/job={name},memfit.dev/component=trainer"):
+        statuses = pod["status"].get("containerStatuses") or []
+        if pod["status"].get("phase") == "Running" and statuses and "running" in statuses[0]["state"]:
+            return pod
+    return None
