@@ -15,7 +15,7 @@ from memfit_testbed.cluster_helpers import Kube
 from memfit_testbed.operator_helpers import create_job, quickstart
 from memfit_testbed.own_code_cases import LOOP, LOOP_PINS
 from memfit_testbed.realnode.node import RealNode
-from test_realnode import run_to_end, terminated
+from realnode_jobs import run_to_end, terminated
 
 pytestmark = [pytest.mark.realnode, pytest.mark.slow]
 SCRIPT = Path(__file__).resolve().parents[2] / "examples" / "own-code" / "train_loop.py"
