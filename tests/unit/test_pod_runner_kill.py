@@ -27,7 +27,15 @@ def test_a_worker_in_its_own_session_dies_with_its_container() -> None:
     assert worker in descendants(container.pid)
     _kill(container, grace=0.5)
     deadline = time.monotonic() + 10
-    while psutil.pid_exists(worker) and psutil.Process(worker).status() != psutil.STATUS_ZOMBIE:
+    while alive(worker):
         assert time.monotonic() < deadline, "the worker outlived its container"
         time.sleep(0.05)
     assert container.poll() is not None
+
+
+def alive(pid: int) -> bool:
+    """Running, not a zombie waiting to be reaped (by init: its launcher is gone)."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
