@@ -384,6 +384,11 @@ class Attempt(ApiModel):
         description="When memfit last looked for another pool's Kueue quota for this queued attempt "
         "(after capacityTimeoutSeconds, at most every 30 s).",
     )
+    capacity_wait_since: datetime | None = Field(
+        default=None,
+        description="When the attempt's pods, having waited for their PersistentVolumeClaims, became "
+        "unschedulable for want of capacity: capacityTimeoutSeconds counts from here, not from the claim wait.",
+    )
 
 
 class SpendItem(ApiModel):

@@ -30,6 +30,7 @@ class Reason(StrEnum):
     LAUNCHING = "Launching"
     PODS_RUNNING = "PodsRunning"
     PODS_PENDING = "PodsPending"
+    WAITING_FOR_VOLUME = "WaitingForVolume"  # pods wait for a claim to be bound: not counted as missing capacity
     TRAINING_SUCCEEDED = "TrainingSucceeded"
     TRAINING_FAILED = "TrainingFailed"
     OUT_OF_MEMORY = "OutOfMemory"

@@ -67,16 +67,22 @@ WRITE_CONFIG = ('if [ "$MEMFIT_DEVICE" = cpu ]; then device=--no-cuda; else devi
                 'memfit-trainer deepspeed-config --plan "$0" "$device" > "$1"')
 
 
-def config_writer(pod: PodSettings, *, plan_path: str) -> Manifest:
-    """The init container that writes the plan's DeepSpeed config where the user's container reads it."""
+def config_writer(pod: PodSettings, *, plan_path: str, env: list[Manifest]) -> Manifest:
+    """The init container that writes the plan's DeepSpeed config where the user's container reads it.
+
+    It runs memfit's trainer image under the trainer's security context (read-only root), so it gets the
+    trainer's writable /tmp (Python and torch write there on import) and the trainer's variables
+    (MEMFIT_DEVICE from spec.podTemplate.env picks the CPU config)."""
     return {
         "name": contract.CONFIG_CONTAINER,
         "image": pod.image,
         "imagePullPolicy": pod.image_pull_policy,
         "command": ["sh", "-c", WRITE_CONFIG, plan_path, DEEPSPEED_PATH],
+        "env": list(env),
         "securityContext": container_security_context(),
         "volumeMounts": [
             {"name": "plan", "mountPath": contract.PLAN_MOUNT, "readOnly": True},
+            {"name": "tmp", "mountPath": "/tmp"},
             {"name": CONFIG_VOLUME, "mountPath": contract.CONFIG_MOUNT},
         ],
     }
@@ -88,8 +94,9 @@ def apply_own_container(pod_spec: Manifest, own: OwnContainer | None, plan: Plan
     if own is None:
         return
     containers = pod_spec["containers"]
+    trainer_env = list(containers[0].get("env", []))
     containers[0] = own_container(containers[0], own, plan)
     if Knob.DEEPSPEED_CONFIG in own.honors:
         pod_spec["volumes"] = [*pod_spec.get("volumes", []), {"name": CONFIG_VOLUME, "emptyDir": {}}]
         pod_spec["initContainers"] = [*pod_spec.get("initContainers", []),
-                                      config_writer(pod, plan_path=plan_path)]
+                                      config_writer(pod, plan_path=plan_path, env=trainer_env)]

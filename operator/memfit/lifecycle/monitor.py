@@ -21,7 +21,7 @@ from memfit.lifecycle.draft import Draft
 from memfit.lifecycle.images import Blocker, pod_blocker
 from memfit.lifecycle.launch import launch_effects
 from memfit.lifecycle.learning import ALLOCATOR_METERS, learn
-from memfit.lifecycle.observed import JobSummary
+from memfit.lifecycle.observed import JobSummary, PodSummary
 from memfit.lifecycle.progress import final_progress, pod_changes, progress_of, still_starting
 from memfit.lifecycle.queued import move_if_another_pool_has_quota
 from memfit.lifecycle.queueing import queue_step
@@ -116,7 +116,9 @@ def _read_progress(
     draft.progress = progress_of(sample, max_steps=spec.training.max_steps, data_parallel=plan.world_size, now=snap.now)
 
 
-BLOCKING = (c.IMAGE_PULL_FAILING, c.CONTAINER_CONFIG_ERROR, c.PODS_PENDING, c.WAITING_FOR_ADMISSION)
+BLOCKING = (
+    c.IMAGE_PULL_FAILING, c.CONTAINER_CONFIG_ERROR, c.PODS_PENDING, c.WAITING_FOR_ADMISSION, c.WAITING_FOR_VOLUME
+)
 
 
 def _block(draft: Draft, reason: str, message: str) -> None:
@@ -245,7 +247,21 @@ def _unschedulable(
     draft: Draft, snap: Snapshot, spec: MemoryOptimizedTrainingJobSpec, plan: Plan, job: JobSummary
 ) -> None:
     stuck = [p for p in job.pods if p.unschedulable_since is not None]
-    since = min(p.unschedulable_since for p in stuck if p.unschedulable_since)
+    short = [p for p in stuck if not p.waits_for_claim]
+    if not short:
+        _waiting_for_volumes(draft, stuck)
+        return
+    since = min(p.unschedulable_since for p in short if p.unschedulable_since)
+    current = draft.current
+    if current is not None:
+        # The scheduler keeps the PodScheduled condition's time while its reason changes: a pod that waited
+        # for its claim and now finds no GPU has been short of capacity only from now on.
+        if draft.condition_reason(c.RUNNING) == c.WAITING_FOR_VOLUME and current.capacity_wait_since is None:
+            draft.update_current(capacity_wait_since=snap.now)
+            current = draft.current
+        if current is not None and current.capacity_wait_since is not None:
+            since = max(since, current.capacity_wait_since)
+    stuck = short
     waited = (snap.now - since).total_seconds()
     timeout = spec.recovery.capacity_timeout_seconds
     if waited >= timeout:
@@ -263,6 +279,20 @@ def _unschedulable(
     since_text = since.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     _block(draft, c.PODS_PENDING, f"{len(stuck)} pod(s) unschedulable on {plan.node_pool} since {since_text} "
                                   f"(capacityTimeoutSeconds {timeout})")
+
+
+def _waiting_for_volumes(draft: Draft, stuck: list[PodSummary]) -> None:
+    """Pods unschedulable only because their claims are not bound yet (a provisioner still at work, or a
+    scheduler that has not seen the claim since an API server restart): no pool would take them sooner,
+    so this is not counted against capacityTimeoutSeconds and starts no re-plan. Waits as the pods do;
+    the message names the claims so that `kubectl describe pvc` is one step away."""
+    since = min(p.unschedulable_since for p in stuck if p.unschedulable_since)
+    claims = sorted({claim for p in stuck for claim in p.claims if claim})
+    named = ", ".join(claims) if claims else "its PersistentVolumeClaims"
+    since_text = since.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    _block(draft, c.WAITING_FOR_VOLUME, f"{len(stuck)} pod(s) wait since {since_text} for {named} to be bound "
+                                        f"(see `kubectl describe pvc`); not counted as missing capacity: "
+                                        f"{stuck[0].unschedulable_message[:200]}")
 
 
 def _pods_not_created(

@@ -4,6 +4,7 @@ The controller reads the manifests; these pure functions turn them into what a d
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -33,11 +34,19 @@ class PodSummary:
     raw_message: str = ""
     unschedulable_since: datetime | None = None
     unschedulable_message: str = ""
+    claims: tuple[str, ...] = ()  # the PersistentVolumeClaims its volumes name
     running: bool = False
     image: str = ""  # the (first) container's image
     image_problem: str = ""  # why its image cannot run: "<reason>: <kubelet message>", "" when none
     config_problem: str = ""  # CreateContainerConfigError: the kubelet's message (a Secret or key missing)
     created_at: datetime | None = None  # metadata.creationTimestamp
+    failed_init_container: str = ""  # the init container whose exit is exit_code, "" for the main container
+
+    @property
+    def waits_for_claim(self) -> bool:
+        """Unschedulable only because a claim it mounts is not bound or not seen yet by the scheduler:
+        no node pool would take it sooner, so this is not missing capacity."""
+        return self.unschedulable_since is not None and claim_wait(self.unschedulable_message)
 
     @property
     def image_permanent(self) -> bool:
@@ -51,7 +60,9 @@ class PodSummary:
             return ""
         said = f": {self.raw_message[:512]}" if self.raw_message else " before writing a termination message"
         image = f" (image {self.image})" if self.image and not self.raw_message else ""
-        return f"pod {self.name} exited {self.exit_code} ({self.container_reason or 'Error'}){image}{said}"
+        which = f"pod {self.name}'s init container {self.failed_init_container}" if self.failed_init_container \
+            else f"pod {self.name}"
+        return f"{which} exited {self.exit_code} ({self.container_reason or 'Error'}){image}{said}"
 
     @property
     def out_of_memory(self) -> TerminationReason | None:
@@ -122,6 +133,22 @@ IMAGE_REASONS = PERMANENT_IMAGE_REASONS | {"ErrImagePull", "ImagePullBackOff"}
 CONFIG_ERROR = "CreateContainerConfigError"
 
 
+# kube-scheduler's VolumeBinding PreFilter words for a pod whose claims are not ready yet
+# (pkg/scheduler/framework/plugins/volumebinding/volume_binding.go): the provisioner has not bound an
+# immediate claim, the scheduler's informer has not seen the claim (after an API server restart), or the
+# ephemeral volume controller has not created it. A claim being deleted or lost is not in the list.
+_CLAIM_WAITS = re.compile(
+    r'pod has unbound immediate PersistentVolumeClaims'
+    r'|persistentvolumeclaim "[^"]+" not found'
+    r'|waiting for ephemeral volume controller to create the persistentvolumeclaim'
+)
+
+
+def claim_wait(message: str) -> bool:
+    """The scheduler's Unschedulable message says the pod waits for a claim (see _CLAIM_WAITS)."""
+    return _CLAIM_WAITS.search(message) is not None
+
+
 def summarize_pod(pod: Manifest) -> PodSummary:
     status = pod.get("status") or {}
     phase = status.get("phase") or "Pending"
@@ -166,13 +193,17 @@ def summarize_pod(pod: Manifest) -> PodSummary:
         waiting = (cs.get("state") or {}).get("waiting") or {}
         if waiting.get("reason") == CONFIG_ERROR and not config_problem:
             config_problem = str(waiting.get("message") or CONFIG_ERROR)[:400]
+    failed_init = ""
     for cs in status.get("initContainerStatuses") or []:
-        # A failed download step (memfit-trainer fetch) is why the pod failed: its message says which field.
+        # A failed download step (memfit-trainer fetch) or config writer is why the pod failed: its message
+        # says which field; the failure names that container and its image, not the main one's.
         terminated = (cs.get("state") or {}).get("terminated") or {}
         if exit_code is None and terminated.get("exitCode") not in (None, 0):
             exit_code = terminated.get("exitCode")
             reason = str(terminated.get("reason") or "")
             raw = str(terminated.get("message") or "")
+            failed_init = str(cs.get("name") or "")
+            image = str(cs.get("image") or image)
     message = parse_message(raw)
     return PodSummary(
         name=pod["metadata"]["name"],
@@ -183,11 +214,17 @@ def summarize_pod(pod: Manifest) -> PodSummary:
         raw_message=raw,
         unschedulable_since=unschedulable_since,
         unschedulable_message=unschedulable_message,
+        claims=tuple(
+            str(v["persistentVolumeClaim"].get("claimName") or "")
+            for v in (pod.get("spec") or {}).get("volumes") or []
+            if isinstance(v.get("persistentVolumeClaim"), dict)
+        ),
         running=running or phase == "Running",
         image=image,
         image_problem=image_problem,
         config_problem=config_problem,
         created_at=parse_time((pod.get("metadata") or {}).get("creationTimestamp")),
+        failed_init_container=failed_init,
     )
 
 

@@ -283,7 +283,8 @@ def _reschedule(
     the Job's deadline turns a capacity wait into a profiling failure; True when it decided that (or
     gave up)."""
     now = snap.now
-    stuck = [p.unschedulable_since for p in job.pods if p.unschedulable_since is not None]
+    # A pod that waits for its claim (not bound, not seen yet) would wait as long on any other pool.
+    stuck = [p.unschedulable_since for p in job.pods if p.unschedulable_since is not None and not p.waits_for_claim]
     limit = min(spec.recovery.capacity_timeout_seconds, spec.profiling.timeout_seconds // 2)
     if not stuck or (now - min(stuck)).total_seconds() < limit:
         return False

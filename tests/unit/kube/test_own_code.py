@@ -53,3 +53,16 @@ def test_a_script_taking_the_deepspeed_config_finds_it_written_by_memfits_image(
     assert {"name": "memfit-config", "mountPath": "/memfit/config", "readOnly": True} in trainer["volumeMounts"]
     assert {"name": "memfit-config", "emptyDir": {}} in pod["volumes"]
     assert writer["securityContext"] == trainer["securityContext"]
+
+
+def test_the_config_writer_runs_like_the_trainer_read_only_root_writable_tmp_same_variables() -> None:
+    """Under a read-only root (the trainer's security context) Python and torch write their caches to /tmp
+    on import; without the trainer's /tmp the writer exited 1 on a real kubelet. It also reads
+    MEMFIT_DEVICE from the trainer's variables (spec.podTemplate.env) to write a CPU config."""
+    pod = _pod({**LOOP, "honors": ["deepspeedConfig"]})
+    [writer] = pod["initContainers"]
+    volumes = {v["name"] for v in pod["volumes"]}
+    mounts = {m["mountPath"]: m["name"] for m in writer["volumeMounts"]}
+    assert writer["securityContext"]["readOnlyRootFilesystem"] is True
+    assert mounts["/tmp"] == "tmp" and set(mounts.values()) <= volumes
+    assert writer["env"] and all(e in pod["containers"][0]["env"] for e in writer["env"])

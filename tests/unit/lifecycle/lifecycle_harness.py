@@ -195,15 +195,22 @@ class Harness:
             self.job(job).setdefault("status", {})["active"] = index + 1
         return name
 
-    def unschedulable(self, job: str, *, since: datetime, index: int = 0) -> None:
+    def unschedulable(
+        self, job: str, *, since: datetime, index: int = 0,
+        message: str = "0/3 nodes are available: Insufficient nvidia.com/gpu.", claims: tuple[str, ...] = (),
+    ) -> None:
         cond = {
             "type": "PodScheduled",
             "status": "False",
             "reason": "Unschedulable",
             "lastTransitionTime": _iso(since),
-            "message": "0/3 nodes are available: Insufficient nvidia.com/gpu.",
+            "message": message,
         }
         self.add_pod(job, index, phase="Pending", conditions=[cond])
+        if claims:
+            self.pods[f"{job}-{index}"]["spec"]["volumes"] = [
+                {"name": f"v{i}", "persistentVolumeClaim": {"claimName": claim}} for i, claim in enumerate(claims)
+            ]
 
     def finish(self, job: str, *, failed: bool = False, reason: str = "", message: str = "") -> None:
         cond = {

@@ -69,3 +69,25 @@ def test_job_conditions() -> None:
     summary = summarize_job(job, [], "j")
     assert summary.failed and summary.failure_reason == "PodFailurePolicy" and summary.suspended
     assert not summarize_job(None, [], "j").exists
+
+
+def test_a_failed_init_container_is_named_with_its_image() -> None:
+    """The pod never ran its main container: the failure names the init container that exited, not the
+    user's container."""
+    pod = {
+        "metadata": {"name": "j-train-0-abc"},
+        "spec": {"containers": [{"name": "trainer", "image": "user/train:1"}]},
+        "status": {
+            "phase": "Failed",
+            "initContainerStatuses": [
+                {"name": "memfit-config", "image": "memfit/trainer:dev",
+                 "state": {"terminated": {"exitCode": 1, "reason": "Error"}}},
+            ],
+            "containerStatuses": [
+                {"name": "trainer", "image": "user/train:1", "state": {"waiting": {"reason": "PodInitializing"}}},
+            ],
+        },
+    }
+    detail = summarize_pod(pod).exit_detail()
+    assert detail.startswith("pod j-train-0-abc's init container memfit-config exited 1 (Error)")
+    assert "(image memfit/trainer:dev)" in detail and "user/train" not in detail
