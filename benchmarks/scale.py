@@ -305,9 +305,9 @@ def run_scenario(
 def reference_cpu_seconds() -> float:
     """CPU seconds this process spends on a fixed piece of the operator's kind of work (decoding and
     walking JSON pod lists, in CPython), measured just before each scenario while its cluster is idle.
-    The machine's neighbours change how fast its cores run from one day to the next: the same operator
-    used 35-41 s in the paced runs of one day and 65-73 s on another. Read the operator's CPU against
-    this figure of the same run, not against another day's."""
+    The machine's neighbours change how fast its cores run, within a day as much as from one day to the
+    next: the same operator used 65-73 s in paced runs of one morning and 34.4 s an hour later. Read the
+    operator's CPU against this figure of the same run, not against another run's."""
     pod = {"metadata": {"name": "scale-0000-train-0-0-abcde", "labels": {f"memfit.dev/k{i}": "v" * 12 for i in range(8)},
                         "managedFields": [{"manager": "kube-controller-manager", "fieldsV1": {f"f:{k}": {} for k in "abcdefgh"}}] * 4},
            "spec": {"containers": [{"name": "trainer", "env": [{"name": f"MEMFIT_{i}", "value": "x" * 20} for i in range(25)]}]},

@@ -35,9 +35,10 @@ def test_a_script_with_memfits_deepspeed_config_runs_as_a_real_container_and_suc
     container = {**LOOP, "image": rnode.images.trainer, "honors": ["deepspeedConfig"]}
     create_job(rkube, ns, quickstart("own-ds", container=container, podTemplate=WORKSPACE, strategy=dict(LOOP_PINS)))
     job, seen = run_to_end(rkube, ns, "own-ds", 400, operator)
-    assert job["status"]["phase"] == "Succeeded", (job["status"], {
-        name: [(c["name"], c.get("state")) for c in (p["status"].get("initContainerStatuses") or [])
-               + (p["status"].get("containerStatuses") or [])] for name, p in seen.items()})
+    assert job["status"]["phase"] == "Succeeded", "\n".join([
+        f"{job['status'].get('phase')}: {job['status'].get('message')}",
+        *(f"{name} {c['name']}: {json.dumps(c.get('state'))[-1500:]}" for name, p in seen.items()
+          for c in (p["status"].get("initContainerStatuses") or []) + (p["status"].get("containerStatuses") or []))])
     plan = job["status"]["plan"]
     trainers = [p for name, p in seen.items() if "-train-" in name and terminated(p).get("exitCode") == 0]
     assert trainers, sorted(seen)

@@ -37,7 +37,10 @@ PAUSE_IMAGE = "registry.k8s.io/pause:3.6"
 # Bump when build_base changes what it makes (the base's tag hashes this, not the module's text, so an
 # unrelated edit here does not rebuild the base and, with it, the trainer's torch layer).
 BASE_RECIPE = "debootstrap bookworm minbase, /opt/venv, host CAs: v1"
-BASE_PACKAGES = ("python3", "python3-venv", "python3-pip", "ca-certificates")
+# python3-dev: Python.h, which every DeepSpeed op built at run time includes (the trainer image builds none
+# on this base; on CPU, deepspeed.comm builds its shared-memory op at the first process group). The CUDA
+# base the trainer's Dockerfile names by default carries its Python's headers.
+BASE_PACKAGES = ("python3", "python3-venv", "python3-pip", "python3-dev", "ca-certificates")
 BASE_ENV = (
     "PATH=/opt/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
     "LANG=C.UTF-8",

@@ -10,29 +10,22 @@ attempt's pods. An attempt re-planned while a node had room stays unexpected.
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from memfit.api.job import Attempt, AttemptOutcome
+from memfit.kube.common import GPU_RESOURCE as GPU
+from memfit.lifecycle.capacity import gpus_requested_by_node
 
-from memfit_testbed.cluster_helpers import Kube
 from memfit_testbed.kwok_pools import POOL_LABEL
-
-GPU = "nvidia.com/gpu"
-FINISHED = ("Succeeded", "Failed")
+from memfit_testbed.reliability.poller import Obj, Poller
 
 
 def free_gpus(nodes: list[dict[str, Any]], pods: list[dict[str, Any]]) -> dict[str, int]:
-    """pool -> the most GPUs free on one of its nodes: allocatable less what bound, unfinished pods ask."""
-    used: dict[str, int] = {}
-    for pod in pods:
-        node = (pod.get("spec") or {}).get("nodeName")
-        if not node or (pod.get("status") or {}).get("phase") in FINISHED:
-            continue
-        for c in (pod.get("spec") or {}).get("containers") or []:
-            used[node] = used.get(node, 0) + int(((c.get("resources") or {}).get("limits") or {}).get(GPU, 0))
+    """pool -> the most GPUs free on one of its nodes: allocatable less what bound, unfinished pods hold
+    (memfit's own count of them, lifecycle.capacity)."""
+    used = gpus_requested_by_node(pods)
     free: dict[str, int] = {}
     for node in nodes:
         pool = (node["metadata"].get("labels") or {}).get(POOL_LABEL)
@@ -43,34 +36,13 @@ def free_gpus(nodes: list[dict[str, Any]], pods: list[dict[str, Any]]) -> dict[s
 
 
 @dataclass
-class GpuOccupancy:
+class GpuOccupancy(Poller):
     """Polls every `interval` seconds; keeps (time, pool -> most GPUs free on one node)."""
 
-    kube: Kube
-    interval: float = 0.5
     samples: list[tuple[datetime, dict[str, int]]] = field(default_factory=list)
-    _stop: threading.Event = field(default_factory=threading.Event)
-    _thread: threading.Thread | None = None
-    _lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def start(self) -> GpuOccupancy:
-        self._thread = threading.Thread(target=self._run, name="gpu-occupancy", daemon=True)
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread:
-            self._thread.join(timeout=30)
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval):
-            try:
-                nodes = (Kube.raw(self.kube.core.list_node, _request_timeout=5) or {}).get("items") or []
-                pods = (Kube.raw(self.kube.core.list_pod_for_all_namespaces, _request_timeout=5) or {}).get("items") or []
-            except Exception:  # the API server is busy or down: nothing seen this time
-                continue
-            self.observe(nodes, pods, datetime.now(UTC))
+    def poll(self) -> tuple[list[Obj], list[Obj]]:
+        return self._list(self.kube.core.list_node), self._list(self.kube.core.list_pod_for_all_namespaces)
 
     def observe(self, nodes: list[dict[str, Any]], pods: list[dict[str, Any]], now: datetime) -> None:
         with self._lock:

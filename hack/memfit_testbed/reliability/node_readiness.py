@@ -10,47 +10,26 @@ documented; `NodeReadiness` lets the harness tell that from a wrong re-plan.
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from memfit.lifecycle.capacity import node_ready
 
-from memfit_testbed.cluster_helpers import Kube
 from memfit_testbed.kwok_pools import POOL_LABEL
+from memfit_testbed.reliability.poller import Obj, Poller
 
 
 @dataclass
-class NodeReadiness:
+class NodeReadiness(Poller):
     """Polls every `interval` seconds; a pool is disrupted from the first poll that sees one of its
     nodes not ready by memfit's own rule (`node_ready`: Ready and schedulable, what its capacity view
     counts) to the first that sees all of them ready again."""
 
-    kube: Kube
-    interval: float = 0.5
     windows: dict[str, list[tuple[datetime, datetime | None]]] = field(default_factory=dict)
-    _stop: threading.Event = field(default_factory=threading.Event)
-    _thread: threading.Thread | None = None
-    _lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def start(self) -> NodeReadiness:
-        self._thread = threading.Thread(target=self._run, name="node-readiness", daemon=True)
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread:
-            self._thread.join(timeout=30)
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval):
-            try:
-                nodes = (Kube.raw(self.kube.core.list_node, _request_timeout=5) or {}).get("items") or []
-            except Exception:  # the API server is down: nothing to see until it is back
-                continue
-            self.observe(nodes, datetime.now(UTC))
+    def poll(self) -> tuple[list[Obj]]:
+        return (self._list(self.kube.core.list_node),)
 
     def observe(self, nodes: list[dict[str, Any]], now: datetime) -> None:
         down: set[str] = set()
