@@ -4,6 +4,7 @@ hostPath volumes (docs/realnode.md). The node itself is tested in tests/realnode
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -92,3 +93,16 @@ def test_local_volume_is_a_hostpath_pinned_to_the_node_and_prebound_to_its_claim
     # storageClassName "" on both: the default StorageClass (the test bed's provisioner) stays out.
     assert pv["spec"]["storageClassName"] == "" == pvc["spec"]["storageClassName"]
     assert pv["spec"]["capacity"]["storage"] == "2Gi" == pvc["spec"]["resources"]["requests"]["storage"]
+
+
+def test_a_changed_base_recipe_makes_the_recorded_images_stale(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The operator and trainer tags hash the base they were built on, so the recorded set must also be
+    checked against the base the recipe makes now: adding a package to the base rebuilds everything."""
+    recorded = {"base": images.base_tag()}
+    for role, (_, base_arg, paths, fixed) in images.DOCKERFILE_IMAGES.items():
+        args = {base_arg: recorded["base"], **fixed}
+        recorded[role] = f"memfit/{role}:test-" + images.digest_paths(
+            REPO, paths, json.dumps(args, sort_keys=True))[:16]
+    assert images._recorded_is_current(recorded)
+    monkeypatch.setattr(images, "BASE_PACKAGES", (*images.BASE_PACKAGES, "another-package"))
+    assert not images._recorded_is_current(recorded)

@@ -250,10 +250,15 @@ def host_cas() -> list[Path]:
     return sorted(Path("/usr/local/share/ca-certificates").glob("**/*.crt"))
 
 
+def base_tag() -> str:
+    """memfit-test/base:<hash of the recipe, the packages, the environment and the host's CAs>."""
+    extra = json.dumps([BASE_RECIPE, BASE_PACKAGES, BASE_ENV, [c.read_bytes().hex() for c in host_cas()]])
+    return "memfit-test/base:" + hashlib.sha256(extra.encode()).hexdigest()[:16]
+
+
 def build_base(d: Dockerd) -> str:
     """debootstrap bookworm minbase + Python 3.11 + /opt/venv, imported as memfit-test/base:<hash>."""
-    extra = json.dumps([BASE_RECIPE, BASE_PACKAGES, BASE_ENV, [c.read_bytes().hex() for c in host_cas()]])
-    tag = "memfit-test/base:" + hashlib.sha256(extra.encode()).hexdigest()[:16]
+    tag = base_tag()
     if d.has_image(tag):
         return tag
     rootfs = CACHE / "tmp" / "rootfs"
@@ -381,7 +386,10 @@ def images_current() -> bool:
 
 
 def _recorded_is_current(recorded: dict[str, str]) -> bool:
-    """Whether the recorded operator/trainer tags still match the sources (a cheap hash, no docker)."""
+    """Whether the recorded base and operator/trainer tags still match the sources (a cheap hash, no
+    docker): a changed base recipe (its packages, say) rebuilds the base and both images on it."""
+    if recorded.get("base") != base_tag():
+        return False
     for role, (_, base_arg, paths, fixed) in DOCKERFILE_IMAGES.items():
         args = {base_arg: recorded["base"], **fixed}
         want = f"memfit/{role}:test-" + digest_paths(REPO, paths, json.dumps(args, sort_keys=True))[:16]
