@@ -1,7 +1,8 @@
 """A tiny plain PyTorch loop for the probe's tests: reads MEMFIT_MICRO_BATCH_SIZE, or misbehaves on purpose.
 
 `--mode`: honest (what a script should do), ignores (feeds micro-batch 8 whatever memfit plans),
-never-steps (forward and backward, no optimizer step), exits (exit code 1 after one step), hangs (sleeps
+never-steps (forward and backward, no optimizer step), checkpointed (honest, its model under
+activation checkpointing: recomputed in the backward pass), exits (exit code 1 after one step), hangs (sleeps
 after one step), oom (PyTorch's CUDA out-of-memory error from micro-batch 4 up). `--memfit-meter`: no
 probe; measure each step with memfit's own CPU step meter and print the peaks as JSON (the reference).
 """
@@ -17,6 +18,7 @@ import time
 import torch
 from memfit.api import pod as contract
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 SEQ, WIDTH, HIDDEN = 16, 128, 512
 
@@ -43,7 +45,10 @@ def main() -> None:
     peaks = []
     for step in range(1, args.steps + 1):
         batch = torch.randn(micro, SEQ, WIDTH)
-        loss = model(batch).square().mean()
+        if args.mode == "checkpointed":
+            loss = checkpoint(model, batch.requires_grad_(), use_reentrant=True).square().mean()
+        else:
+            loss = model(batch).square().mean()
         if args.mode == "oom" and micro >= 4:
             raise torch.OutOfMemoryError(
                 "CUDA out of memory. Tried to allocate 2.00 GiB (simulated by probe_loop)"

@@ -97,6 +97,20 @@ def test_a_probed_process_ends_itself_after_the_steps_asked(tmp_path: Path) -> N
     assert not list(tmp_path.glob(".result.json.*")), "the temporary file of the atomic write is left"
 
 
+def test_activation_checkpointings_recomputation_is_not_a_call_of_the_script(tmp_path: Path) -> None:
+    """Under torch.utils.checkpoint the model's modules run again inside backward: not the script's calls.
+    Counted as such, the pending step's memory was read in the middle of the next backward (and HF Trainer
+    scripts with gradient checkpointing hung there)."""
+    out = tmp_path / "result.json"
+    proc = run_under_probe(tmp_path, [str(PROBE_LOOP), "--mode", "checkpointed", "--steps", "50"],
+                           **{probe_env.ENV_PROBE_OUT: str(out), probe_env.ENV_PROBE_STEPS: "2",
+                              contract.ENV_MICRO_BATCH_SIZE: "3"})  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(out.read_text())
+    assert result["ended"] == "steps" and [s["micro_batch"] for s in result["steps"]] == [3, 3]
+    assert result["forward_calls"] == 2  # the steps' own calls; the recomputations in backward are not counted
+
+
 def test_a_script_that_ends_first_leaves_its_steps_so_far(tmp_path: Path) -> None:
     out = tmp_path / "result.json"
     proc = run_under_probe(tmp_path, [str(PROBE_LOOP), "--steps", "2"], **{probe_env.ENV_PROBE_OUT: str(out)})

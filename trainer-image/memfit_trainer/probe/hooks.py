@@ -54,6 +54,14 @@ def leading_dimension(values: Iterable[Any]) -> int | None:
     return None
 
 
+def in_backward() -> bool:
+    """Whether autograd is running a backward pass on this thread: module calls there are activation
+    checkpointing's recomputation (torch.utils.checkpoint, reentrant or not, on the thread that called
+    backward), not the script's calls. Reading memory or ending the process there read half a backward
+    and hung HF Trainer scripts with gradient checkpointing."""
+    return bool(torch._C._current_graph_task_id() != -1)
+
+
 class Probe:
     """The probe's state in one process: step records, module call depth, optimizer step depth."""
 
@@ -81,6 +89,8 @@ class Probe:
     # --- nn.Module calls ----------------------------------------------------------------------------
 
     def on_module_call(self, module: torch.nn.Module, args: tuple[Any, ...]) -> None:
+        if in_backward():
+            return
         if self._module_depth == 0:
             self.settle()
             self.forward_calls += 1
@@ -91,6 +101,8 @@ class Probe:
 
     def on_module_return(self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
                          output: Any) -> None:  # fmt: skip
+        if in_backward():
+            return
         self._module_depth = max(0, self._module_depth - 1)
         if self._module_depth == 0 and self._first_call_of_step:
             if self._fed is None:  # called with keyword arguments only (model(**batch))
