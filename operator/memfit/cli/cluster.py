@@ -61,6 +61,7 @@ def cmd_operator(args: argparse.Namespace) -> int:
 
     from memfit import metrics
     from memfit.controller import handlers
+    from memfit.controller.kopf_json import decode_watch_events_with_orjson
     from memfit.controller.kubeapi import KubeApi
     from memfit.controller.settings import OperatorSettings
 
@@ -83,6 +84,7 @@ def cmd_operator(args: argparse.Namespace) -> int:
     if labels:
         settings = OperatorSettings.from_env(**overrides, extra_pod_labels=settings.extra_pod_labels | labels)
     _load_kube_config()
+    decode_watch_events_with_orjson()
     api = KubeApi.from_client(workers=settings.workers)
     runtime = handlers.Runtime(settings, api)
     if args.metrics_port:
