@@ -60,7 +60,7 @@ test-realnode: venv testbin realnode ## kubelet + containerd node running the im
 	MEMFIT_REQUIRE_CLUSTER=$${MEMFIT_REQUIRE_CLUSTER:-1} $(PY) -m pytest tests/realnode -q -ra
 
 test: venv testbin prometheus realnode lint ## everything this machine supports: lint + unit + trainer + integration + e2e + realnode
-	MEMFIT_REQUIRE_CLUSTER=$${MEMFIT_REQUIRE_CLUSTER:-1} $(PY) -m pytest tests -q -ra
+	MEMFIT_REQUIRE_CLUSTER=$${MEMFIT_REQUIRE_CLUSTER:-1} $(PY) -m pytest tests -q -ra --durations=30
 
 demo: venv testbin-demo ## local cluster + simulated GPU pools + operator: the quickstart to Succeeded (on the real node when it and its images are ready, else the local pod runner)
 	$(PY) hack/demo.py
