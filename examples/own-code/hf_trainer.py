@@ -62,7 +62,7 @@ def arguments(output_dir: str, save_every: int) -> TrainingArguments:
     precision = setting("PRECISION", "fp32")
     cpu = setting("DEVICE", "") == "cpu" or not torch.cuda.is_available()
     deepspeed_config = setting("DEEPSPEED_CONFIG", "")
-    return TrainingArguments(**{**dict(
+    return TrainingArguments(**dict(
         output_dir=output_dir,
         per_device_train_batch_size=int(setting("MICRO_BATCH_SIZE", "8")),
         gradient_accumulation_steps=int(setting("GRADIENT_ACCUMULATION_STEPS", "1")),
@@ -81,7 +81,7 @@ def arguments(output_dir: str, save_every: int) -> TrainingArguments:
         report_to=[],
         dataloader_num_workers=0,
         seed=0,
-    ), **agreeing_with(deepspeed_config)})
+    ) | agreeing_with(deepspeed_config))
 
 
 def main() -> None:

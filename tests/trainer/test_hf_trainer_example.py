@@ -15,6 +15,7 @@ from factories import make_plan
 from memfit.api import pod as contract
 from memfit.api.common import Checkpointing, Precision
 from memfit.kube.own_code import plan_env
+from memfit_testbed.operator_helpers import free_port
 from probe_support import point, probe_cli
 from trainer_support import PYTHON, REPO, subprocess_env
 
@@ -37,16 +38,8 @@ def _pod_env(tmp: Path, *, deepspeed: bool, steps: int) -> dict[str, str]:
         (tmp / "deepspeed.json").write_text(written.stdout)
         env[contract.ENV_DEEPSPEED_CONFIG] = str(tmp / "deepspeed.json")
         env |= {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
-                "MASTER_PORT": str(_free_port())}
+                "MASTER_PORT": str(free_port())}
     return env
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _run(tmp: Path, env: dict[str, str]) -> dict[str, Any]:
