@@ -182,9 +182,9 @@ def predict_all(cases: list[Case], profiles: dict[str, Any]) -> dict[str, dict[s
     for name, peer in PEERS.items():
         out[name] = {}
         for case in cases:
-            # Peers need a builtin model, and none models a frozen base: they would predict the full
-            # fine-tune of a PEFT case.
-            if case_section(case) in ("entrypoint", "peft"):
+            # Peers need a builtin model, and none models a frozen base (they would predict the full
+            # fine-tune of a PEFT case) nor bf16-pure, a step in backward or a chunked loss.
+            if case_section(case) in ("entrypoint", "peft", "techniques"):
                 out[name][case.id] = Prediction(None, 0.0)
                 continue
             try:
@@ -246,6 +246,12 @@ def build_report(
         "depth-reduced": [c for c in measured if case_section(c) == "depth"],
         "depth-reduced-in-sample": [c for c in measured if case_section(c) == "depth" and not held_out(c.family)],
         "depth-reduced-held-out": [c for c in measured if case_section(c) == "depth" and held_out(c.family)],
+        "techniques": [c for c in measured if case_section(c) == "techniques"],
+        "techniques-in-sample": [c for c in measured if case_section(c) == "techniques" and not held_out(c.family)],
+        "techniques-held-out": [c for c in measured if case_section(c) == "techniques" and held_out(c.family)],
+        "technique-bf16-pure": [c for c in measured if case_section(c) == "techniques" and c.precision == "bf16-pure"],
+        "technique-optimizer-in-backward": [c for c in measured if case_section(c) == "techniques" and c.in_backward],
+        "technique-chunked-loss": [c for c in measured if case_section(c) == "techniques" and c.chunked],
     }
     for section, members in groups.items():
         pairs = [(truth[c.id]["truth_bytes"], predictions["memfit"][c.id].bytes) for c in members
@@ -379,7 +385,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="8 single-rank cases, under a minute")
     parser.add_argument("--json", type=Path, default=None, help="output JSON (default: benchmarks/results/)")
     parser.add_argument("--cases", default="", help="comma-separated case ids to run (default: all)")
-    parser.add_argument("--section", choices=("all", "transformer", "entrypoint", "depth", "peft"), default="all",
+    parser.add_argument("--section", choices=("all", "transformer", "entrypoint", "depth", "peft", "techniques"),
+                        default="all",
                         help="run only one section's cases (peft writes memory_accuracy_peft.json)")
     args = parser.parse_args(argv)
     cases = quick_cases() if args.quick else full_cases()

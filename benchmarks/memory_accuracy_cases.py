@@ -118,6 +118,20 @@ DEPTH_PROBLEMS: dict[str, dict[str, Any]] = {
                              "patchSize": 8, "numClasses": 100}},
 }
 PROBLEMS.update(DEPTH_PROBLEMS)
+
+# Techniques section (issue 29): a Hugging Face Llama (random weights from an inline config, memfit's
+# analytic HF shape) beside the builtin gpt and bert. Held out: llama, never looked at while the
+# techniques' terms were written (they were checked on gpt and bert only).
+PROBLEMS["llama"] = {
+    "huggingface": {
+        "model": "memfit-bench/llama-tiny", "initialize": "random", "sequenceLength": 256,
+        "config": {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 256,
+                   "intermediate_size": 688, "num_hidden_layers": 4, "num_attention_heads": 4,
+                   "num_key_value_heads": 2, "vocab_size": 2048, "max_position_embeddings": 512,
+                   "tie_word_embeddings": False, "rms_norm_eps": 1e-5, "hidden_act": "silu"},
+    }
+}
+TECHNIQUES_HELD_OUT = ("llama",)
 DEPTH_IN_SAMPLE = ("deep-gpt",)
 
 
@@ -129,12 +143,20 @@ def section_of(family: str) -> str:
 
 
 def case_section(case: Case) -> str:
-    """`peft` for LoRA/QLoRA cases, else the family's section."""
-    return "peft" if case.peft != "none" else section_of(case.family)
+    """`peft` for LoRA/QLoRA cases, `techniques` for bf16-pure, the optimizer step in backward or the
+    chunked loss, else the family's section."""
+    if case.peft != "none":
+        return "peft"
+    if case.precision == "bf16-pure" or case.in_backward or case.chunked or case.family in TECHNIQUES_HELD_OUT:
+        return "techniques"
+    return section_of(case.family)
 
 
 def held_out(family: str) -> bool:
-    """Families not looked at while the measured-activation model (or the depth extrapolation) was developed."""
+    """Families not looked at while the measured-activation model (or the depth extrapolation, or the
+    techniques' terms) was developed."""
+    if family in TECHNIQUES_HELD_OUT:
+        return True
     if family in DEPTH_PROBLEMS:
         return family not in DEPTH_IN_SAMPLE
     return family.split("-")[0] in HELD_OUT_FAMILIES
@@ -159,6 +181,8 @@ class Case:
     dropout: float = 0.0
     double_quant: bool = True
     offload: str = "none"  # none | cpu (DeepSpeed optimizer offload, FSDP CPUOffloadPolicy)
+    in_backward: bool = False  # the optimizer step in backward (the techniques section)
+    chunked: bool = False  # the chunked loss (the techniques section)
 
     @property
     def id(self) -> str:
@@ -172,9 +196,10 @@ class Case:
             peft += f"-d{self.dropout:g}" if self.dropout else ""
             peft += "-" if self.double_quant else "-nodq-"
         offload = f"-offload{self.offload}" if self.offload != "none" else ""
+        techniques = ("-inbwd" if self.in_backward else "") + ("-chunked" if self.chunked else "")
         return (
             f"{peft}{self.family}-{engine}{offload}-w{self.world_size}-{self.precision}-{self.checkpointing}"
-            f"-mbs{self.micro_batch_size}-{opt}"
+            f"-mbs{self.micro_batch_size}-{opt}{techniques}"
         )
 
     def config(self) -> dict[str, Any]:
@@ -201,6 +226,8 @@ class Case:
             "activationCheckpointing": self.checkpointing,
             "offload": self.offload,
             "optimizer8bit": self.eight_bit,
+            "optimizerInBackward": self.in_backward,
+            "chunkedLoss": self.chunked,
             "microBatchSize": self.micro_batch_size,
             "gradientAccumulationSteps": 1,
             "nodes": 1,
@@ -375,12 +402,44 @@ def _sharded_cases() -> list[Case]:
     ]
 
 
+def technique_cases() -> list[Case]:
+    """The techniques section (issue 29): bf16-pure, the optimizer step in backward and the chunked loss,
+    each on gpt, bert and the held-out HF llama, with and without checkpointing, at world size 1 and 2
+    where the technique runs there (the optimizer step in backward runs on one GPU only), and all three
+    together; plus llama's plain baselines (bf16, fp32) so the held-out family's analytic shape is seen
+    without the techniques too."""
+    c = Case
+    pure, fsdp = {"precision": "bf16-pure"}, {"engine": "fsdp"}
+    cases = []
+    for family in ("gpt", "bert", "llama"):
+        cases += [
+            c(family, **pure, micro_batch_size=4),
+            c(family, **pure, checkpointing="full", micro_batch_size=8),
+            c(family, **pure, world_size=2, micro_batch_size=4),
+            c(family, **pure, **fsdp, zero_stage=3, world_size=2, checkpointing="full", micro_batch_size=4),
+            c(family, precision="bf16", in_backward=True, micro_batch_size=4),
+            c(family, precision="fp32", in_backward=True, checkpointing="full", micro_batch_size=8),
+            c(family, precision="bf16", chunked=True, micro_batch_size=4),
+            c(family, precision="fp32", chunked=True, checkpointing="full", micro_batch_size=8),
+            c(family, precision="bf16", chunked=True, world_size=2, micro_batch_size=4),
+            c(family, **pure, in_backward=True, chunked=True, checkpointing="full", micro_batch_size=8),
+        ]
+    cases += [
+        c("gpt", **pure, optimizer="sgd", micro_batch_size=4),
+        c("gpt", **pure, in_backward=True, eight_bit=True, checkpointing="full", micro_batch_size=8),
+        c("gpt", **pure, chunked=True, **fsdp, zero_stage=2, world_size=2, micro_batch_size=4),
+        c("llama", precision="bf16", micro_batch_size=4),
+        c("llama", precision="fp32", checkpointing="full", micro_batch_size=4),
+    ]
+    return cases
+
+
 def full_cases() -> list[Case]:
     """The full benchmark: 30 single-rank DDP cases over three families and 19 sharded ones (the
-    transformer section), the 36 cases of the entrypoint section, the 24 of the depth section and the 56
-    of the PEFT section."""
+    transformer section), the 36 cases of the entrypoint section, the 24 of the depth section, the 56
+    of the PEFT section and the 35 of the techniques section."""
     return [*_ddp_cases("gpt"), *_ddp_cases("bert"), *_ddp_cases("vit"), *_sharded_cases(), *entrypoint_cases(),
-            *depth_cases(), *peft_cases()]
+            *depth_cases(), *peft_cases(), *technique_cases()]
 
 
 def gpu_cases() -> list[Case]:

@@ -58,6 +58,8 @@ def _strategy(case: Case) -> Any:
         micro_batch_size=case.micro_batch_size,
         gradient_accumulation_steps=1,
         peft=PeftMethod(case.peft),
+        optimizer_in_backward=case.in_backward,
+        chunked_loss=case.chunked,
     )
     layout = None
     if case.peft != "none":  # the adapters' layout, from the plan the truth worker ran

@@ -54,6 +54,14 @@ class PlanBuilder:
     def eight_bit(self, enabled: bool = True) -> PlanBuilder:
         return self._with(optimizer8bit=enabled)
 
+    def in_backward(self, enabled: bool = True) -> PlanBuilder:
+        """plan.optimizerInBackward: each parameter steps in its post-accumulate-grad hook."""
+        return self._with(optimizerInBackward=enabled)
+
+    def chunked_loss(self, enabled: bool = True) -> PlanBuilder:
+        """plan.chunkedLoss: the LM head and cross-entropy over chunks of tokens."""
+        return self._with(chunkedLoss=enabled)
+
     def optimizer(self, kind: str) -> PlanBuilder:
         return self._with(optimizer=kind)
 
@@ -143,7 +151,8 @@ class PlanBuilder:
             "problem": f.get("problemSpec", {"builtin": TINY_GPT}),
             "training": training,
         }  # fmt: skip
-        for optional in ("checkpointDir", "nvmePath", "peft", "adapter", "data", "checkpointEverySteps"):
+        for optional in ("checkpointDir", "nvmePath", "peft", "adapter", "data", "checkpointEverySteps",
+                         "optimizerInBackward", "chunkedLoss"):
             if optional in f:
                 plan[optional] = f[optional]
         return plan

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 from memfit.api import pod as contract
+from memfit.api.common import Precision
 from memfit.api.plan import Plan
 from torch import nn
 
@@ -122,7 +123,10 @@ def native_resume(meta: CheckpointMeta, plan: Plan, fmt: str) -> bool:
     same_optimizer = (
         meta.optimizer == plan.training.optimizer.value and meta.optimizer8bit == plan.optimizer8bit
     )
-    if meta.format != fmt or not same_optimizer:
+    # bf16-pure's optimizer (memfit_trainer.stochastic_rounding) is another class than torch's, with other
+    # param-group settings: across bf16-pure and any other precision only the weights carry over.
+    pure = Precision.BF16_PURE.value
+    if meta.format != fmt or not same_optimizer or (meta.precision == pure) != (plan.precision == pure):
         return False
     if fmt == "deepspeed":
         return (

@@ -17,7 +17,7 @@ from memfit_trainer.problems import TrainingProblem
 from memfit_trainer.strategies.base import move_batch
 
 SUMMARY_FILE = "memfit_training.json"
-AUTOCAST = {Precision.BF16: torch.bfloat16, Precision.FP16: torch.float16}
+AUTOCAST = {Precision.BF16: torch.bfloat16, Precision.FP16: torch.float16}  # bf16-pure: none, the weights are bf16
 
 log = logging.getLogger("memfit_trainer")
 

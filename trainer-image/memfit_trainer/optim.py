@@ -1,4 +1,5 @@
-"""Optimizers: torch AdamW/Adam/SGD or bitsandbytes 8-bit state, with a shim for FSDP2's DTensor shards."""
+"""Optimizers: torch AdamW/Adam/SGD, bitsandbytes 8-bit state (with a shim for FSDP2's DTensor shards), or
+bf16-pure's stochastically rounded bf16 optimizers; one per parameter when the step runs in backward."""
 
 from __future__ import annotations
 
@@ -6,8 +7,13 @@ from collections.abc import Iterable
 from typing import Any
 
 import torch
+from memfit.api.common import Precision
 from memfit.api.job import OptimizerKind, TrainingSpec
+from memfit.api.plan import Plan
 from torch import nn
+
+from memfit_trainer.optim_in_backward import OptimizerInBackward
+from memfit_trainer.stochastic_rounding import Bf16AdamW, Bf16SGD
 
 # Momentum for SGD (torch default is 0, which keeps no state and leaves nothing for 8-bit to save).
 SGD_MOMENTUM = 0.9
@@ -38,6 +44,40 @@ def bnb_optimizer(params: Iterable[torch.Tensor], training: TrainingSpec) -> tor
     if training.optimizer == OptimizerKind.ADAM:
         return bnb.optim.Adam8bit(params, lr=lr)
     return bnb.optim.SGD8bit(params, lr=lr, momentum=SGD_MOMENTUM)
+
+
+def bf16_pure_optimizer(
+    params: Iterable[nn.Parameter], training: TrainingSpec, *, seed: int = 0, first_index: int = 0
+) -> torch.optim.Optimizer:
+    """bf16-pure: bf16 state, stochastically rounded bf16 updates (memfit_trainer.stochastic_rounding), with
+    the hyper-parameters of `torch_optimizer`."""
+    lr = training.learning_rate
+    if training.optimizer == OptimizerKind.SGD:
+        return Bf16SGD(params, lr=lr, momentum=SGD_MOMENTUM, seed=seed, first_index=first_index)
+    decay = ADAMW_WEIGHT_DECAY if training.optimizer == OptimizerKind.ADAMW else 0.0
+    return Bf16AdamW(params, lr=lr, weight_decay=decay, seed=seed, first_index=first_index)
+
+
+def replicated_optimizer(
+    params: list[nn.Parameter], plan: Plan, *, seed: int = 0, first_index: int = 0
+) -> torch.optim.Optimizer:
+    """The plan's optimizer over whole (not sharded) parameters: 8-bit (under bf16-pure it updates the bf16
+    weights in place, rounding to nearest, as torchtune's low-memory single-device recipe), bf16-pure's, or
+    torch's."""
+    assert plan.training is not None
+    if plan.optimizer8bit:
+        return bnb_optimizer(params, plan.training)
+    if plan.precision == Precision.BF16_PURE:
+        return bf16_pure_optimizer(params, plan.training, seed=seed, first_index=first_index)
+    return torch_optimizer(params, plan.training)
+
+
+def optimizer_in_backward(model: nn.Module, plan: Plan, *, seed: int = 0) -> OptimizerInBackward:
+    """One optimizer of the plan's kind per trainable parameter, stepped in its post-accumulate-grad hook."""
+    return OptimizerInBackward(
+        model.named_parameters(),
+        lambda params, index: replicated_optimizer(params, plan, seed=seed, first_index=index),
+    )
 
 
 class LocalShardOptimizer:

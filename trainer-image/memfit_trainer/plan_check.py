@@ -53,6 +53,7 @@ def plan_problems(plan: Plan, facts: RuntimeFacts) -> list[str]:
         reasons.append("training is missing: the plan must carry the job's training spec")
     reasons += _engine_problems(plan, facts)
     reasons += _precision_problems(plan, facts)
+    reasons += _technique_problems(plan)
     reasons += _peft_problems(plan)
     if plan.world_size != facts.world_size:
         reasons.append(
@@ -110,9 +111,33 @@ def _engine_problems(plan: Plan, facts: RuntimeFacts) -> list[str]:
 def _precision_problems(plan: Plan, facts: RuntimeFacts) -> list[str]:
     # fp16 is not refused on CPU: DDP/FSDP (autocast + GradScaler) and DeepSpeed (fp16 with dynamic
     # loss scaling) all train with it there (slowly), so CPU stand-ins for GPU pods can run fp16 plans.
-    if plan.precision == Precision.BF16 and facts.cuda and not facts.bf16_supported:
-        return ["precision bf16 on a GPU without bf16 support (compute capability < 8.0): use fp16 or fp32"]
+    if plan.precision in (Precision.BF16, Precision.BF16_PURE) and facts.cuda and not facts.bf16_supported:
+        return [f"precision {plan.precision.value} on a GPU without bf16 support (compute capability < 8.0): "
+                "use fp16 or fp32"]
     return []
+
+
+def _technique_problems(plan: Plan) -> list[str]:
+    """bf16-pure and the optimizer step in backward where the trainer implements them (the planner plans
+    them nowhere else)."""
+    reasons: list[str] = []
+    if plan.precision == Precision.BF16_PURE:
+        if plan.engine not in (Engine.DDP, Engine.FSDP):
+            reasons.append(f"precision bf16-pure with {plan.engine.value}: bf16-pure runs with ddp or fsdp")
+        if plan.offload != Offload.NONE:
+            reasons.append(f"precision bf16-pure with offload {plan.offload.value}: bf16-pure runs without offload")
+        if plan.peft.value != "none":
+            reasons.append(f"precision bf16-pure with {plan.peft.value}: adapters train with precision bf16")
+    if plan.optimizer_in_backward:
+        if plan.engine != Engine.DDP or plan.world_size != 1:
+            reasons.append(f"optimizerInBackward with {plan.engine.value} at world size {plan.world_size}: "
+                           "the step in backward runs with ddp on one GPU")
+        if plan.gradient_accumulation_steps != 1:
+            reasons.append(f"optimizerInBackward with gradientAccumulationSteps "
+                           f"{plan.gradient_accumulation_steps}: each gradient is applied as soon as it is ready")
+        if plan.precision == Precision.FP16:
+            reasons.append("optimizerInBackward with fp16: a loss-scaled gradient cannot be checked before its step")
+    return reasons
 
 
 def check_plan(plan: Plan, facts: RuntimeFacts) -> None:

@@ -183,7 +183,8 @@ def run_training(
         if latest is not None and not native:
             assert options.checkpoint_dir is not None
             load_portable_weights(problem.model, options.checkpoint_dir, latest[0], latest[1])
-        runner = make_runner(plan=plan, problem=problem, device=device, world_size=env.world_size)
+        runner = make_runner(plan=plan, problem=problem, device=device, world_size=env.world_size,
+                             seed=options.seed)
         start_step = 0
         if latest is not None:
             assert options.checkpoint_dir is not None
@@ -290,7 +291,7 @@ def _finetune(plan: Plan, options: TrainOptions, device: torch.device, *, rank: 
               resuming: bool = False) -> Finetune | None:
     """Pretrained weights and spec.data for a Hugging Face problem: loaded in fp32 (DDP and FSDP keep fp32
     parameters and compute in 16 bits), or in the 16-bit dtype DeepSpeed trains in (it keeps its own fp32
-    master copy); under ZeRO-3, partitioned while loading; under FSDP on several ranks, read by rank 0 only
+    master copy), or in bf16 for bf16-pure (the weights train in bf16, no fp32 copy); under ZeRO-3, partitioned while loading; under FSDP on several ranks, read by rank 0 only
     and sent shard by shard (not when resuming: the checkpoint has the weights, read the usual way)."""
     assert plan.problem is not None and plan.training is not None
     if plan.problem.huggingface is None:
@@ -298,6 +299,8 @@ def _finetune(plan: Plan, options: TrainOptions, device: torch.device, *, rank: 
     dtype = torch.float32
     if plan.engine == Engine.DEEPSPEED and plan.precision in (Precision.BF16, Precision.FP16):
         dtype = torch.bfloat16 if plan.precision == Precision.BF16 else torch.float16
+    if plan.precision == Precision.BF16_PURE:
+        dtype = torch.bfloat16
     zero3 = None
     if plan.engine == Engine.DEEPSPEED and plan.zero_stage == 3 and plan.peft == PeftMethod.NONE:
         from memfit_trainer.strategies.deepspeed_config import build_deepspeed_config

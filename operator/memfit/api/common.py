@@ -56,12 +56,15 @@ class Engine(StrEnum):
 
 
 class Precision(StrEnum):
-    """Training precision: fp32, or mixed precision with bf16/fp16 compute."""
+    """Training precision: fp32; mixed precision with bf16/fp16 compute over fp32 weights (autocast, or a
+    DeepSpeed fp32 master copy); or bf16-pure: bf16 weights, gradients and optimizer state with no fp32
+    copy, the update stochastically rounded (docs/techniques.md)."""
 
     AUTO = "auto"
     FP32 = "fp32"
     BF16 = "bf16"
     FP16 = "fp16"
+    BF16_PURE = "bf16-pure"
 
 
 class Checkpointing(StrEnum):

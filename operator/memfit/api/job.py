@@ -113,7 +113,26 @@ class StrategySpec(ApiModel):
     """Memory-saving settings; every field is chosen by the planner unless pinned."""
 
     engine: Engine = Field(default=Engine.AUTO, description="auto, ddp, fsdp or deepspeed.")
-    precision: Precision = Field(default=Precision.AUTO, description="auto, fp32, bf16 or fp16.")
+    precision: Precision = Field(
+        default=Precision.AUTO,
+        description="auto, fp32, bf16, fp16 or bf16-pure (bf16 weights, gradients and optimizer state, no "
+        "fp32 master; auto considers it only with allowPureBf16).",
+    )
+    allow_pure_bf16: bool = Field(
+        default=False,
+        description="Let precision auto choose bf16-pure: it changes the numerics (no fp32 master copy; "
+        "stochastically rounded updates), so it is never chosen unasked.",
+    )
+    optimizer_in_backward: Toggle = Field(
+        default=Toggle.AUTO,
+        description="auto, enabled or disabled: each parameter steps in its post-accumulate-grad hook and "
+        "its gradient is freed at once (DDP on one GPU, no gradient accumulation, not fp16).",
+    )
+    chunked_loss: Toggle = Field(
+        default=Toggle.AUTO,
+        description="auto, enabled or disabled: the language-model head and cross-entropy run over chunks "
+        "of tokens, recomputed in backward, so the full fp32 logits never exist (same loss value).",
+    )
     activation_checkpointing: Checkpointing = Field(
         default=Checkpointing.AUTO, description="auto, none, selective or full."
     )

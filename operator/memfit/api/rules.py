@@ -14,6 +14,7 @@ from memfit.api.finetune_rules import check_finetune
 from memfit.api.own_code_rules import check_own_code
 from memfit.api.peft_rules import check_peft
 from memfit.api.pod_template_rules import check_pod_template
+from memfit.api.technique_rules import check_techniques
 
 Finding = tuple[str, str] | None
 
@@ -116,4 +117,7 @@ def check_spec(spec: Any) -> list[tuple[str, str]]:
     """Every cross-field violation of a MOTJ spec (wire form): `strategy.peft` and the fine-tune rules
     (model source, data, output) `podTemplate`'s and `container`'s included."""
     found = [finding for rule in SPEC_RULES if (finding := rule(spec)) is not None]
-    return found + (check_peft(spec) + check_finetune(spec) + check_pod_template(spec) + check_own_code(spec) if isinstance(spec, dict) else [])
+    if not isinstance(spec, dict):
+        return found
+    return found + check_peft(spec) + check_finetune(spec) + check_pod_template(spec) + check_own_code(spec) + \
+        check_techniques(spec)

@@ -13,7 +13,7 @@ from pydantic import Field
 
 from memfit.api.common import ApiModel, Checkpointing, Engine, Offload, PeftMethod, Precision
 
-ConfigKey = tuple[Engine, int, Precision, Checkpointing, Offload, bool, PeftMethod]
+ConfigKey = tuple[Engine, int, Precision, Checkpointing, Offload, bool, PeftMethod, bool, bool]
 
 _OFFLOAD_WORDS = {Offload.CPU: "CPU offload", Offload.NVME: "NVMe offload"}
 _PEFT_WORDS = {PeftMethod.LORA: "LoRA", PeftMethod.QLORA: "QLoRA"}
@@ -61,6 +61,12 @@ class TrainingConfig(ApiModel):
         default=PeftMethod.NONE,
         description="none (full fine-tune), lora (adapters on a frozen 16-bit base) or qlora (on a 4-bit base).",
     )
+    optimizer_in_backward: bool = Field(
+        default=False, description="Each parameter steps in its post-accumulate-grad hook; no gradient is kept.",
+    )
+    chunked_loss: bool = Field(
+        default=False, description="Head and cross-entropy over chunks of tokens, recomputed in backward.",
+    )
 
     def global_batch(self, world_size: int) -> int:
         """The global batch this split gives on `world_size` data-parallel ranks (`global_batch`)."""
@@ -77,7 +83,7 @@ class TrainingConfig(ApiModel):
         """The configuration without its batch split: what two runs must share for the memory of one to
         speak for the other (measured peaks, caches)."""
         return (self.engine, self.zero_stage, self.precision, self.activation_checkpointing, self.offload,
-                self.optimizer8bit, self.peft)
+                self.optimizer8bit, self.peft, self.optimizer_in_backward, self.chunked_loss)
 
     def describe(self, *, words: bool = False, batch: bool = True) -> str:
         """`ZeRO-2 bf16 ckpt-full offload-cpu 8-bit-optim mbs 2x4`; with `words`, for sentences:
@@ -101,6 +107,10 @@ class TrainingConfig(ApiModel):
             parts.append(_OFFLOAD_WORDS.get(self.offload, self.offload.value) if words else f"offload-{self.offload.value}")
         if self.optimizer8bit:
             parts.append("8-bit optimizer" if words else "8-bit-optim")
+        if self.optimizer_in_backward:
+            parts.append("optimizer step in backward" if words else "optim-in-bwd")
+        if self.chunked_loss:
+            parts.append("chunked loss" if words else "chunked-loss")
         if words:
             return ", ".join(parts)
         if batch:

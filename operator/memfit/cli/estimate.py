@@ -102,6 +102,8 @@ def _estimate_strategy(args: argparse.Namespace, job: MemoryOptimizedTrainingJob
         "activation_checkpointing": Checkpointing(args.checkpointing) if args.checkpointing else None,
         "offload": Offload(args.offload) if args.offload else None,
         "optimizer8bit": Toggle.ENABLED if args.optimizer8bit else None,
+        "optimizer_in_backward": Toggle.ENABLED if args.optimizer_in_backward else None,
+        "chunked_loss": Toggle.ENABLED if args.chunked_loss else None,
         "micro_batch_size": args.micro_batch or None,
     }
     pins = job.spec.strategy if job is not None else StrategySpec()
@@ -205,10 +207,15 @@ def register(subparsers: Any) -> None:
     e.add_argument("--stage", type=int, choices=[0, 1, 2, 3], help="ZeRO stage (FSDP: 2 or 3)")
     e.add_argument("--world-size", type=int, default=1)
     e.add_argument("--gpus-per-node", type=int)
-    e.add_argument("--precision", choices=["fp32", "bf16", "fp16"])
+    e.add_argument("--precision", choices=["fp32", "bf16", "fp16", "bf16-pure"],
+                   help="bf16-pure: bf16 weights, gradients and optimizer state, no fp32 master copy")
     e.add_argument("--checkpointing", choices=["none", "selective", "full"])
     e.add_argument("--offload", choices=["none", "cpu", "nvme"])
     e.add_argument("--optimizer8bit", action="store_true", help="bitsandbytes 8-bit optimizer state")
+    e.add_argument("--optimizer-in-backward", action="store_true",
+                   help="each parameter steps in backward, no gradient kept (DDP, one GPU, no accumulation)")
+    e.add_argument("--chunked-loss", action="store_true",
+                   help="head and cross-entropy over chunks of tokens: never the full fp32 logits")
     e.add_argument("--optimizer", choices=[k.value for k in OptimizerKind])
     e.add_argument("--micro-batch", type=int)
     e.add_argument("--accumulation", type=int)

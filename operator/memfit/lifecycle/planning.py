@@ -45,14 +45,17 @@ def config_key(p: Plan) -> str:
 
     A LoRA/QLoRA run adds an 11th part, `<method>:<rank>:<targets joined by +>`: its peak speaks only
     for the same adapters (the profile cache, and so its observations, is shared by every job of the
-    problem), and must never be read as a full fine-tune's.
+    problem), and must never be read as a full fine-tune's. The optimizer step in backward and the
+    chunked loss follow the precision (`bf16~optim-in-bwd~chunked-loss`), so keys stored before them parse
+    as they were.
     """
+    techniques = [tag for tag, on in ((_IN_BACKWARD, p.optimizer_in_backward), (_CHUNKED, p.chunked_loss)) if on]
     parts = [
         str(x)
         for x in (
             p.engine.value,
             p.zero_stage,
-            p.precision.value,
+            "~".join([p.precision.value, *techniques]),
             p.activation_checkpointing.value,
             p.offload.value,
             int(p.optimizer8bit),
@@ -65,6 +68,9 @@ def config_key(p: Plan) -> str:
     if p.peft != PeftMethod.NONE and p.adapter is not None:
         parts.append(_adapter_tag(p.peft, p.adapter.rank, p.adapter.target_modules))
     return "/".join(parts)
+
+
+_IN_BACKWARD, _CHUNKED = "optim-in-bwd", "chunked-loss"
 
 
 def _adapter_tag(method: PeftMethod, rank: int, targets: Sequence[str]) -> str:
@@ -89,11 +95,14 @@ def strategy_of(key: str, spec: MemoryOptimizedTrainingJobSpec) -> Strategy | No
         adapter = job_adapter(spec)
         if adapter is None:
             return None
+    precision, *techniques = parts[2].split("~")
     try:
         config = TrainingConfig(
             engine=Engine(parts[0]),
             zero_stage=int(parts[1]),
-            precision=Precision(parts[2]),
+            precision=Precision(precision),
+            optimizer_in_backward=_IN_BACKWARD in techniques,
+            chunked_loss=_CHUNKED in techniques,
             activation_checkpointing=Checkpointing(parts[3]),
             offload=Offload(parts[4]),
             optimizer8bit=parts[5] == "1",

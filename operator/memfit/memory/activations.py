@@ -22,6 +22,12 @@ each saved tensor is counted with its real dtype and size per token:
   logits with `.float()`); its backward briefly holds two more fp32 logit-sized gradients
   (8 B x vocab per token, reported as temporaries).
 
+- bf16-pure: the model itself is bf16, so every saved tensor is 16-bit, the residual stream too
+  (no autocast copies);
+- chunked loss: the head's log-probabilities are never saved; backward recomputes one chunk of
+  1/LOSS_CHUNKS of the tokens at a time (its 16-bit logits, fp32 log-probabilities and their two fp32
+  gradients) and the head input's gradient (compute bytes x h) builds up over the chunks.
+
 - a classifier on the first token (ViT) materialises the gradient of the whole final hidden state
   in backward (`select_backward` allocates zeros of b x s x h), alive at the start of backward.
 
@@ -49,6 +55,8 @@ LOGPROB_BYTES = 4
 LOGIT_GRAD_BYTES = 8
 # LlamaRMSNorm saves its input upcast to fp32.
 RMSNORM_FP32_COPY_BYTES = 4
+# Chunked loss: chunks of the flattened tokens (torchtune's CEWithChunkedOutputLoss uses 8).
+LOSS_CHUNKS = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +82,8 @@ class ActivationTerms:
 
 def dtype_bytes(strategy: Strategy) -> tuple[int, int]:
     """(compute bytes, residual-stream bytes) of the strategy's precision regime."""
+    if strategy.pure_bf16:
+        return 2, 2  # the model itself is bf16: no autocast, no fp32 stream
     if not strategy.mixed_precision:
         return 4, 4
     # torch.autocast (DDP) keeps fp32 weights, so adds and norms stay fp32.
@@ -135,6 +145,12 @@ def activation_terms(shape: Shape, strategy: Strategy) -> ActivationTerms:
     head_kept = LOGPROB_BYTES * shape.vocab
     # LM head: two fp32 logit-sized gradients; first-token classifier: the hidden state's gradient.
     head_backward = LOGIT_GRAD_BYTES * shape.vocab if shape.vocab else residual * h
+    if strategy.config.chunked_loss and shape.vocab:
+        # Chunked loss (memfit_trainer.chunked_loss): only the head's input is saved; in backward one
+        # chunk's logits are recomputed (16-bit and the fp32 log-probabilities) next to their two fp32
+        # gradients, while the head input's gradient fills in chunk by chunk.
+        head_kept = 0
+        head_backward = (compute + LOGPROB_BYTES + LOGIT_GRAD_BYTES) * shape.vocab / LOSS_CHUNKS + compute * h
     # A block's backward: the MLP's inner gradient and the residual-stream gradient.
     block_gradients = compute * (shape.ffn + h)
     return ActivationTerms(

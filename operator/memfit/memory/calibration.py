@@ -120,8 +120,11 @@ class Calibration:
                 and any(p[0] == strategy.config.peft for p in self.peft_points))
 
     def _measured_like(self, strategy: Strategy) -> bool:
-        """Residuals describe the profiled engine (DDP) on the profiled device only."""
-        return strategy.config.engine == Engine.DDP and strategy.device == self.device
+        """Residuals describe the profiled engine (DDP) on the profiled device only, and only a run
+        without the techniques the profile does not use (bf16-pure, the optimizer step in backward, the
+        chunked loss: they change the very tensors a residual stands for)."""
+        return (strategy.config.engine == Engine.DDP and strategy.device == self.device
+                and not strategy.uses_techniques)
 
     def activation_scale(self, strategy: Strategy) -> float:
         """Factor on the per-sample terms of this strategy's precision and checkpointing.

@@ -116,6 +116,11 @@ class MemoryTerms:
     fragmentation: float
     host_bytes: float
     nvme_bytes: float
+    # The optimizer step in backward (temporaries.py): the head's step beside every activation, a block
+    # tensor's beside a block's (recomputed) activations.
+    head_step_bytes: float = 0.0
+    block_step_bytes: float = 0.0
+    loss_extra_bytes: float = 0.0  # the chunked loss's backward only (temporaries.py)
     # Correction of the tensor (allocated) part from measured allocator peaks (auto-downsizing); 1 = none.
     # The fixed overhead (CUDA context, NCCL) is device-specific and is not scaled by it.
     scale: float = 1.0
@@ -156,9 +161,16 @@ class MemoryTerms:
         if self.measured_lines is not None:
             return tuple(ActivationMoment(fixed, 0.0, per, 0.0) for fixed, per in self.measured_lines[acc])
         held = self.held_gradient_bytes
+        steps: tuple[ActivationMoment, ...] = ()
+        if self.head_step_bytes or self.block_step_bytes:
+            steps = (ActivationMoment(self.with_activations_bytes + self.head_step_bytes, 0.0,
+                                      self.activation_bytes_per_sample, 0.0),
+                     ActivationMoment(self.with_activations_bytes + self.block_step_bytes, 0.0,
+                                      self.block_activation_bytes_per_sample, 0.0))
         return (
-            ActivationMoment(self.with_activations_bytes, held if acc else 0.0, self.activation_bytes_per_sample,
-                             self.temporary_bytes_per_sample),
+            *steps,
+            ActivationMoment(self.with_activations_bytes + self.loss_extra_bytes, held if acc else 0.0,
+                             self.activation_bytes_per_sample, self.temporary_bytes_per_sample),
             ActivationMoment(self.with_activations_bytes + self.in_backward_bytes,
                              held if acc else self.in_backward_gradient_bytes,
                              self.block_activation_bytes_per_sample, self.block_temporary_bytes_per_sample),
@@ -325,6 +337,9 @@ def memory_terms(shape: Shape, strategy: Strategy, *, calibration: Calibration |
         host_bytes=states.host_bytes,
         nvme_bytes=states.nvme_bytes,
         measured_lines=measured_lines,
+        head_step_bytes=phases.head_step_bytes,
+        block_step_bytes=phases.block_step_bytes,
+        loss_extra_bytes=phases.loss_extra_bytes,
     )
 
 

@@ -18,6 +18,9 @@ Bytes per parameter by regime (shared/reference/memory-model.md §1):
 - bitsandbytes 8-bit Adam: uint8 state1/state2 + one fp32 absmax per 256-element block =
   2 x (1 + 4/256) = 2.03 B/param (Dettmers et al. 2022; bitsandbytes/optim/optimizer.py); tensors
   under 4096 elements keep 32-bit state.
+- bf16-pure (DDP, FSDP): bf16 weights 2, gradients 2 and optimizer state in bf16 (Adam 4, SGD 2) =
+  8 B/param for Adam (torchtune's bf16 full fine-tune; torchao AdamW with bf16 state); buffers are
+  counted as the model declares them (an upper bound: float buffers are cast with the model).
 - Offload (DeepSpeed estimators): host RAM carries a 1.5 `additional_buffer_factor` for pinned
   buffers (stage_1_and_2.py / stage3.py `estimate_zero*_model_states_mem_needs`).
 """
@@ -96,6 +99,13 @@ def model_states(shape: Shape, strategy: Strategy) -> ModelStates:
     """Per-GPU model states of `strategy` (see the module docstring for the byte counts)."""
     n = strategy.world_size
     p, t = float(shape.parameters), float(shape.trainable)
+    if strategy.pure_bf16:
+        # bf16 weights, gradients and optimizer state (memfit_trainer.stochastic_rounding): half of
+        # every fp32 term, no master copy; FSDP shards all three.
+        # (8-bit state is the same as under any precision; bitsandbytes keeps fp32 state for small tensors)
+        optim = _optimizer_bytes(shape, strategy) / (1 if strategy.config.optimizer8bit else 2)
+        shards = n if strategy.config.engine == Engine.FSDP else 1
+        return ModelStates(2 * p / shards + shape.buffer_bytes, 2 * t / shards, optim / shards)
     optim = _optimizer_bytes(shape, strategy)
     if strategy.config.engine == Engine.DDP:
         return ModelStates(4 * p + shape.buffer_bytes, 4 * t, optim)

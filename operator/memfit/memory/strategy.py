@@ -11,6 +11,7 @@ from memfit.api.peft_rules import peft_engine_problem
 from memfit.api.training_config import PLAIN_FP32_DDP, TrainingConfig
 from memfit.api.training_config import accumulation_steps as accumulation_steps_for
 from memfit.memory.adapter import AdapterLayout
+from memfit.memory.technique_rules import technique_problem
 
 
 class Device(StrEnum):
@@ -39,8 +40,23 @@ class Strategy:
 
     @property
     def mixed_precision(self) -> bool:
-        """bf16 or fp16 compute."""
+        """bf16 or fp16 compute over fp32 weights or an fp32 master copy (not bf16-pure)."""
         return self.config.precision in (Precision.BF16, Precision.FP16)
+
+    @property
+    def pure_bf16(self) -> bool:
+        """bf16 weights, gradients and optimizer state with no fp32 copy (memory/techniques.py)."""
+        return self.config.precision == Precision.BF16_PURE
+
+    @property
+    def uses_techniques(self) -> bool:
+        """bf16-pure, the optimizer step in backward or the chunked loss (memory/technique_rules.py)."""
+        return self.pure_bf16 or self.config.optimizer_in_backward or self.config.chunked_loss
+
+    @property
+    def half_weights(self) -> bool:
+        """The weights the step computes with are 16-bit (mixed or pure)."""
+        return self.mixed_precision or self.pure_bf16
 
     @property
     def nodes(self) -> int:
@@ -89,6 +105,8 @@ def strategy_from_pins(pins: StrategySpec, *, optimizer: OptimizerKind, world_si
         # A pinned LoRA/QLoRA is the job's; `auto` reads as the full fine-tune (the caller adds the
         # adapter layout, which needs the problem).
         peft=pins.peft.method if pins.peft.method in (PeftMethod.LORA, PeftMethod.QLORA) else PeftMethod.NONE,
+        optimizer_in_backward=pins.optimizer_in_backward == Toggle.ENABLED,
+        chunked_loss=pins.chunked_loss == Toggle.ENABLED,
     )
     return Strategy(config=config, optimizer=optimizer, world_size=world_size,
                     gpus_per_node=gpus_per_node or min(world_size, 8), device=device)
@@ -121,6 +139,9 @@ def strategy_problem(strategy: Strategy) -> str | None:
         # Offloaded optimizers step on the CPU (DeepSpeedCPUAdam, torch on CPU); bitsandbytes is CUDA-only.
         return "an 8-bit (bitsandbytes) optimizer cannot run with optimizer offload"
     problem = peft_engine_problem(config.peft, engine=engine, zero_stage=stage, offload=offload)
+    if problem is not None:
+        return problem
+    problem = technique_problem(strategy)
     if problem is not None:
         return problem
     if min(strategy.world_size, strategy.gpus_per_node, config.micro_batch_size,

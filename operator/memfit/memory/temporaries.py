@@ -34,7 +34,7 @@ from the sources cited per rule:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from memfit.api.common import Checkpointing, Engine, Offload
 from memfit.api.job import OptimizerKind
@@ -54,6 +54,12 @@ FSDP_LIVE_UNITS = 2
 CPU_ADAM_TEMPORARIES = 2
 # bitsandbytes' CPU 8-bit step: both states dequantised, the update and two scratch buffers (fp32).
 CPU_BNB_TEMPORARIES = 5
+# memfit_trainer's stochastically rounded bf16 step (memfit_trainer.stochastic_rounding), one slice of at
+# most PURE_BF16_STEP_SLICE elements of one tensor at a time on every device: at most three fp32 copies
+# alive at once for AdamW (gradient and moments, then weight and moments, then weight and the rounding's
+# int32 noise), two for SGD with momentum, in 4-byte units of the slice.
+PURE_BF16_STEP_TEMPORARIES = 3
+PURE_BF16_STEP_SLICE = 1 << 24
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +80,14 @@ class PhaseBytes:
     backward_end_bytes: float  # gradients and buffers alive when backward finishes
     step_gradient_bytes: float  # gradients alive during the optimizer step
     step_temporary_bytes: float  # optimizer-step scratch space
+    # The optimizer step in backward: the head's step (its gradient and scratch) with every activation
+    # still saved, and a block tensor's with the block's recomputed activations (predict.py adds each as
+    # one more activation moment).
+    head_step_bytes: float = 0.0
+    block_step_bytes: float = 0.0
+    # The chunked loss: bytes alive only while the loss's chunks run backward (the head's gradient filling
+    # in over the chunks; under autocast the recomputed chunk's own 16-bit copy of the head weight).
+    loss_extra_bytes: float = 0.0
 
 
 def _head_parameters(shape: Shape) -> int:
@@ -94,6 +108,10 @@ def _largest_tensor(shape: Shape) -> float:
 
 def _step_scratch(shape: Shape, strategy: Strategy, *, elements: float, flat: bool) -> float:
     """Optimizer-step temporaries over `elements` local parameters held as one flat tensor or many."""
+    if strategy.pure_bf16 and not strategy.config.optimizer8bit:
+        # A per-tensor loop on every device; SGD keeps the weight, gradient and momentum copies.
+        per = PURE_BF16_STEP_TEMPORARIES if strategy.optimizer != OptimizerKind.SGD else PURE_BF16_STEP_TEMPORARIES - 1
+        return per * 4.0 * min(elements, _largest_tensor(shape), PURE_BF16_STEP_SLICE)
     if strategy.optimizer == OptimizerKind.SGD:
         return 0.0
     if strategy.device == Device.CUDA:
@@ -107,14 +125,36 @@ def _step_scratch(shape: Shape, strategy: Strategy, *, elements: float, flat: bo
 def phase_bytes(shape: Shape, strategy: Strategy) -> PhaseBytes:
     """The phase terms of `strategy` (see the module docstring for each rule)."""
     if strategy.config.engine == Engine.DDP:
-        return _ddp(shape, strategy)
-    if strategy.config.engine == Engine.FSDP:
-        return _fsdp(shape, strategy)
-    return _deepspeed(shape, strategy)
+        phases = _ddp(shape, strategy)
+    elif strategy.config.engine == Engine.FSDP:
+        phases = _fsdp(shape, strategy)
+    else:
+        phases = _deepspeed(shape, strategy)
+    if strategy.config.chunked_loss and shape.vocab:
+        phases = replace(phases, loss_extra_bytes=_chunked_loss_extra(shape, strategy))
+    return phases
+
+
+def _chunked_loss_extra(shape: Shape, strategy: Strategy) -> float:
+    """What only the chunked loss's backward holds: every chunk adds its part of the head's gradient (the
+    hook that consumes it fires once, after the last chunk), in the dtype the engine keeps gradients in
+    (DDP's reducer buckets hold them at world size 2+), and autocast, whose weight cache is off while a
+    checkpoint recomputes, casts the head weight once more per chunk."""
+    config, head = strategy.config, float(_head_parameters(shape))
+    if config.engine == Engine.DDP:
+        grad = 0.0 if (strategy.world_size > 1 and not config.optimizer_in_backward) else (
+            2.0 if strategy.pure_bf16 else 4.0)
+    else:
+        grad = 2.0 if strategy.half_weights else 4.0
+    autocast_copy = 2.0 if (strategy.mixed_precision and config.engine == Engine.DDP) else 0.0
+    return (grad + autocast_copy) * head
 
 
 def _ddp(shape: Shape, strategy: Strategy) -> PhaseBytes:
     t = float(shape.trainable)
+    grad_bytes = 2.0 if strategy.pure_bf16 else 4.0
+    if strategy.config.optimizer_in_backward:
+        return _step_in_backward(shape, strategy, grad_bytes)
     with_activations = 0.0
     if strategy.mixed_precision:
         # torch.autocast caches a 16-bit copy of each matmul weight; backward keeps the copies of
@@ -123,7 +163,7 @@ def _ddp(shape: Shape, strategy: Strategy) -> PhaseBytes:
         with_activations = 2.0 * (blocks * shape.block_parameters + _head_parameters(shape))
     late_copies = 2.0 * shape.block_parameters if strategy.mixed_precision else 0.0
     scratch = _step_scratch(shape, strategy, elements=t, flat=False)
-    grads = 4.0 * t
+    grads = grad_bytes * t
     if strategy.world_size > 1:
         # memfit-trainer wraps the model in DDP only at world size 2+, with gradient_as_bucket_view:
         # the gradients are views into the reducer's fp32 buckets, allocated with the wrapper and
@@ -138,7 +178,7 @@ def _ddp(shape: Shape, strategy: Strategy) -> PhaseBytes:
     return PhaseBytes(
         persistent_bytes=0.0,
         with_activations_bytes=with_activations,
-        in_backward_gradient_bytes=4.0 * _head_parameters(shape),
+        in_backward_gradient_bytes=grad_bytes * _head_parameters(shape),
         in_backward_bytes=0.0,
         late_gradient_bytes=grads * _late_share(shape),
         # The other blocks' autocast copies went with their graphs; the last block's are still there.
@@ -150,11 +190,38 @@ def _ddp(shape: Shape, strategy: Strategy) -> PhaseBytes:
     )
 
 
+def _step_in_backward(shape: Shape, strategy: Strategy, grad_bytes: float) -> PhaseBytes:
+    """DDP on one GPU with the optimizer step in each parameter's post-accumulate-grad hook: a gradient
+    lives only until its own step, so no phase holds the gradients. A step holds one tensor's gradient
+    and its scratch (one-tensor optimizers: foreach over one tensor on CUDA, the per-tensor loop on the
+    CPU): a block tensor's right after its gradient (the block's backward temporaries gone by then, its
+    recomputed activations not yet); the head's right after the loss's backward (every activation still
+    saved); the embedding's at the very end (none left). The first two are activation moments of their
+    own (predict.py), beside the backward's."""
+    def working(elements: float) -> float:
+        return grad_bytes * elements + _step_scratch(shape, strategy, elements=elements, flat=True)
+
+    block_tensor = float(max(shape.ffn * shape.hidden, (shape.hidden + 2 * shape.kv_hidden) * shape.hidden))
+    largest = working(_largest_tensor(shape))
+    with_activations = 0.0
+    if strategy.mixed_precision:
+        blocks = 1 if strategy.config.activation_checkpointing == Checkpointing.FULL else shape.layers
+        with_activations = 2.0 * (blocks * shape.block_parameters + _head_parameters(shape))
+    late_copies = 2.0 * shape.block_parameters if strategy.mixed_precision else 0.0
+    return PhaseBytes(
+        persistent_bytes=0.0, with_activations_bytes=with_activations, in_backward_gradient_bytes=0.0,
+        in_backward_bytes=0.0, late_gradient_bytes=0.0, late_backward_bytes=late_copies, held_gradient_bytes=0.0,
+        backward_end_bytes=largest, step_gradient_bytes=0.0, step_temporary_bytes=0.0,
+        head_step_bytes=largest, block_step_bytes=working(block_tensor),
+    )
+
+
 def _fsdp(shape: Shape, strategy: Strategy) -> PhaseBytes:
     n = strategy.world_size
     t = float(shape.trainable)
-    param_bytes = 2.0 if strategy.mixed_precision else 4.0
-    reduce_extra = 4.0 if strategy.mixed_precision else 0.0  # reduce_dtype fp32 copy for reduce-scatter
+    param_bytes = 2.0 if strategy.half_weights else 4.0
+    # reduce_dtype fp32 copy for reduce-scatter (bf16-pure reduces its bf16 gradients as they are)
+    reduce_extra = 4.0 if strategy.mixed_precision else 0.0
     unit = float(max(shape.block_parameters, shape.root_parameters))
     unsharded_grads = unit * (param_bytes + reduce_extra)
     if strategy.config.zero_stage == 3:
@@ -163,10 +230,11 @@ def _fsdp(shape: Shape, strategy: Strategy) -> PhaseBytes:
     else:
         with_activations = gathered_late = shape.parameters * param_bytes
     offloaded = strategy.config.offload == Offload.CPU
-    sharded_grads = 0.0 if offloaded else 4.0 * t / n
+    sharded_grads = 0.0 if offloaded else (2.0 if strategy.pure_bf16 else 4.0) * t / n
     step_scratch = 0.0 if offloaded else _step_scratch(shape, strategy, elements=t / n, flat=False)
     if strategy.device == Device.CPU and n > 1:
-        step_scratch += 4.0 * unit  # gloo reduce-scatter emulation keeps one unsharded fp32 gradient
+        # gloo reduce-scatter emulation keeps one unsharded gradient (fp32; bf16 under bf16-pure)
+        step_scratch += (2.0 if strategy.pure_bf16 else 4.0) * unit
     # In a block's backward: the block (and the next, prefetched) gathered, its unsharded gradients.
     in_backward = unsharded_grads + (gathered_late if strategy.config.zero_stage == 3 else 0.0)
     return PhaseBytes(

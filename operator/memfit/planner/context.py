@@ -213,8 +213,8 @@ class SearchContext:
                                        gpus_per_node=gpus_per_node, adapter=self.adapter)
             # Activations depend on precision and checkpointing (and autocast under DDP, and the
             # frozen base of LoRA/QLoRA) only.
-            act_key = (strategy.mixed_precision, choice.config.activation_checkpointing,
-                       choice.config.engine == Engine.DDP, choice.config.peft)
+            act_key = (strategy.mixed_precision, strategy.pure_bf16, choice.config.activation_checkpointing,
+                       choice.config.engine == Engine.DDP, choice.config.peft, choice.config.chunked_loss)
             acts = self.activation_cache.get(act_key)
             if acts is None:
                 acts = self.activation_cache[act_key] = _activations(self.shape, strategy)
@@ -235,7 +235,7 @@ class SearchContext:
             by_compute: dict[tuple[object, ...], list[Choice]] = {}
             for c in runnable:
                 key_ = (c.config.precision, c.config.activation_checkpointing, c.config.peft,
-                        c.config.offload != Offload.NONE)
+                        c.config.offload != Offload.NONE, c.config.chunked_loss)
                 by_compute.setdefault(key_, []).append(c)
             cached = [(tuple(c.rank for c in ordered), ordered)
                       for ordered in (group_order(v) for v in by_compute.values())]
@@ -313,7 +313,9 @@ class SearchContext:
         if found is None:
             per_gpu = self.samples_per_gpu(layout.world_size)
             terms = self.memory(choice, layout.world_size, layout.gpus_per_node)
-            if self.pinned_micro_batch is not None:
+            if choice.config.optimizer_in_backward:  # no accumulation: the whole per-GPU batch at once
+                found = (peak_bytes_int(terms, per_gpu, per_gpu), per_gpu)
+            elif self.pinned_micro_batch is not None:
                 b = self.pinned_micro_batch
                 found = (peak_bytes_int(terms, b, per_gpu), b)
             else:

@@ -1,10 +1,12 @@
 """The space of a job that runs its own container: the engine and offload its script can run, from
 `spec.container.honors` (memfit.api.own_code); the knobs it does not apply are pinned by the spec itself
-(memfit.api.own_code_rules refuses a job where they are not)."""
+(memfit.api.own_code_rules refuses a job where they are not). The memory techniques of memfit's own
+trainer (bf16-pure, the optimizer step in backward, the chunked loss) are never planned for a script: it
+would have to implement them."""
 
 from __future__ import annotations
 
-from memfit.api.common import Engine, Offload
+from memfit.api.common import Engine, Offload, Toggle
 from memfit.api.job import MemoryOptimizedTrainingJobSpec
 
 
@@ -15,11 +17,13 @@ def with_container_pins(spec: MemoryOptimizedTrainingJobSpec) -> MemoryOptimized
     if container is None:
         return spec
     strategy = spec.strategy
-    update: dict[str, object] = {}
+    update: dict[str, object] = {"allow_pure_bf16": False}
+    if strategy.optimizer_in_backward == Toggle.AUTO:
+        update["optimizer_in_backward"] = Toggle.DISABLED
+    if strategy.chunked_loss == Toggle.AUTO:
+        update["chunked_loss"] = Toggle.DISABLED
     if strategy.engine == Engine.AUTO:
         update["engine"] = container.engine
     if container.offload is not None and strategy.offload == Offload.AUTO:
         update["offload"] = container.offload
-    if not update:
-        return spec
     return spec.model_copy(update={"strategy": strategy.model_copy(update=update)})

@@ -246,7 +246,7 @@ def plan(
         return _no_fit([shape])
     ctx = shared_search_context(spec, shape, profile=profile, measured_peaks=measured_peaks,
                                 measured_devices=measured_devices, pools=pools)
-    choices, pin_problems = strategy_choices(spec.strategy)
+    choices, pin_problems = strategy_choices(spec.strategy, lm_head=has_lm_head(spec, ctx.shape))
     peft_reasons: list[str] = []
     choices = _peft_choices(ctx, choices, peft_reasons)
     if not choices:
@@ -317,16 +317,24 @@ def _with_learned(notes: list[str], learned: list[str]) -> list[str]:
     return [*notes[: NOTES_MAX - len(learned)], *learned]
 
 
+def has_lm_head(spec: MemoryOptimizedTrainingJobSpec, shape: Shape) -> bool:
+    """Whether memfit_trainer can chunk this job's loss: a language-model head (vocabulary) on a model it
+    builds itself (builtin or Hugging Face), not a user's entrypoint or container."""
+    return shape.vocab > 0 and spec.problem.entrypoint is None and spec.container is None
+
+
 def _full_finetune(ctx: SearchContext, spec: MemoryOptimizedTrainingJobSpec,
                    offers: Sequence[Offer]) -> FullFinetuneComparison:
     """The best full fine-tune under the same pins on the same pools: what the plan is compared with
     (shown, never chosen: the job did not allow it, or it cost more)."""
     pins = spec.strategy.model_copy(update={"peft": spec.strategy.peft.model_copy(
         update={"method": PeftMethod.NONE, "allowed": []})})
-    choices, problems = strategy_choices(pins)
+    choices, problems = strategy_choices(pins, lm_head=has_lm_head(spec, ctx.shape))
     if not choices:
         return FullFinetuneComparison(description=f"no full fine-tune under the pins: {'; '.join(problems)}"[:256])
-    found = _best_per_pool(ctx, offers, choices, [], keep=1)
+    # Another list of choices: its ranks and memory ids mean other configurations than the plan's, so it
+    # must not meet the caches the plan's search keyed by them.
+    found = _best_per_pool(ctx.with_fresh_caches(), offers, choices, [], keep=1)
     if not found:
         return FullFinetuneComparison(description="a full fine-tune fits none of the pools")
     best = min(found, key=lambda c: (*objective_key(c, ctx.minimize), c.pool))

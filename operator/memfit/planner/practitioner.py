@@ -66,11 +66,15 @@ class Rung:
 def rule_bytes(ctx: SearchContext, pins: StrategySpec) -> float:
     """The rule of thumb's memory for the job (see the module docstring), in bytes."""
     method = practitioner_peft(ctx, pins)
-    mixed = _rule_precision(pins) != Precision.FP32
+    precision = _rule_precision(pins)
+    mixed = precision != Precision.FP32
     eight_bit = pins.optimizer8bit == Toggle.ENABLED
     states = optimizer_state_bytes_per_param(ctx.optimizer, eight_bit=eight_bit)
-    # 16-bit weights and gradients plus an fp32 master copy, or fp32 weights and gradients.
+    # 16-bit weights and gradients plus an fp32 master copy, or fp32 weights and gradients; a pinned
+    # bf16-pure has no master copy and keeps 32-bit optimizer state in bf16.
     per_trained = (2 + 2 + 4 + states) if mixed else (4 + 4 + states)
+    if precision == Precision.BF16_PURE:
+        per_trained = 2 + 2 + (states if eight_bit else states / 2)
     parameters = float(ctx.shape.parameters)
     if method == PeftMethod.NONE or ctx.adapter is None:
         return per_trained * parameters * RULE_MARGIN
@@ -174,7 +178,7 @@ def with_pins(template: TrainingConfig, pins: StrategySpec, *, offer: Offer,
     precision = _rule_precision(pins)
     if precision == Precision.AUTO:
         precision = Precision.BF16 if offer.supports_bf16 else Precision.FP16
-    elif precision == Precision.BF16 and not offer.supports_bf16:
+    elif precision in (Precision.BF16, Precision.BF16_PURE) and not offer.supports_bf16:
         return None
     engine = template.engine if pins.engine == Engine.AUTO else pins.engine
     if pins.engine == Engine.AUTO and pins.offload == Offload.NVME and template.engine != Engine.DDP:
@@ -193,6 +197,9 @@ def with_pins(template: TrainingConfig, pins: StrategySpec, *, offer: Offer,
         if pins.activation_checkpointing == Checkpointing.AUTO else pins.activation_checkpointing,
         "offload": template.offload if pins.offload == Offload.AUTO else pins.offload,
         "optimizer8bit": pins.optimizer8bit == Toggle.ENABLED,
+        # What the user pinned on, the practitioner runs too (its rungs where it cannot run are left out).
+        "optimizer_in_backward": pins.optimizer_in_backward == Toggle.ENABLED,
+        "chunked_loss": pins.chunked_loss == Toggle.ENABLED,
     })
     return config if strategy_problem(Strategy(config=config, optimizer=OptimizerKind.ADAMW)) is None else None
 

@@ -19,13 +19,13 @@ from memfit.catalog import GpuCatalog
 from memfit.memory import Strategy, predict_memory, strategy_problem
 from memfit.planner.checkpoint_writes import write_seconds
 from memfit.planner.offers import resolve_offers
-from memfit.planner.plan_job import resolve_shape, search_context
+from memfit.planner.plan_job import has_lm_head, resolve_shape, search_context
 from memfit.planner.search import tier
-from memfit.planner.space import strategy_choices
+from memfit.planner.space import precisions_allowed, strategy_choices, toggles
 from memfit.timing import estimate_step_seconds
 
 ENGINES = (Engine.DDP, Engine.FSDP, Engine.DEEPSPEED)
-PRECISIONS = (Precision.BF16, Precision.FP16, Precision.FP32)
+PRECISIONS = (Precision.BF16, Precision.FP16, Precision.FP32, Precision.BF16_PURE)
 CHECKPOINTING = (Checkpointing.NONE, Checkpointing.SELECTIVE, Checkpointing.FULL)
 OFFLOADS = (Offload.NONE, Offload.CPU, Offload.NVME)
 T = TypeVar("T")
@@ -53,7 +53,7 @@ def _methods(spec: MemoryOptimizedTrainingJobSpec, known_layout: bool) -> tuple[
 
 def _preference(config: TrainingConfig) -> tuple[object, ...]:
     return (config.peft, config.engine, config.zero_stage, config.precision, config.activation_checkpointing,
-            config.offload, config.optimizer8bit)
+            config.offload, config.optimizer8bit, config.optimizer_in_backward, config.chunked_loss)
 
 
 def best_objective(spec: MemoryOptimizedTrainingJobSpec, pools: Sequence[GPUNodePool], *,
@@ -62,10 +62,13 @@ def best_objective(spec: MemoryOptimizedTrainingJobSpec, pools: Sequence[GPUNode
     None when nothing fits. Best as the planner ranks (planner.search.objective_key): the lowest tie tier
     of the objective, then of the other one, fewer GPUs, the preference order (planner.space), a larger
     micro-batch, the exact objectives, the pool name."""
-    ranks = {_preference(c.config): c.rank for c in strategy_choices(spec.strategy)[0]}
     shape = resolve_shape(spec, None)
     if isinstance(shape, str):
         return None
+    lm_head = has_lm_head(spec, shape)
+    if spec.strategy.chunked_loss == Toggle.ENABLED and not lm_head:
+        return None  # the planner refuses the pin (planner.space)
+    ranks = {_preference(c.config): c.rank for c in strategy_choices(spec.strategy, lm_head=lm_head)[0]}
     ctx = search_context(spec, shape, pools=pools)
     offers, _ = resolve_offers(pools, catalog=catalog, allowed=spec.placement.node_pools)
     pins, objective = spec.strategy, spec.objective
@@ -83,8 +86,8 @@ def best_objective(spec: MemoryOptimizedTrainingJobSpec, pools: Sequence[GPUNode
             for method, engine in itertools.product(_methods(spec, ctx.adapter is not None),
                                                     _pinned(pins.engine, ENGINES, Engine.AUTO)):
                 for stage in stages:
-                    for precision in _pinned(pins.precision, PRECISIONS, Precision.AUTO):
-                        if precision == Precision.BF16 and not offer.supports_bf16:
+                    for precision in precisions_allowed(pins.precision, allow_pure_bf16=pins.allow_pure_bf16):
+                        if precision in (Precision.BF16, Precision.BF16_PURE) and not offer.supports_bf16:
                             continue
                         qlora_compute = pins.peft.qlora.compute_dtype
                         if method == PeftMethod.QLORA and qlora_compute not in (Precision.AUTO, precision):
@@ -93,13 +96,15 @@ def best_objective(spec: MemoryOptimizedTrainingJobSpec, pools: Sequence[GPUNode
                             for offload in _pinned(pins.offload, OFFLOADS, Offload.AUTO):
                                 if offload == Offload.CPU and offer.host_bytes_per_node is None:
                                     continue
-                                for eight in _eight_bit(pins.optimizer8bit):
-                                    for b in _micro_batches(per_gpu, pins.micro_batch_size):
+                                for eight, in_bwd, chunked, b in itertools.product(
+                                        _eight_bit(pins.optimizer8bit), toggles(pins.optimizer_in_backward),
+                                        toggles(pins.chunked_loss) if lm_head else (False,),
+                                        _micro_batches(per_gpu, pins.micro_batch_size)):
                                         config = TrainingConfig.model_construct(
                                             engine=engine, zero_stage=stage, precision=precision,
                                             activation_checkpointing=ckpt, offload=offload, optimizer8bit=eight,
                                             micro_batch_size=b, gradient_accumulation_steps=per_gpu // b,
-                                            peft=method)
+                                            peft=method, optimizer_in_backward=in_bwd, chunked_loss=chunked)
                                         s = Strategy(config, spec.training.optimizer, n, g, adapter=ctx.adapter)
                                         if strategy_problem(s) is not None:
                                             continue

@@ -97,7 +97,7 @@ def _lacks(offer: Offer, choice: Choice) -> frozenset[Lack]:
     """What `offer` lacks that `choice` needs."""
     config = choice.config
     return frozenset(lack for lack, missing in (
-        (Lack.BF16, config.precision == Precision.BF16 and not offer.supports_bf16),
+        (Lack.BF16, config.precision in (Precision.BF16, Precision.BF16_PURE) and not offer.supports_bf16),
         (Lack.HOST_MEMORY, config.offload == Offload.CPU and offer.host_bytes_per_node is None),
         (Lack.NVME, config.offload == Offload.NVME and offer.nvme_bytes_per_node <= 0),
     ) if missing)
@@ -131,8 +131,13 @@ def _offer_choices(offer: Offer, choices: Sequence[Choice], failures: OfferFailu
     return out
 
 
-def _micro_batch(ctx: SearchContext, terms: MemoryTerms, per_gpu: int, usable: int) -> int:
-    """Largest micro-batch dividing `per_gpu` that fits (0 when none); exact fit rule checked."""
+def _micro_batch(ctx: SearchContext, terms: MemoryTerms, per_gpu: int, usable: int, *,
+                 whole: bool = False) -> int:
+    """Largest micro-batch dividing `per_gpu` that fits (0 when none); exact fit rule checked. `whole`:
+    only the whole per-GPU batch (no accumulation: the optimizer step in backward)."""
+    if whole:
+        fits = ctx.pinned_micro_batch in (None, per_gpu) and ctx.fits_gpu(peak_bytes_int(terms, per_gpu, per_gpu), usable)
+        return per_gpu if fits else 0
     if ctx.pinned_micro_batch is not None:
         b = ctx.pinned_micro_batch
         return b if ctx.fits_gpu(peak_bytes_int(terms, b, per_gpu), usable) else 0
@@ -213,13 +218,17 @@ def prepare_offer(ctx: SearchContext, offer: Offer, choices: Sequence[Choice]) -
         if over:
             failures.note_price(min(lay.price_per_hour for lay in over))
         layouts = [lay for lay in layouts if lay.price_per_hour <= ctx.max_cost_per_hour]
-    groups = ctx.groups(runnable)
+    # The optimizer step in backward runs on one GPU only: layouts of more see the space without it.
+    single = ctx.groups(runnable)
+    multi = ctx.groups([c for c in runnable if not c.config.optimizer_in_backward])
     bounds: list[tuple[float, int, int, Layout, tuple[int, ...], list[Choice]]] = []
     for li, layout in enumerate(layouts):
         per_gpu = ctx.samples_per_gpu(layout.world_size)
+        groups = single if layout.world_size == 1 else multi
         for gi, (group_ranks, members) in enumerate(groups):
             c = members[0].config
-            key = (c.precision, c.activation_checkpointing, c.peft, layout.world_size, layout.gpus_per_node, offer.speed)
+            key = (c.precision, c.activation_checkpointing, c.peft, c.chunked_loss, layout.world_size,
+                   layout.gpus_per_node, offer.speed)
             seconds = ctx.bound_cache.get(key)
             if seconds is None:
                 seconds = ctx.bound_cache[key] = _bound_seconds(ctx, offer, layout, members, per_gpu, tight=False)
@@ -404,7 +413,7 @@ def _evaluate(ctx: SearchContext, offer: Offer, layout: Layout, choice: Choice,
     if not memory_first and not _fits_at_smallest(ctx, offer, layout, choice, failures):
         return None, True
     terms = ctx.memory(choice, n, g)
-    b = _micro_batch(ctx, terms, per_gpu, offer.usable_bytes)
+    b = _micro_batch(ctx, terms, per_gpu, offer.usable_bytes, whole=choice.config.optimizer_in_backward)
     host_needed = terms.host_bytes * g
     if choice.config.offload != Offload.NONE and host_needed > offer.host_usable_bytes_per_node:
         failures.note_host(host_needed, choice, n)

@@ -1,5 +1,6 @@
-"""The search space: every valid (engine, stage, precision, checkpointing, offload, 8-bit) choice
-that honours the job's pinned strategy fields, in a fixed preference order used to break ties.
+"""The search space: every valid (engine, stage, precision, checkpointing, offload, 8-bit, optimizer in
+backward, chunked loss) choice that honours the job's pinned strategy fields, in a fixed preference
+order used to break ties. bf16-pure is in it only when the job allows it (`allowPureBf16`) or pins it.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from memfit.memory.strategy import Strategy, strategy_problem
 # Preference order for ties (simpler and more common first).
 ENGINES = (Engine.DDP, Engine.DEEPSPEED, Engine.FSDP)
 STAGES = {Engine.DDP: (0,), Engine.FSDP: (2, 3), Engine.DEEPSPEED: (0, 1, 2, 3)}
-PRECISIONS = (Precision.BF16, Precision.FP16, Precision.FP32)
+PRECISIONS = (Precision.BF16, Precision.FP16, Precision.FP32, Precision.BF16_PURE)
 CHECKPOINTING = (Checkpointing.NONE, Checkpointing.SELECTIVE, Checkpointing.FULL)
 OFFLOADS = (Offload.NONE, Offload.CPU, Offload.NVME)
 
@@ -52,12 +53,13 @@ class Choice:
 
 def choice(engine: Engine, zero_stage: int, precision: Precision, checkpointing: Checkpointing,
            offload: Offload, optimizer8bit: bool, *, rank: int, memory_id: int = -1, twin_id: int = -1,
-           peft: PeftMethod = PeftMethod.NONE) -> Choice:
+           peft: PeftMethod = PeftMethod.NONE, optimizer_in_backward: bool = False,
+           chunked_loss: bool = False) -> Choice:
     """A Choice from its configuration fields (micro-batch and accumulation 1)."""
     config = PLAIN_FP32_DDP.model_copy(update={
         "engine": engine, "zero_stage": zero_stage, "precision": precision,
         "activation_checkpointing": checkpointing, "offload": offload, "optimizer8bit": optimizer8bit,
-        "peft": peft,
+        "peft": peft, "optimizer_in_backward": optimizer_in_backward, "chunked_loss": chunked_loss,
     })
     return Choice(config, rank, memory_id, twin_id)
 
@@ -66,16 +68,22 @@ def _allowed(pin: object, values: tuple[object, ...], auto: object) -> tuple[obj
     return values if pin == auto else tuple(v for v in values if v == pin)
 
 
-def strategy_choices(pins: StrategySpec) -> tuple[list[Choice], list[str]]:
+def strategy_choices(pins: StrategySpec, *, lm_head: bool = True) -> tuple[list[Choice], list[str]]:
     """Valid choices under the pins, in preference order, and why none exist when the list is empty.
 
     Only the PEFT methods the job allows (`strategy.peft`) are in the space: a full fine-tune is never
     turned into LoRA/QLoRA, nor the reverse, unless the user allowed it. QLoRA's `computeDtype` pins
-    the precision of its choices.
+    the precision of its choices. Chunked loss is in it only for a model with a language-model head
+    (`lm_head`).
     """
+    if not lm_head and pins.chunked_loss == Toggle.ENABLED:
+        return [], ["the pinned strategy cannot run: strategy.chunkedLoss enabled needs a language-model head "
+                    "(a builtin gpt or bert, or a Hugging Face causal LM); set it to auto or disabled"]
     # The micro-batch is not part of a choice; the pins enter as plain (hashable) values.
+    chunked = pins.chunked_loss if lm_head else Toggle.DISABLED
     pinned = Pins(pins.engine, pins.precision, pins.activation_checkpointing, pins.zero_stage, pins.offload,
-                  pins.optimizer8bit, pins.peft.methods(), pins.peft.qlora.compute_dtype)
+                  pins.optimizer8bit, pins.peft.methods(), pins.peft.qlora.compute_dtype, pins.allow_pure_bf16,
+                  pins.optimizer_in_backward, chunked)
     choices, problems = _choices(pinned)
     return list(choices), list(problems)
 
@@ -86,7 +94,8 @@ def pinned_fields(pins: StrategySpec) -> dict[str, str]:
     pins the precision of every choice)."""
     fields = {"engine": pins.engine, "precision": pins.precision, "activationCheckpointing":
               pins.activation_checkpointing, "zeroStage": pins.zero_stage, "offload": pins.offload,
-              "optimizer8bit": pins.optimizer8bit}
+              "optimizer8bit": pins.optimizer8bit, "optimizerInBackward": pins.optimizer_in_backward,
+              "chunkedLoss": pins.chunked_loss}
     out = {f"strategy.{key}": str(value) for key, value in fields.items() if value != "auto"}
     compute = pins.peft.qlora.compute_dtype
     if pins.peft.methods() == (PeftMethod.QLORA,) and compute != Precision.AUTO:
@@ -105,17 +114,32 @@ class Pins(NamedTuple):
     optimizer8bit: Toggle
     methods: tuple[PeftMethod, ...]
     qlora_compute: Precision
+    allow_pure_bf16: bool
+    optimizer_in_backward: Toggle
+    chunked_loss: Toggle
+
+
+def toggles(pin: Toggle) -> tuple[bool, ...]:
+    """The values a toggle leaves to try: off first (the simpler), then on."""
+    return {Toggle.AUTO: (False, True), Toggle.ENABLED: (True,), Toggle.DISABLED: (False,)}[pin]
+
+
+def precisions_allowed(pin: Precision, *, allow_pure_bf16: bool) -> tuple[Precision, ...]:
+    """The precisions a pin leaves to try: auto means every mixed and full precision, and bf16-pure only
+    when the job allows it (it changes the numerics)."""
+    if pin != Precision.AUTO:
+        return (pin,)
+    return PRECISIONS if allow_pure_bf16 else tuple(p for p in PRECISIONS if p != Precision.BF16_PURE)
 
 
 @functools.lru_cache(maxsize=64)
 def _choices(pins: Pins) -> tuple[tuple[Choice, ...], tuple[str, ...]]:
     engines = _allowed(pins.engine, ENGINES, Engine.AUTO)
-    precisions = _allowed(pins.precision, PRECISIONS, Precision.AUTO)
+    precisions = precisions_allowed(pins.precision, allow_pure_bf16=pins.allow_pure_bf16)
     ckpts = _allowed(pins.checkpointing, CHECKPOINTING, Checkpointing.AUTO)
     offloads = _allowed(pins.offload, OFFLOADS, Offload.AUTO)
-    eight_bits = {Toggle.AUTO: (False, True), Toggle.ENABLED: (True,), Toggle.DISABLED: (False,)}[
-        pins.optimizer8bit
-    ]
+    eight_bits = toggles(pins.optimizer8bit)
+    techniques = tuple(itertools.product(toggles(pins.optimizer_in_backward), toggles(pins.chunked_loss)))
     methods, qlora_compute = pins.methods, pins.qlora_compute
     stage_pin = pins.zero_stage
     choices: list[Choice] = []
@@ -125,19 +149,21 @@ def _choices(pins: Pins) -> tuple[tuple[Choice, ...], tuple[str, ...]]:
     for method, engine in itertools.product(methods, engines):
         assert isinstance(engine, Engine)
         stages = STAGES[engine] if stage_pin == "auto" else (stage_pin,)
-        for stage, offload, eight, precision, ckpt in itertools.product(stages, offloads, eight_bits, precisions,
-                                                                        ckpts):
+        for stage, offload, eight, precision, ckpt, (in_backward, chunked) in itertools.product(
+                stages, offloads, eight_bits, precisions, ckpts, techniques):
             assert isinstance(offload, Offload)
             assert isinstance(precision, Precision) and isinstance(ckpt, Checkpointing)
             if method == PeftMethod.QLORA and qlora_compute not in (Precision.AUTO, precision):
                 problems[f"QLoRA computes in {qlora_compute.value} (peft.qlora.computeDtype)"] = None
                 continue
-            mixed = precision != Precision.FP32
-            memory_key = (method, engine, stage, mixed, ckpt, offload, eight)
+            regime = "fp32" if precision == Precision.FP32 else "pure" if precision == Precision.BF16_PURE else "mixed"
+            memory_key = (method, engine, stage, regime, ckpt, offload, eight, in_backward, chunked)
             memory_id = memory_ids.setdefault(memory_key, len(memory_ids))
-            twin_id = twin_ids.setdefault((method, engine, stage, precision, ckpt, offload), len(twin_ids))
+            twin_id = twin_ids.setdefault((method, engine, stage, precision, ckpt, offload, in_backward, chunked),
+                                          len(twin_ids))
             candidate = choice(engine, int(stage), precision, ckpt, offload, eight, rank=len(choices),
-                               memory_id=memory_id, twin_id=twin_id, peft=method)
+                               memory_id=memory_id, twin_id=twin_id, peft=method,
+                               optimizer_in_backward=in_backward, chunked_loss=chunked)
             problem = strategy_problem(candidate.strategy(optimizer=OptimizerKind.ADAMW))
             if problem is None:
                 choices.append(candidate)

@@ -63,13 +63,13 @@ def block_work(shape: Shape, strategy: Strategy) -> BlockWork:
     config = strategy.config
     frozen = config.peft != PeftMethod.NONE
     return _block_work(shape, config.precision, config.activation_checkpointing, frozen,
-                       strategy.adapter if frozen else None)
+                       strategy.adapter if frozen else None, config.chunked_loss)
 
 
 @lru_cache(maxsize=1024)
 def _block_work(shape: Shape, precision: Precision, checkpointing: Checkpointing, frozen: bool,
-                adapter: AdapterLayout | None) -> BlockWork:
-    eb = 2 if precision in (Precision.BF16, Precision.FP16) else 4
+                adapter: AdapterLayout | None, chunked_loss: bool = False) -> BlockWork:
+    eb = 2 if precision in (Precision.BF16, Precision.FP16, Precision.BF16_PURE) else 4
     full = checkpointing == Checkpointing.FULL
     selective = checkpointing == Checkpointing.SELECTIVE
     backward = 1.0 if frozen else 2.0
@@ -79,7 +79,8 @@ def _block_work(shape: Shape, precision: Precision, checkpointing: Checkpointing
         Gemm(k, n, 1.0 + (1.0 if full or (selective and i < attention_linears) else 0.0), backward)
         for i, (k, n) in enumerate(linears)
     )
-    head = Gemm(shape.hidden, shape.vocab, 1.0, backward) if shape.vocab > 0 else None
+    # A chunked loss runs the head's forward twice (again in backward, chunk by chunk).
+    head = Gemm(shape.hidden, shape.vocab, 2.0 if chunked_loss else 1.0, backward) if shape.vocab > 0 else None
     s, h = shape.tokens, shape.hidden
     causal = shape.family == "decoder"
     recompute = 1.0 if full or selective else 0.0
@@ -98,7 +99,8 @@ def _block_work(shape: Shape, precision: Precision, checkpointing: Checkpointing
         targeted = adapter.targeted
         elementwise += shape.layers * 3.0 * sum((2 * k + 3 * n) * eb for k, n in targeted)
         kernels += shape.layers * len(targeted) * ADAPTER_KERNELS * 3.0
-    elementwise += LOSS_BYTES_PER_VOCAB * shape.vocab * (2.0 if eb == 4 else 1.0)
+    # (a chunked loss runs its forward a second time in backward: a third more of its traffic)
+    elementwise += LOSS_BYTES_PER_VOCAB * shape.vocab * (2.0 if eb == 4 else 1.0) * (4 / 3 if chunked_loss else 1.0)
     return BlockWork(
         gemms=gemms,
         layers=shape.layers,

@@ -106,7 +106,7 @@ class GpuSpeed:
     def peak_flops(self, precision: Precision, *, tf32: bool = False) -> float:
         """Dense peak FLOP/s for the precision (0 when unsupported); fp32 matmuls on TF32 tensor cores
         with `tf32` (torch.backends.cuda.matmul.allow_tf32) where the GPU has them."""
-        if precision == Precision.BF16:
+        if precision in (Precision.BF16, Precision.BF16_PURE):
             return self.bf16_tflops * 1e12
         if precision == Precision.FP16:
             return self.fp16_tflops * 1e12
@@ -119,7 +119,7 @@ class GpuSpeed:
         return _rates(self, precision, tf32)
 
     def _build_rates(self, precision: Precision, tf32: bool) -> GpuRates:
-        half = precision in (Precision.BF16, Precision.FP16)
+        half = precision in (Precision.BF16, Precision.FP16, Precision.BF16_PURE)
         return GpuRates(peak_flops=self.peak_flops(precision, tf32=tf32), hbm_bytes_per_s=self.hbm_gbps * 1e9,
                         sm_count=self.sm_count, matmul_efficiency=self.matmul_efficiency,
                         flash_attention=self.flash_attention and half,
@@ -330,6 +330,10 @@ def _param_bytes_per_micro(strategy: Strategy, p: float, t: float) -> float:
     config, n = strategy.config, strategy.world_size
     mixed = strategy.mixed_precision
     stage = config.zero_stage
+    if strategy.pure_bf16:
+        # bf16 weights used as they are, bf16 gradients accumulated (read and written)
+        gathered = 2.0 * 2.0 * p if (config.engine != Engine.DDP and stage >= 3) else 0.0
+        return gathered + 4.0 * t / (n if config.engine != Engine.DDP else 1)
     if config.engine == Engine.DDP:
         return (6.0 * t + 12.0 * t) if mixed else 8.0 * t
     sharded = stage >= 3
@@ -346,6 +350,10 @@ def _optimizer_bytes(strategy: Strategy, t: float) -> float:
         return 0.0  # the step runs on the CPU (offload terms)
     shard = t / n if (config.zero_stage >= 1 and config.engine != Engine.DDP) else t
     states = optimizer_state_bytes_per_param(strategy.optimizer, eight_bit=config.optimizer8bit)
+    if strategy.pure_bf16:
+        # bf16 weight read and written, gradient read, bf16 states read and written, the rounding's
+        # 4-byte noise written and read (memfit_trainer.stochastic_rounding)
+        return shard * (2.0 + 2.0 + 2.0 + states + 8.0)
     copy = 2.0 if (strategy.mixed_precision and config.engine != Engine.DDP) else 0.0
     return shard * (8.0 + 8.0 + 2.0 * states + copy)
 
@@ -354,6 +362,8 @@ def _wire_bytes(strategy: Strategy) -> tuple[float, float]:
     """Bytes per parameter and per gradient element moved between GPUs (and to the host): DeepSpeed
     reduces 16-bit gradients; DDP (autocast) and FSDP (reduce_dtype) reduce fp32."""
     mixed = strategy.mixed_precision
+    if strategy.pure_bf16:
+        return 2.0, 2.0
     return (2.0 if mixed else 4.0), (2.0 if (mixed and strategy.config.engine == Engine.DEEPSPEED) else 4.0)
 
 

@@ -94,6 +94,36 @@ CASES: dict[str, tuple[dict[str, Any], str, str]] = {
         "spec.strategy.offload",
         "nvme needs engine deepspeed",
     ),
+    "bf16-pure on deepspeed": (
+        {"strategy": {"engine": "deepspeed", "precision": "bf16-pure"}},
+        "spec.strategy.precision",
+        "bf16-pure runs on engine ddp, fsdp or auto; engine is deepspeed",
+    ),
+    "bf16-pure with cpu offload": (
+        {"strategy": {"precision": "bf16-pure", "offload": "cpu"}},
+        "spec.strategy.precision",
+        "offload is cpu",
+    ),
+    "optimizer in backward on fsdp": (
+        {"strategy": {"optimizerInBackward": "enabled", "engine": "fsdp"}},
+        "spec.strategy.optimizerInBackward",
+        "engine ddp or auto (one GPU); engine is fsdp",
+    ),
+    "optimizer in backward with fp16": (
+        {"strategy": {"optimizerInBackward": "enabled", "precision": "fp16"}},
+        "spec.strategy.optimizerInBackward",
+        "cannot unscale fp16 gradients",
+    ),
+    "optimizer in backward with accumulation": (
+        {"strategy": {"optimizerInBackward": "enabled", "microBatchSize": 2}, "training": {"globalBatchSize": 8}},
+        "spec.strategy.optimizerInBackward",
+        "microBatchSize (2) must equal training.globalBatchSize (8)",
+    ),
+    "chunked loss on a vit": (
+        {"problem": {"builtin": {"kind": "vit"}}, "strategy": {"chunkedLoss": "enabled"}},
+        "spec.strategy.chunkedLoss",
+        "no language-model head",
+    ),
     "ddp with zero-3": (
         {"strategy": {"engine": "ddp", "zeroStage": 3}},
         "spec.strategy.zeroStage",
@@ -103,7 +133,7 @@ CASES: dict[str, tuple[dict[str, Any], str, str]] = {
     "bad precision": (
         {"strategy": {"precision": "int8"}},
         "spec.strategy.precision",
-        "'auto', 'fp32', 'bf16' or 'fp16'",
+        "'auto', 'fp32', 'bf16', 'fp16' or 'bf16-pure'",
     ),
     "headroom too large": (
         {"objective": {"memoryHeadroomPercent": 500}},

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 from cluster_manifests import gfd_node, inference_pod
+from memfit.api.common import Precision
 from memfit.api.job import MemoryOptimizedTrainingJobSpec
 from memfit.api.plan import Plan
 from memfit.api.pool import GPUNodePool
@@ -109,6 +110,22 @@ def test_config_key_round_trip() -> None:
     assert strategy.config == plan.training_config()
     assert strategy.world_size == plan.world_size
     assert strategy_of("garbage", spec(24)) is None
+
+
+def test_config_key_round_trip_keeps_the_techniques_and_reads_old_keys() -> None:
+    plan = run(spec(24)).plan
+    assert plan is not None
+    techniques = plan.model_copy(update={"precision": Precision.BF16_PURE, "optimizer_in_backward": True,
+                                         "chunked_loss": True})
+    key = config_key(techniques)
+    assert key.split("/")[2] == "bf16-pure~optim-in-bwd~chunked-loss"
+    strategy = strategy_of(key, spec(24))
+    assert strategy is not None and strategy.config == techniques.training_config()
+    # A key stored before the techniques existed parses as the same configuration without them.
+    plain = plan.model_copy(update={"optimizer_in_backward": False, "chunked_loss": False})
+    old = strategy_of(config_key(plain), spec(24))
+    assert "~" not in config_key(plain)
+    assert old is not None and not old.config.optimizer_in_backward and not old.config.chunked_loss
 
 
 def test_free_gpus_counts_whole_free_nodes_room_to_grow_and_shared_nodes() -> None:

@@ -94,6 +94,15 @@ class S:
     def eight_bit(self) -> S:
         return self._config(optimizer8bit=True)
 
+    def pure(self) -> S:
+        return self._config(precision=Precision.BF16_PURE)
+
+    def in_backward(self) -> S:
+        return self._config(optimizer_in_backward=True)
+
+    def chunked(self) -> S:
+        return self._config(chunked_loss=True)
+
     def sgd(self) -> S:
         return self._set(optimizer=OptimizerKind.SGD)
 

@@ -76,8 +76,9 @@ LACKS: dict[str, tuple[JobBuilder, list[GPUNodePool], str]] = {
         "fp16, full checkpointing, CPU offload on 1 GPU; has 15.0 GiB"),
     "too big, offload auto on a pool without NVMe": (
         make_job().hf(LLAMA_7B_CONFIG).max_nodes(1), [make_pool("t4", "l4", nvme_gib=0, host_gib=16)],
-        "without offload it needs 79.0 GiB per GPU (71.8 GiB predicted + 10% headroom) at micro-batch 1 even with "
-        "DDP, fp32, full checkpointing, 8-bit optimizer on 1 GPU; has 22.5 GiB. FSDP full shard, bf16, CPU offload "
+        "without offload it needs 62.3 GiB per GPU (56.7 GiB predicted + 10% headroom) at micro-batch 8 even with "
+        "DDP, bf16, full checkpointing, 8-bit optimizer, optimizer step in backward, chunked loss on 1 GPU; has "
+        "22.5 GiB. FSDP full shard, bf16, CPU offload "
         "on 1 GPU would fit the GPU memory but needs 150.6 GiB host RAM per node; has 14.4 GiB usable"),
 }
 

@@ -111,6 +111,19 @@ def test_with_peft_allowed_the_planner_finds_the_brute_force_optimum(
     assert got == pytest.approx(expected, rel=1e-9)
 
 
+def test_a_peft_plan_after_another_pools_plan_is_still_the_brute_force_optimum() -> None:
+    """The plan's search context is shared by later plans of the same job; the full fine-tune it is compared
+    with searches another list of choices, whose ranks must not meet the plan's caches (they did: a QLoRA
+    plan on an L4 after one on a T4 came out faster than any configuration can run)."""
+    job = (make_job().gpt(layers=4, hidden=128, heads=4, vocab=2000, sequenceLength=256).batch(4)
+           .peft("auto", "qlora").objective(minimize="time").build())
+    for product in ("t4", "l4", "a100-40"):
+        pools = [make_pool("p0", product, per_node=2, memory_mib=3000)]
+        result = plan(job, pools=pools, catalog=CATALOG)
+        assert result.chosen is not None
+        assert result.chosen.hours == pytest.approx(best_objective(job, pools, catalog=CATALOG), rel=1e-9)
+
+
 def test_peft_runs_where_the_engine_holds_it_lora_on_zero3_and_qlora_on_fsdp() -> None:
     from memfit.api.common import Engine, Offload
     from memfit.planner.space import strategy_choices

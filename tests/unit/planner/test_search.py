@@ -64,7 +64,11 @@ def varied_specs_and_pools(draw: st.DrawFn) -> tuple[MemoryOptimizedTrainingJobS
     body = spec.model_dump(by_alias=True, exclude_none=True)
     body["training"]["maxSteps"] = draw(st.sampled_from([10, 1000]))
     body["objective"]["minimize"] = draw(st.sampled_from(["cost", "time"]))
-    body["strategy"]["precision"] = draw(st.sampled_from(["auto", "auto", "fp16", "fp32"]))
+    body["strategy"]["precision"] = draw(st.sampled_from(["auto", "auto", "fp16", "fp32", "bf16-pure"]))
+    body["strategy"]["allowPureBf16"] = draw(st.booleans())
+    if body["strategy"]["precision"] != "fp16":
+        body["strategy"]["optimizerInBackward"] = draw(st.sampled_from(["auto", "auto", "enabled", "disabled"]))
+    body["strategy"]["chunkedLoss"] = draw(st.sampled_from(["auto", "auto", "disabled"]))
     pools = [
         make_pool(f"p{i}", draw(st.sampled_from(PRODUCTS)), per_node=draw(st.sampled_from([1, 2, 4])),
                   memory_mib=max(200, int(approx_parameters * draw(st.floats(1.0, 24.0)) / 2**20)), max_nodes=2,

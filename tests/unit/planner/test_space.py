@@ -12,10 +12,33 @@ def test_all_auto_space() -> None:
     choices, problems = strategy_choices(StrategySpec())
     assert problems == []
     # engine/stage/offload/8-bit combinations: DDP 2, FSDP 2x3, ZeRO-0 2, ZeRO-1/2 3 each, ZeRO-3 4 = 20,
-    # times 3 precisions and 3 checkpointing modes.
-    assert len(choices) == 20 * 9
+    # times 3 precisions, 3 checkpointing modes and the chunked loss on or off; plus the optimizer step in
+    # backward on DDP (2 optimizer widths) in bf16 and fp32 (never fp16), 3 checkpointing modes, chunked or not.
+    # bf16-pure is not in it unless allowed.
+    assert len(choices) == 20 * 9 * 2 + 2 * 2 * 3 * 2
+    assert not any(c.config.precision == Precision.BF16_PURE for c in choices)
     assert [c.rank for c in choices] == list(range(len(choices)))
     assert len(set(choices)) == len(choices)
+
+
+def test_pure_bf16_only_when_allowed_and_never_on_deepspeed_or_with_offload() -> None:
+    choices, _ = strategy_choices(StrategySpec.model_validate({"allowPureBf16": True}))
+    pure = [c for c in choices if c.config.precision == Precision.BF16_PURE]
+    assert pure and {c.config.engine for c in pure} == {Engine.DDP, Engine.FSDP}
+    assert not any(c.config.offload != Offload.NONE for c in pure)
+    assert any(c.config.optimizer8bit for c in pure)  # bitsandbytes updates bf16 weights in place
+
+
+def test_chunked_loss_needs_a_language_model_head() -> None:
+    choices, _ = strategy_choices(StrategySpec(), lm_head=False)
+    assert choices and not any(c.config.chunked_loss for c in choices)
+    none, problems = strategy_choices(StrategySpec.model_validate({"chunkedLoss": "enabled"}), lm_head=False)
+    assert none == [] and "strategy.chunkedLoss" in problems[0]
+
+
+def test_optimizer_in_backward_only_on_ddp_without_fp16() -> None:
+    choices, _ = strategy_choices(StrategySpec.model_validate({"optimizerInBackward": "enabled"}))
+    assert choices and all(c.config.engine == Engine.DDP and c.config.precision != Precision.FP16 for c in choices)
 
 
 PINS = {

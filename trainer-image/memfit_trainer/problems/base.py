@@ -76,6 +76,9 @@ class TrainingProblem:
     # device); the runner calls this after fully_shard to fill every rank's shards from rank 0.
     after_shard: Callable[[nn.Module, torch.device], None] | None = None
     attention_of: Callable[[nn.Module], nn.Module | None] = field(default=default_attention_of)
+    # Language models: this problem with its head and cross-entropy run in chunks (memfit_trainer.chunked_loss);
+    # None where there is no token loss to chunk (strategy.chunkedLoss is refused).
+    enable_chunked_loss: Callable[[TrainingProblem], TrainingProblem] | None = None
 
     @property
     def parameter_count(self) -> int:

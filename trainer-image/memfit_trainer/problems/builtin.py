@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 import torch.nn.functional as F
 from memfit.api.problem import BuiltinProblem, ModelKind
 from torch import nn
 
+from memfit_trainer.chunked_loss import CHUNKS, IGNORE_INDEX, chunked_cross_entropy
 from memfit_trainer.problems.base import Batch, BatchKey, TrainingProblem
 from memfit_trainer.problems.data import image_batch, masked_token_batch, token_batch
 from memfit_trainer.problems.layers import make_blocks
@@ -40,12 +43,21 @@ class TokenModel(nn.Module):
         self.head = nn.Linear(spec.hidden, spec.vocab, bias=False)
         self.apply(_init_weights)
 
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, input_ids: torch.Tensor, labels: torch.Tensor | None = None, *, loss_chunks: int = 0
+    ) -> torch.Tensor:
+        """The logits; with `labels`, the mean token cross-entropy instead, over `loss_chunks` chunks of
+        tokens when given (memfit_trainer.chunked_loss: the full logits never exist)."""
         positions = torch.arange(input_ids.shape[1], device=input_ids.device)
         x = self.tok_emb(input_ids) + self.pos_emb(positions)
         for block in self.blocks:
             x = block(x)
-        return self.head(self.ln_f(x))
+        hidden = self.ln_f(x)
+        if labels is None:
+            return self.head(hidden)
+        if loss_chunks:
+            return chunked_cross_entropy(self.head, hidden, labels, chunks=loss_chunks)
+        return F.cross_entropy(self.head(hidden).flatten(0, 1).float(), labels.flatten(), ignore_index=IGNORE_INDEX)
 
 
 class VisionTransformer(nn.Module):
@@ -79,6 +91,11 @@ def lm_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
     return F.cross_entropy(logits.flatten(0, 1).float(), batch["labels"].flatten(), ignore_index=-100)
 
 
+def chunked_lm_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
+    """lm_loss's value with the head and cross-entropy run over CHUNKS chunks inside the model's forward."""
+    return model(batch["input_ids"], labels=batch["labels"], loss_chunks=CHUNKS)  # type: ignore[no-any-return]
+
+
 def classification_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
     """Class cross-entropy in fp32."""
     return F.cross_entropy(model(batch["images"]).float(), batch["labels"])
@@ -109,4 +126,5 @@ def build_builtin(spec: BuiltinProblem) -> TrainingProblem:
         make_batch=make,
         loss_fn=lm_loss,
         tokens_per_sample=spec.tokens_per_sample,
+        enable_chunked_loss=lambda problem: replace(problem, loss_fn=chunked_lm_loss),
     )

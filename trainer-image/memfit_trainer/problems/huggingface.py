@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import importlib
 import os
+import types
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ from memfit.api.data import DataSpec
 from memfit.api.problem import HuggingFaceProblem, Initialize
 from torch import nn
 
+from memfit_trainer.chunked_loss import chunked_cross_entropy
 from memfit_trainer.file_access import explain
 from memfit_trainer.problems.base import Batch, BatchKey, TrainingProblem
 from memfit_trainer.problems.data import token_batch
@@ -130,6 +132,42 @@ def _largest_module_list(model: nn.Module) -> list[nn.Module]:
 def _logits_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
     logits = model(input_ids=batch["input_ids"]).logits
     return F.cross_entropy(logits.flatten(0, 1).float(), batch["labels"].flatten())
+
+
+# Config keys of models whose logits are transformed after the head (Gemma-2/3 soft-capping, Cohere's and
+# Granite's scaling): a chunked loss over the bare head would compute another loss.
+LOGIT_SOFTCAP_KEYS = ("final_logit_softcapping",)
+LOGIT_SCALE_KEYS = ("logit_scale", "logits_scaling")
+
+
+def _chunked_logits_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
+    """_logits_loss's value (the labels are already next-token targets), from the chunked forward."""
+    return model(input_ids=batch["input_ids"], labels=batch["labels"]).loss  # type: ignore[no-any-return]
+
+
+def _with_chunked_loss(problem: TrainingProblem) -> TrainingProblem:
+    """Bind a forward on the model instance (so DDP, FSDP2 and DeepSpeed call it through their wrappers) that,
+    given labels, runs the decoder and then memfit_trainer.chunked_loss over the output embeddings; without
+    labels (eval) it is the model's own forward."""
+    model: Any = problem.model
+    config = model.config
+    transformed = [k for k in LOGIT_SOFTCAP_KEYS if getattr(config, k, None) is not None] + [
+        k for k in LOGIT_SCALE_KEYS if getattr(config, k, None) not in (None, 1, 1.0)]
+    if transformed:
+        raise ValueError(f"strategy.chunkedLoss: {type(model).__name__} transforms its logits after the head "
+                         f"({', '.join(transformed)}); disable strategy.chunkedLoss for this model")
+    own_forward = model.forward
+    output_class = importlib.import_module("transformers.modeling_outputs").CausalLMOutputWithPast
+
+    def forward(self: Any, input_ids: torch.Tensor | None = None, labels: torch.Tensor | None = None,
+                **kwargs: Any) -> Any:
+        if labels is None:
+            return own_forward(input_ids=input_ids, **kwargs)
+        hidden = self.get_decoder()(input_ids=input_ids, **kwargs).last_hidden_state
+        return output_class(loss=chunked_cross_entropy(self.get_output_embeddings(), hidden, labels))
+
+    model.forward = types.MethodType(forward, model)
+    return replace(problem, loss_fn=_chunked_logits_loss)
 
 
 def _hidden_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
@@ -266,6 +304,7 @@ def build_huggingface(spec: HuggingFaceProblem, *, depth: int | None = None,
         eval_batches=eval_batches,
         saved_dtype=saved_dtype if pretrained else None,
         after_shard=_rank0_loader(model, finetune) if pretrained and finetune is not None else None,
+        enable_chunked_loss=_with_chunked_loss if loss_fn is _logits_loss else None,
     )
 
 

@@ -9,6 +9,8 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
+from memfit_trainer.chunked_loss import loss_chunks
+from memfit_trainer.optim_in_backward import OptimizerInBackward
 from memfit_trainer.problems import Batch
 
 
@@ -94,6 +96,24 @@ def optimizer_state_facts(optimizer: Any) -> dict[str, Any]:
         "optimizer_state_devices": sorted(devices),
         "optimizer_state_bytes": total,
     }
+
+
+def technique_facts(model: nn.Module, optimizer: Any) -> dict[str, Any]:
+    """Whether the optimizer steps in backward (its per-parameter optimizers' class, and how many hook steps
+    ran) and whether the loss runs chunked, read from the objects the runner trains with."""
+    chunks = loss_chunks(model)
+    facts: dict[str, Any] = {
+        "optimizer_in_backward": isinstance(optimizer, OptimizerInBackward),
+        "chunked_loss": chunks > 0,
+        "loss_chunks": chunks,
+    }
+    if isinstance(optimizer, OptimizerInBackward):
+        facts |= {
+            "optimizer_inner_class": optimizer.inner_class,
+            "optimizers_in_backward": len(optimizer.optimizers),
+            "steps_in_backward": optimizer.steps_in_backward,
+        }
+    return facts
 
 
 def scaled_backward(loss: torch.Tensor, *, accumulation: int, scaler: Any | None) -> None:

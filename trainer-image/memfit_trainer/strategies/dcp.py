@@ -1,4 +1,7 @@
-"""torch.distributed.checkpoint for DDP and FSDP: sharded, resharding-capable model and optimizer state."""
+"""torch.distributed.checkpoint for DDP and FSDP: sharded, resharding-capable model and optimizer state.
+
+The per-parameter optimizers of an optimizer stepped in backward go to DCP together (its state dict helpers
+take several optimizers): the checkpoint holds the same parameter-name-keyed state as one optimizer's."""
 
 from __future__ import annotations
 
@@ -12,6 +15,7 @@ from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
 from memfit_trainer.optim import LocalShardOptimizer
+from memfit_trainer.optim_in_backward import OptimizerInBackward, as_one_param_group
 from memfit_trainer.strategies.base import scaled_step
 
 
@@ -27,6 +31,17 @@ def _options(model: nn.Module) -> StateDictOptions:
     return StateDictOptions(ignore_frozen_params=frozen, strict=not frozen)
 
 
+def _optimizer_state(model: nn.Module, optimizer: Any, options: StateDictOptions) -> tuple[Any, Any, Any]:
+    """(model state, optimizer state, what set_state_dict takes as the optimizers): per-parameter optimizers
+    (in backward) as one optimizer's state (memfit_trainer.optim_in_backward)."""
+    if isinstance(optimizer, OptimizerInBackward):
+        optimizers = optimizer.dcp_optimizers()
+        model_state, optim_state = get_state_dict(model, optimizers, options=options)
+        return model_state, as_one_param_group(optim_state), optimizers
+    model_state, optim_state = get_state_dict(model, optimizer, options=options)
+    return model_state, optim_state, optimizer
+
+
 def save_dcp(model: nn.Module, optimizer: Any, directory: Path, tag: str) -> None:
     """Model (+ torch optimizer) through DCP; an 8-bit shard optimizer's state per rank beside it."""
     target = directory / tag
@@ -36,7 +51,7 @@ def save_dcp(model: nn.Module, optimizer: Any, directory: Path, tag: str) -> Non
         dcp.save({"model": model_state}, checkpoint_id=str(target))
         torch.save(optimizer.state_dict(), _rank_file(directory, tag))
         return
-    model_state, optim_state = get_state_dict(model, optimizer, options=options)
+    model_state, optim_state, _ = _optimizer_state(model, optimizer, options)
     dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(target))
 
 
@@ -51,10 +66,10 @@ def load_dcp(model: nn.Module, optimizer: Any, directory: Path, tag: str) -> Non
         set_state_dict(model, [], model_state_dict=state["model"], optim_state_dict={}, options=options)
         optimizer.load_state_dict(torch.load(_rank_file(directory, tag), weights_only=False))
         return
-    model_state, optim_state = get_state_dict(model, optimizer, options=options)
+    model_state, optim_state, optimizers = _optimizer_state(model, optimizer, options)
     state = {"model": model_state, "optim": optim_state}
     dcp.load(state, checkpoint_id=str(target))
-    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"],
+    set_state_dict(model, optimizers, model_state_dict=state["model"], optim_state_dict=state["optim"],
                    options=options)
 
 

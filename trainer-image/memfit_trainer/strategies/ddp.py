@@ -1,4 +1,6 @@
-"""DDP: replicated model and optimizer; autocast for bf16/fp16 (fp16 with a GradScaler).
+"""DDP: replicated model and optimizer; autocast for bf16/fp16 (fp16 with a GradScaler), or bf16-pure: the
+model itself cast to bf16, no autocast, a stochastically rounding bf16 optimizer or the 8-bit one
+(memfit_trainer.optim).
 
 At world size 1 there is nothing to all-reduce, so the model is not wrapped: DDP's reducer would
 only add buckets. At world size 2+ the wrapper uses `gradient_as_bucket_view=True`: gradients are
@@ -6,6 +8,10 @@ views into the reducer's flat buckets instead of a second 4 B/parameter copy (to
 "gradient_as_bucket_view ... saves a memory size equal to the total gradients size"), and
 `find_unused_parameters` only when the profile found parameters that get no gradient
 (`Plan.find_unused_parameters`): the graph walk it adds costs time on every step.
+
+`plan.optimizer_in_backward` (one rank, no accumulation, not fp16): one optimizer per parameter, stepped
+in backward as each gradient is ready (memfit_trainer.optim_in_backward); `optimizer_step` then has
+nothing left to apply.
 """
 
 from __future__ import annotations
@@ -19,13 +25,14 @@ from memfit.api.plan import Plan
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from memfit_trainer.optim import bnb_optimizer, torch_optimizer
+from memfit_trainer.optim import optimizer_in_backward, replicated_optimizer
 from memfit_trainer.problems import Batch, TrainingProblem
 from memfit_trainer.strategies.base import (
     move_batch,
     optimizer_state_facts,
     parameter_facts,
     scaled_backward,
+    technique_facts,
 )
 from memfit_trainer.strategies.dcp import DcpRunnerSteps
 
@@ -38,12 +45,18 @@ class DdpRunner(DcpRunnerSteps):
     engine = "ddp"
     checkpoint_format = "dcp"
 
-    def __init__(self, *, plan: Plan, problem: TrainingProblem, device: torch.device, world_size: int = 1) -> None:
+    def __init__(self, *, plan: Plan, problem: TrainingProblem, device: torch.device, world_size: int = 1,
+                 seed: int = 0) -> None:
         assert plan.training is not None
+        if plan.optimizer_in_backward:
+            _check_in_backward(plan, world_size)
         self.plan = plan
         self.problem = problem
         self.device = device
         model = problem.model.to(device)
+        pure = plan.precision == Precision.BF16_PURE
+        if pure:
+            model.to(torch.bfloat16)  # before DDP: its buckets and all-reduce are bf16 too
         self.module = model
         self.model: torch.nn.Module = (
             DistributedDataParallel(
@@ -57,16 +70,17 @@ class DdpRunner(DcpRunnerSteps):
         )
         params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer: Any = (
-            bnb_optimizer(params, plan.training)
-            if plan.optimizer8bit
-            else torch_optimizer(params, plan.training)
+            optimizer_in_backward(model, plan, seed=seed)
+            if plan.optimizer_in_backward
+            else replicated_optimizer(params, plan, seed=seed)
         )
-        self.autocast_dtype = AUTOCAST_DTYPES.get(plan.precision)
+        self.autocast_dtype = AUTOCAST_DTYPES.get(plan.precision)  # none for fp32 and bf16-pure
+        self.input_dtype = torch.bfloat16 if pure else None  # floating inputs (images) in the weights' dtype
         self.scaler = torch.amp.GradScaler(device.type) if plan.precision == Precision.FP16 else None
         self.accumulation = plan.gradient_accumulation_steps
 
     def micro_step(self, batch: Batch, *, last: bool) -> torch.Tensor:
-        inputs = move_batch(batch, self.device)
+        inputs = move_batch(batch, self.device, self.input_dtype)
         wrapped = isinstance(self.model, DistributedDataParallel)
         sync = self.model.no_sync() if wrapped and not last else contextlib.nullcontext()
         with sync:
@@ -91,4 +105,15 @@ class DdpRunner(DcpRunnerSteps):
             "grad_scaler": self.scaler is not None,
             **parameter_facts(self.module),
             **optimizer_state_facts(self.optimizer),
+            **technique_facts(self.module, self.optimizer),
         }
+
+
+def _check_in_backward(plan: Plan, world_size: int) -> None:
+    """The optimizer can step in backward only where a hook's gradient is final and unscaled."""
+    if world_size != 1 or plan.gradient_accumulation_steps != 1 or plan.precision == Precision.FP16:
+        raise ValueError(
+            "strategy.optimizerInBackward needs DDP on one rank, gradientAccumulationSteps 1 and no fp16 "
+            f"(got world size {world_size}, accumulation {plan.gradient_accumulation_steps}, "
+            f"{plan.precision.value})"
+        )

@@ -11,7 +11,7 @@ from memfit.api.plan import Plan
 
 from memfit_trainer.optim import bnb_optimizer
 from memfit_trainer.problems import Batch, TrainingProblem
-from memfit_trainer.strategies.base import move_batch, optimizer_state_facts, parameter_facts
+from memfit_trainer.strategies.base import move_batch, optimizer_state_facts, parameter_facts, technique_facts
 from memfit_trainer.strategies.deepspeed_config import build_deepspeed_config
 
 ENGINE_DTYPES = {Precision.BF16: torch.bfloat16, Precision.FP16: torch.float16}
@@ -44,6 +44,9 @@ class DeepSpeedRunner:
         import deepspeed
 
         assert plan.training is not None
+        if plan.precision == Precision.BF16_PURE or plan.optimizer_in_backward:
+            raise ValueError("DeepSpeed runs neither bf16-pure nor strategy.optimizerInBackward (it keeps its own "
+                             "fp32 master weights and steps after backward); the planner never plans them")
         self.plan = plan
         self.problem = problem
         self.device = device
@@ -103,6 +106,7 @@ class DeepSpeedRunner:
             "train_micro_batch_size_per_gpu": int(self.model.train_micro_batch_size_per_gpu()),
             **parameter_facts(self.model.module),
             **optimizer_state_facts(self.basic_optimizer()),
+            **technique_facts(self.model.module, self.optimizer),
         }
 
     def close(self) -> None:

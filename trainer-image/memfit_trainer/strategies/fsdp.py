@@ -3,6 +3,11 @@
 Stage 3 reshards parameters after forward (ZeRO-3-like); stage 2 keeps them unsharded between forward
 and backward (`reshard_after_forward=False`, ZeRO-2-like). Gradients and optimizer state are always
 sharded.
+
+bf16-pure: the model is cast to bf16 before `fully_shard`, with a plain MixedPrecisionPolicy(), so the
+sharded parameters, the gathered ones, the gradients and their reduce-scatter are all bf16; the optimizer
+keeps bf16 state and rounds its updates stochastically (memfit_trainer.stochastic_rounding), or with
+optimizer8bit keeps bitsandbytes' 8-bit state and updates the bf16 shards in place.
 """
 
 from __future__ import annotations
@@ -16,13 +21,14 @@ from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
-from memfit_trainer.optim import LocalShardOptimizer, torch_optimizer
+from memfit_trainer.optim import LocalShardOptimizer, bf16_pure_optimizer, torch_optimizer
 from memfit_trainer.problems import Batch, TrainingProblem
 from memfit_trainer.strategies.base import (
     move_batch,
     optimizer_state_facts,
     parameter_facts,
     scaled_backward,
+    technique_facts,
 )
 from memfit_trainer.strategies.dcp import DcpRunnerSteps
 
@@ -30,7 +36,8 @@ PARAM_DTYPES = {Precision.BF16: torch.bfloat16, Precision.FP16: torch.float16}
 
 
 def mixed_precision_policy(precision: Precision) -> MixedPrecisionPolicy:
-    """Compute in bf16/fp16, keep fp32 shards, reduce gradients in fp32."""
+    """Compute in bf16/fp16, keep fp32 shards, reduce gradients in fp32; fp32 and bf16-pure: the parameters'
+    own dtype throughout (no cast)."""
     dtype = PARAM_DTYPES.get(precision)
     if dtype is None:
         return MixedPrecisionPolicy()
@@ -51,9 +58,15 @@ class FsdpRunner(DcpRunnerSteps):
     checkpoint_format = "dcp"
 
     def __init__(
-        self, *, plan: Plan, problem: TrainingProblem, device: torch.device, world_size: int
+        self, *, plan: Plan, problem: TrainingProblem, device: torch.device, world_size: int, seed: int = 0
     ) -> None:
         assert plan.training is not None
+        pure = plan.precision == Precision.BF16_PURE
+        if plan.optimizer_in_backward or (pure and plan.offload != Offload.NONE):
+            raise ValueError("FSDP runs neither strategy.optimizerInBackward nor bf16-pure with offload "
+                             "(the planner never plans them)")
+        if pure:
+            problem.model.to(torch.bfloat16)
         self.plan = plan
         self.problem = problem
         self.device = device
@@ -76,9 +89,13 @@ class FsdpRunner(DcpRunnerSteps):
         self.optimizer: Any = (
             LocalShardOptimizer(params, plan.training)
             if plan.optimizer8bit
+            else bf16_pure_optimizer(params, plan.training, seed=seed)
+            if pure
             else torch_optimizer(params, plan.training)
         )
         self.scaler = self._fp16_scaler() if plan.precision == Precision.FP16 else None
+        # bf16-pure: floating inputs (images) in the weights' dtype (a plain MixedPrecisionPolicy casts none).
+        self.input_dtype = torch.bfloat16 if pure else None
         self.accumulation = plan.gradient_accumulation_steps
 
     def _fp16_scaler(self) -> Any:
@@ -89,7 +106,7 @@ class FsdpRunner(DcpRunnerSteps):
 
     def micro_step(self, batch: Batch, *, last: bool) -> torch.Tensor:
         self.model.set_requires_gradient_sync(last)
-        inputs = move_batch(batch, self.device)
+        inputs = move_batch(batch, self.device, self.input_dtype)
         loss = self.problem.loss_fn(self.model, inputs)
         scaled_backward(loss, accumulation=self.accumulation, scaler=self.scaler)
         return loss.detach()
@@ -110,4 +127,5 @@ class FsdpRunner(DcpRunnerSteps):
             "fsdp_units": 1 + len(self.problem.blocks),
             **parameter_facts(self.model),
             **optimizer_state_facts(self.optimizer),
+            **technique_facts(self.model, self.optimizer),
         }

@@ -1,0 +1,83 @@
+"""Cross-field rules of the memory techniques over the wire-form spec (run by
+`memfit.api.rules.check_spec`): a pinned combination that cannot run is refused naming both fields and
+what is allowed. The same limits, on concrete configurations, are `memfit.memory.technique_rules`."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+_BASE = "spec.strategy"
+
+
+def _peft_methods(strategy: Mapping[str, Any]) -> set[str]:
+    peft = strategy.get("peft")
+    if not isinstance(peft, Mapping):
+        return {"none"}
+    method = peft.get("method", "none")
+    allowed = peft.get("allowed") or []
+    return {m for m in allowed if isinstance(m, str)} if method == "auto" else {method}
+
+
+def _pure_bf16(strategy: Mapping[str, Any]) -> list[tuple[str, str]]:
+    if strategy.get("precision") != "bf16-pure":
+        return []
+    found: list[tuple[str, str]] = []
+    engine, offload = strategy.get("engine", "auto"), strategy.get("offload", "auto")
+    if engine == "deepspeed":
+        found.append((f"{_BASE}.precision", "precision bf16-pure runs on engine ddp, fsdp or auto; engine is "
+                      "deepspeed (it keeps an fp32 master copy: use precision bf16)"))
+    if offload in ("cpu", "nvme"):
+        found.append((f"{_BASE}.precision", f"precision bf16-pure runs with offload none or auto; offload is {offload}"))
+    if "none" not in _peft_methods(strategy):
+        found.append((f"{_BASE}.precision", "precision bf16-pure trains a full fine-tune: peft must allow none"))
+    return found
+
+
+def _optimizer_in_backward(spec: Mapping[str, Any], strategy: Mapping[str, Any]) -> list[tuple[str, str]]:
+    if strategy.get("optimizerInBackward") != "enabled":
+        return []
+    field = f"{_BASE}.optimizerInBackward"
+    found: list[tuple[str, str]] = []
+    engine = strategy.get("engine", "auto")
+    if engine in ("fsdp", "deepspeed"):
+        found.append((field, f"optimizerInBackward enabled runs on engine ddp or auto (one GPU); engine is {engine}"))
+    if strategy.get("precision") == "fp16":
+        found.append((field, "optimizerInBackward enabled cannot unscale fp16 gradients: precision must be auto, "
+                      "bf16, bf16-pure or fp32"))
+    micro = strategy.get("microBatchSize")
+    training = spec.get("training") if isinstance(spec.get("training"), Mapping) else {}
+    batch = training.get("globalBatchSize", 8)
+    if isinstance(micro, int) and isinstance(batch, int) and micro != batch:
+        found.append((field, f"optimizerInBackward enabled cannot accumulate gradients on its one GPU: "
+                      f"microBatchSize ({micro}) must equal training.globalBatchSize ({batch}) or be auto"))
+    if "none" not in _peft_methods(strategy):
+        found.append((field, "optimizerInBackward enabled trains a full fine-tune: peft must allow none"))
+    if spec.get("container") is not None:
+        found.append((field, "optimizerInBackward enabled is applied by memfit's trainer; a job's own container "
+                      "steps its own optimizer: set it to auto or disabled"))
+    return found
+
+
+def _chunked_loss(spec: Mapping[str, Any], strategy: Mapping[str, Any]) -> list[tuple[str, str]]:
+    if strategy.get("chunkedLoss") != "enabled":
+        return []
+    problem = spec.get("problem") if isinstance(spec.get("problem"), Mapping) else {}
+    builtin = problem.get("builtin")
+    why = None
+    if spec.get("container") is not None or problem.get("entrypoint") is not None:
+        why = "a job's own code or entrypoint computes its own loss"
+    elif isinstance(builtin, Mapping) and builtin.get("kind") == "vit":
+        why = "the builtin vit classifies images (no language-model head)"
+    if why is None:
+        return []
+    return [(f"{_BASE}.chunkedLoss", f"chunkedLoss enabled needs a language-model head memfit builds (builtin "
+             f"gpt or bert, a Hugging Face causal LM); {why}: set it to auto or disabled")]
+
+
+def check_techniques(spec: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """Every violation of the techniques' pins (wire form), with its field path and what is allowed."""
+    strategy = spec.get("strategy")
+    if not isinstance(strategy, Mapping):
+        return []
+    return _pure_bf16(strategy) + _optimizer_in_backward(spec, strategy) + _chunked_loss(spec, strategy)
