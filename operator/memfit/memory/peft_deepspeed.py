@@ -12,8 +12,9 @@ deepspeed/runtime/zero/stage3.py:
 - Gathered parameters at the activation peak: from the second step on (once ZeRO-3 has traced the
   module order) forward's gathers stay until backward (`stage3_max_reuse_distance` 1e9): every block's
   partitioned weights and adapters and the head (parameters under `stage3_param_persistence_threshold`,
-  10 h elements, are never partitioned: they are in the partition count already); the input
-  embeddings, which no gradient reaches, are released. At world size 1 the partition is the whole
+  10 h elements, are never partitioned: they are in the partition count already), at most
+  `stage3_max_live_parameters` (1e9) elements of them; the input embeddings, which no gradient reaches,
+  are released. At world size 1 the partition is the whole
   tensor and nothing is gathered (no all-gather allocation in the timeline). One reduce bucket
   (`reduce_bucket_size` h^2 at the training dtype) stays allocated.
 - No gradient of the frozen head; no autocast weight copies (the adapters are at the training dtype).
@@ -33,7 +34,7 @@ from memfit.memory.adapter import AdapterLayout
 from memfit.memory.shape import Shape
 from memfit.memory.states import FP32_GRAD_PARTITION_BYTES, FP32_MASTER_BYTES, HOST_BUFFER_FACTOR, ModelStates
 from memfit.memory.strategy import Device, Strategy
-from memfit.memory.temporaries import CPU_ADAM_TEMPORARIES, PhaseBytes
+from memfit.memory.temporaries import CPU_ADAM_TEMPORARIES, DS_MAX_LIVE_PARAMETERS, PhaseBytes
 
 
 def _weight_bytes(strategy: Strategy) -> float:
@@ -71,7 +72,10 @@ def deepspeed_peft_phases(shape: Shape, strategy: Strategy, layout: AdapterLayou
     gathered = 0.0
     if n > 1:
         head = float(shape.vocab * shape.hidden)
-        gathered = weight_bytes * (shape.layers * shape.block_parameters + adapters + head)
+        # At most `stage3_max_live_parameters` elements stay gathered, as for a full fine-tune (issue 29:
+        # without the cap a 70B LoRA over 8 GPUs was over-predicted 3x).
+        gathered = weight_bytes * min(float(DS_MAX_LIVE_PARAMETERS), shape.layers * shape.block_parameters
+                                      + adapters + head)
     unit = weight_bytes * (shape.block_parameters + layout.adapter_parameters_per_block)
     scratch = 0.0
     if not offloaded and strategy.optimizer != OptimizerKind.SGD:

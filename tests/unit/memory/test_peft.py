@@ -194,3 +194,16 @@ def test_qlora_on_fsdp_shards_the_packed_weights_but_not_the_quantisation_consta
     p1, p4 = predict_memory(shape, one).parameters_bytes, predict_memory(shape, four).parameters_bytes
     assert constants > 0
     assert p4 - constants == pytest.approx((p1 - constants) / 4, rel=1e-6, abs=4)
+
+
+def test_lora_on_zero3_keeps_at_most_the_live_parameter_cap_gathered() -> None:
+    """stage3_max_live_parameters bounds what stays gathered between forward and backward, LoRA or not."""
+    from memfit.memory.peft_deepspeed import deepspeed_peft_phases
+    from memfit.memory.temporaries import DS_MAX_LIVE_PARAMETERS
+    from memory_factories import S, model_shape
+
+    huge = Shape.of(model_shape(parameters=70_000_000_000, hidden=8192, heads=64, ffn_hidden=28672, layers=80))
+    strategy = S().deepspeed(3).bf16().world(8).build()
+    layout = AdapterLayout(rank=16, dropout=False, double_quant=False, groups=((8192, ((8192, True),)),))
+    phases = deepspeed_peft_phases(huge, strategy, layout, adapters=80 * 2 * 16 * 8192)
+    assert phases.with_activations_bytes == 2.0 * DS_MAX_LIVE_PARAMETERS
