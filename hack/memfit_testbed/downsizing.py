@@ -33,7 +33,7 @@ STEPS = 4
 PRODUCT = "Sim-GPU"
 PROBLEM = {"builtin": {"kind": "gpt", "layers": 4, "hidden": 512, "heads": 8, "vocab": 8192, "sequenceLength": 256}}
 PINNED = {"engine": "ddp", "precision": "bf16", "activationCheckpointing": "none", "optimizer8bit": "disabled",
-          "microBatchSize": 8}
+          "optimizerInBackward": "disabled", "chunkedLoss": "disabled", "microBatchSize": 8}
 
 
 @dataclass(frozen=True)
