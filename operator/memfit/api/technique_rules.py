@@ -34,6 +34,10 @@ def _pure_bf16(strategy: Mapping[str, Any]) -> list[tuple[str, str]]:
     return found
 
 
+def _mapping(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
 def _optimizer_in_backward(spec: Mapping[str, Any], strategy: Mapping[str, Any]) -> list[tuple[str, str]]:
     if strategy.get("optimizerInBackward") != "enabled":
         return []
@@ -46,7 +50,7 @@ def _optimizer_in_backward(spec: Mapping[str, Any], strategy: Mapping[str, Any])
         found.append((field, "optimizerInBackward enabled cannot unscale fp16 gradients: precision must be auto, "
                       "bf16, bf16-pure or fp32"))
     micro = strategy.get("microBatchSize")
-    training = spec.get("training") if isinstance(spec.get("training"), Mapping) else {}
+    training = _mapping(spec.get("training"))
     batch = training.get("globalBatchSize", 8)
     if isinstance(micro, int) and isinstance(batch, int) and micro != batch:
         found.append((field, f"optimizerInBackward enabled cannot accumulate gradients on its one GPU: "
@@ -62,7 +66,7 @@ def _optimizer_in_backward(spec: Mapping[str, Any], strategy: Mapping[str, Any])
 def _chunked_loss(spec: Mapping[str, Any], strategy: Mapping[str, Any]) -> list[tuple[str, str]]:
     if strategy.get("chunkedLoss") != "enabled":
         return []
-    problem = spec.get("problem") if isinstance(spec.get("problem"), Mapping) else {}
+    problem = _mapping(spec.get("problem"))
     builtin = problem.get("builtin")
     why = None
     if spec.get("container") is not None or problem.get("entrypoint") is not None:

@@ -144,7 +144,7 @@ def activation_terms(shape: Shape, strategy: Strategy) -> ActivationTerms:
     stored = layers * per_layer + outside
     head_kept = LOGPROB_BYTES * shape.vocab
     # LM head: two fp32 logit-sized gradients; first-token classifier: the hidden state's gradient.
-    head_backward = LOGIT_GRAD_BYTES * shape.vocab if shape.vocab else residual * h
+    head_backward: float = LOGIT_GRAD_BYTES * shape.vocab if shape.vocab else residual * h
     if strategy.config.chunked_loss and shape.vocab:
         # Chunked loss (memfit_trainer.chunked_loss): only the head's input is saved; in backward one
         # chunk's logits are recomputed (16-bit and the fp32 log-probabilities) next to their two fp32

@@ -246,7 +246,7 @@ def plan(
         return _no_fit([shape])
     ctx = shared_search_context(spec, shape, profile=profile, measured_peaks=measured_peaks,
                                 measured_devices=measured_devices, pools=pools)
-    choices, pin_problems = strategy_choices(spec.strategy, lm_head=has_lm_head(spec, ctx.shape))
+    choices, pin_problems = strategy_choices(spec.strategy, lm_head=has_lm_head(spec, ctx.shape.vocab))
     peft_reasons: list[str] = []
     choices = _peft_choices(ctx, choices, peft_reasons)
     if not choices:
@@ -317,10 +317,10 @@ def _with_learned(notes: list[str], learned: list[str]) -> list[str]:
     return [*notes[: NOTES_MAX - len(learned)], *learned]
 
 
-def has_lm_head(spec: MemoryOptimizedTrainingJobSpec, shape: Shape) -> bool:
+def has_lm_head(spec: MemoryOptimizedTrainingJobSpec, vocab: int) -> bool:
     """Whether memfit_trainer can chunk this job's loss: a language-model head (vocabulary) on a model it
     builds itself (builtin or Hugging Face), not a user's entrypoint or container."""
-    return shape.vocab > 0 and spec.problem.entrypoint is None and spec.container is None
+    return vocab > 0 and spec.problem.entrypoint is None and spec.container is None
 
 
 def _full_finetune(ctx: SearchContext, spec: MemoryOptimizedTrainingJobSpec,
@@ -329,7 +329,7 @@ def _full_finetune(ctx: SearchContext, spec: MemoryOptimizedTrainingJobSpec,
     (shown, never chosen: the job did not allow it, or it cost more)."""
     pins = spec.strategy.model_copy(update={"peft": spec.strategy.peft.model_copy(
         update={"method": PeftMethod.NONE, "allowed": []})})
-    choices, problems = strategy_choices(pins, lm_head=has_lm_head(spec, ctx.shape))
+    choices, problems = strategy_choices(pins, lm_head=has_lm_head(spec, ctx.shape.vocab))
     if not choices:
         return FullFinetuneComparison(description=f"no full fine-tune under the pins: {'; '.join(problems)}"[:256])
     # Another list of choices: its ranks and memory ids mean other configurations than the plan's, so it
