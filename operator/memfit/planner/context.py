@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import TYPE_CHECKING
 
@@ -22,6 +22,7 @@ from memfit.planner.checkpoint_writes import (
     checkpoint_bytes,
     write_seconds,
 )
+from memfit.planner.explain import Lack
 from memfit.planner.interruptions import (
     NO_PERSISTENT_CHECKPOINT,
     ON_DEMAND_EVERY_STEPS,
@@ -34,6 +35,10 @@ from memfit.planner.measured import PeakCorrections
 from memfit.planner.offers import Layout, Offer
 from memfit.planner.space import ENGINES, OFFLOADS, Choice
 from memfit.timing.step import EngineTraffic, GpuSpeed, TimeTerms, engine_traffic, time_terms
+
+Group = tuple[tuple[int, ...], list[Choice]]  # a group's ranks and its members in visit order
+# The choices searched, what an offer lacks when it runs none of them, their groups on one GPU and on more.
+OfferGroups = tuple[Sequence[Choice], tuple[Lack, ...], list[Group], list[Group]]
 
 if TYPE_CHECKING:
     from memfit.planner.result import Candidate
@@ -71,14 +76,16 @@ class SearchContext:
     activation_cache: dict[tuple[object, ...], ActivationTerms] = field(default_factory=dict)
     # Leanest member of a group at a world size, once every member's smallest peak is known.
     group_min_cache: dict[tuple[tuple[int, ...], int], tuple[int, Choice]] = field(default_factory=dict)
-    group_cache: dict[tuple[int, ...], list[tuple[tuple[int, ...], list[Choice]]]] = field(default_factory=dict)
+    group_cache: dict[tuple[int, ...], list[Group]] = field(default_factory=dict)
     twin_rank_cache: dict[int, dict[int, int]] = field(default_factory=dict)
     # Least engine traffic and offload seconds of a group, by its engines (_engines), layout, micro-batch.
     traffic_cache: dict[tuple[object, ...], float] = field(default_factory=dict)
     offload_cache: dict[tuple[object, ...], float] = field(default_factory=dict)
     engines_cache: dict[int, tuple[object, ...]] = field(default_factory=dict)  # by id(members)
+    # An offer's lacks and runnable groups by what the search reads of the offer (planner.search).
+    offer_groups_cache: dict[tuple[bool, ...], OfferGroups] = field(default_factory=dict)
     # The search's loose lower bound on a group's step seconds by (precision, checkpointing, PEFT method,
-    # world size, GPUs per node, speed), and its tight one by (id(members), world size, GPUs per node, speed).
+    # chunked loss, world size, GPUs per node, speed), and its tight one by (id(members), world size, GPUs per node, speed).
     bound_cache: dict[tuple[object, ...], float] = field(default_factory=dict)
     tight_bound_cache: dict[tuple[object, ...], float] = field(default_factory=dict)
     # Bytes the busiest node writes per checkpoint, by choice rank, world size and GPUs per node.
@@ -225,17 +232,18 @@ class SearchContext:
             self.memory_cache[key] = terms
         return terms
 
-    def groups(self, runnable: list[Choice]) -> list[tuple[tuple[int, ...], list[Choice]]]:
-        """Runnable choices grouped by (precision, checkpointing, PEFT method) -- identical arithmetic,
-        hence one lower bound -- and by whether they offload (the CPU step tightens that bound), each in
-        visit order; cached, since most offers run the same choices."""
+    def groups(self, runnable: list[Choice]) -> list[Group]:
+        """Runnable choices grouped by (precision, checkpointing, PEFT method) -- identical arithmetic
+        but for the chunked loss's head, hence one lower bound (from a member without it) -- and by
+        whether they offload (the CPU step tightens that bound), each in visit order; cached, since most
+        offers run the same choices."""
         key = tuple(c.rank for c in runnable)
         cached = self.group_cache.get(key)
         if cached is None:
             by_compute: dict[tuple[object, ...], list[Choice]] = {}
             for c in runnable:
                 key_ = (c.config.precision, c.config.activation_checkpointing, c.config.peft,
-                        c.config.offload != Offload.NONE, c.config.chunked_loss)
+                        c.config.offload != Offload.NONE)
                 by_compute.setdefault(key_, []).append(c)
             cached = [(tuple(c.rank for c in ordered), ordered)
                       for ordered in (group_order(v) for v in by_compute.values())]

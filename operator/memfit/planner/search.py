@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 from memfit.api.common import Offload, Precision
 from memfit.api.job import Minimize
 from memfit.memory.predict import MemoryTerms
-from memfit.planner.context import SearchContext, peak_bytes_int
+from memfit.planner.context import Group, SearchContext, peak_bytes_int
 from memfit.planner.explain import Lack, OfferFailures
 from memfit.planner.offers import Layout, Offer
 from memfit.planner.result import Candidate
@@ -103,12 +103,11 @@ def _lacks(offer: Offer, choice: Choice) -> frozenset[Lack]:
     ) if missing)
 
 
-def _offer_choices(offer: Offer, choices: Sequence[Choice], failures: OfferFailures) -> list[Choice]:
-    """Choices the offer can run; fp16 is skipped where bf16 is at least as fast (same memory).
-
-    When it can run none, `failures.lacks` says what it lacks that they need: what every one of them
-    needs (bf16 pinned on a T4), else everything that stopped one. A lack that only some allowed choices
-    have is no reason: the others were searched (a T4 trains in fp16 when precision is auto)."""
+def _offer_choices(offer: Offer, choices: Sequence[Choice]) -> tuple[list[Choice], tuple[Lack, ...]]:
+    """Choices the offer can run (fp16 is skipped where bf16 is at least as fast: same memory), and,
+    when it can run none, what it lacks that they need: what every one of them needs (bf16 pinned on a
+    T4), else everything that stopped one. A lack that only some allowed choices have is no reason: the
+    others were searched (a T4 trains in fp16 when precision is auto)."""
     out: list[Choice] = []
     lacking: list[frozenset[Lack]] = []
     has_bf16_choice = any(c.config.precision == Precision.BF16 for c in choices)
@@ -125,10 +124,26 @@ def _offer_choices(offer: Offer, choices: Sequence[Choice], failures: OfferFailu
             lacking.append(lacks)
         elif not (c.config.precision == Precision.FP16 and fp16_dominated):
             out.append(c)
-    if not out and lacking:
-        named = frozenset.intersection(*lacking) or frozenset.union(*lacking)
-        failures.lacks = tuple(lack for lack in Lack if lack in named)
-    return out
+    if out or not lacking:
+        return out, ()
+    named = frozenset.intersection(*lacking) or frozenset.union(*lacking)
+    return out, tuple(lack for lack in Lack if lack in named)
+
+
+def _offer_groups(ctx: SearchContext, offer: Offer, choices: Sequence[Choice],
+                  ) -> tuple[tuple[Lack, ...], list[Group], list[Group]]:
+    """What the offer lacks (when it runs no choice) and its runnable choices' groups on one GPU and on
+    more (the optimizer step in backward runs on one GPU only), cached by what `_offer_choices` reads of
+    an offer: most offers of a plan run the same choices."""
+    signature = (offer.supports_bf16, offer.speed.fp16_tflops <= offer.speed.bf16_tflops,
+                 offer.host_bytes_per_node is None, offer.nvme_bytes_per_node <= 0)
+    cached = ctx.offer_groups_cache.get(signature)
+    if cached is None or cached[0] is not choices:  # holding `choices` keeps its identity unique
+        runnable, lacks = _offer_choices(offer, choices)
+        single = ctx.groups(runnable)
+        multi = ctx.groups([c for c in runnable if not c.config.optimizer_in_backward])
+        cached = ctx.offer_groups_cache[signature] = (choices, lacks, single, multi)
+    return cached[1], cached[2], cached[3]
 
 
 def _micro_batch(ctx: SearchContext, terms: MemoryTerms, per_gpu: int, usable: int, *,
@@ -155,6 +170,12 @@ def _micro_batch(ctx: SearchContext, terms: MemoryTerms, per_gpu: int, usable: i
     return 0
 
 
+def _arithmetic(members: list[Choice]) -> Choice:
+    """The member whose arithmetic bounds a group's: one without the chunked loss (its head computes
+    less), else any (they all chunk)."""
+    return next((c for c in members if not c.config.chunked_loss), members[0])
+
+
 def _bound_seconds(ctx: SearchContext, offer: Offer, layout: Layout, members: list[Choice], per_gpu: int, *,
                    tight: bool) -> float:
     """A lower bound on the step seconds of every member of a group (one precision and checkpointing) on
@@ -167,7 +188,7 @@ def _bound_seconds(ctx: SearchContext, offer: Offer, layout: Layout, members: li
     max(c₀, (1 − m) V / (5/3)) + m V. `tight` adds the least parameter traffic and optimizer step of the
     members to c₀ and their least offload time to the step (what the search checks a group against when
     it visits it; the loose bound, which orders the visit, is shared by every group of one arithmetic)."""
-    choice = members[0]
+    choice = _arithmetic(members)
     if offer.speed.peak_flops(choice.config.precision) <= 0:
         return float("inf")
     tt = ctx.time(choice, layout)
@@ -207,7 +228,9 @@ def best_on_offer(ctx: SearchContext, offer: Offer, choices: Sequence[Choice]) -
 def prepare_offer(ctx: SearchContext, offer: Offer, choices: Sequence[Choice]) -> PreparedOffer:
     """Layouts and groups of an offer with their lower bounds, in visit order."""
     failures = OfferFailures(offer)
-    runnable = _offer_choices(offer, choices, failures)
+    lacks, single, multi = _offer_groups(ctx, offer, choices)
+    if lacks:
+        failures.lacks = lacks
     layouts = [lay for lay in offer.layouts(ctx.max_nodes) if ctx.per_gpu(lay.world_size) is not None]
     failures.layouts_tried = len(layouts)
     if ctx.pinned_micro_batch is not None:
@@ -218,15 +241,14 @@ def prepare_offer(ctx: SearchContext, offer: Offer, choices: Sequence[Choice]) -
         if over:
             failures.note_price(min(lay.price_per_hour for lay in over))
         layouts = [lay for lay in layouts if lay.price_per_hour <= ctx.max_cost_per_hour]
-    # The optimizer step in backward runs on one GPU only: layouts of more see the space without it.
-    single = ctx.groups(runnable)
-    multi = ctx.groups([c for c in runnable if not c.config.optimizer_in_backward])
     bounds: list[tuple[float, int, int, Layout, tuple[int, ...], list[Choice]]] = []
+    single_arithmetic = [_arithmetic(members).config for _, members in single]
+    multi_arithmetic = [_arithmetic(members).config for _, members in multi]
     for li, layout in enumerate(layouts):
         per_gpu = ctx.samples_per_gpu(layout.world_size)
         groups = single if layout.world_size == 1 else multi
         for gi, (group_ranks, members) in enumerate(groups):
-            c = members[0].config
+            c = (single_arithmetic if layout.world_size == 1 else multi_arithmetic)[gi]
             key = (c.precision, c.activation_checkpointing, c.peft, c.chunked_loss, layout.world_size,
                    layout.gpus_per_node, offer.speed)
             seconds = ctx.bound_cache.get(key)
@@ -250,7 +272,10 @@ def search_offer(ctx: SearchContext, prepared: PreparedOffer, *, cutoff: Key | N
     best: Candidate | None = None
     best_key = cutoff
     minimize = ctx.minimize
-    for bound, _, _, layout, group_ranks, members in prepared.bounds:
+    # Choices that fit at the largest micro-batch allowed, by (rank, layout): their chunked-loss twins
+    # run the same step with more head compute at a micro-batch no larger, and lose every tie.
+    whole: set[tuple[int, int]] = set()
+    for bound, li, _, layout, group_ranks, members in prepared.bounds:
         price = layout.price_per_hour
         hours = bound if minimize == Minimize.TIME else bound / price if price > 0 else 0.0
         lower = bound_key(minimize, hours, price, layout.world_size, min(group_ranks))
@@ -278,7 +303,11 @@ def search_offer(ctx: SearchContext, prepared: PreparedOffer, *, cutoff: Key | N
         twins_share_terms = not ctx.corrections.by_family  # measured peaks may scale twins differently
         twin_ranks = ctx.twin_ranks(members)
         all_out_of_memory = True
+        largest = ctx.pinned_micro_batch or ctx.samples_per_gpu(layout.world_size)
         for choice in members:
+            if (choice.unchunked_rank, li) in whole:
+                all_out_of_memory = False
+                continue
             key = choice.twin_id
             if not choice.config.optimizer8bit and twins_share_terms and key in eight_bit_results:
                 twin = eight_bit_results[key]
@@ -296,6 +325,8 @@ def search_offer(ctx: SearchContext, prepared: PreparedOffer, *, cutoff: Key | N
                     eight_bit_results[key] = candidate
                     if out_of_memory:
                         memory_failed_twins.add(key)
+            if candidate is not None and candidate.strategy.config.micro_batch_size == largest:
+                whole.add((choice.rank, li))
             if candidate is not None and _better(candidate, best, minimize):
                 best = candidate
                 best_key = search_key(candidate, minimize)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import functools
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import NamedTuple
 
 from memfit.api.common import Checkpointing, Engine, Offload, PeftMethod, Precision, Toggle
@@ -32,6 +32,7 @@ class Choice:
     rank: int  # position in the preference order (lower wins a tie)
     memory_id: int = -1  # equal for choices with identical memory (bf16 and fp16 twins)
     twin_id: int = -1  # equal for a 32-bit choice and its 8-bit twin
+    unchunked_rank: int = -1  # a chunked-loss choice: the rank of the same choice without it (-1: none)
 
     def strategy(self, *, optimizer: OptimizerKind, world_size: int = 1, gpus_per_node: int = 1,
                  micro_batch_size: int = 1, accumulation_steps: int = 1,
@@ -146,6 +147,7 @@ def _choices(pins: Pins) -> tuple[tuple[Choice, ...], tuple[str, ...]]:
     problems: dict[str, None] = {}
     memory_ids: dict[tuple[object, ...], int] = {}
     twin_ids: dict[tuple[object, ...], int] = {}
+    ranks: dict[tuple[object, ...], int] = {}  # of the unchunked choices, for their chunked twins
     for method, engine in itertools.product(methods, engines):
         assert isinstance(engine, Engine)
         stages = STAGES[engine] if stage_pin == "auto" else (stage_pin,)
@@ -166,6 +168,12 @@ def _choices(pins: Pins) -> tuple[tuple[Choice, ...], tuple[str, ...]]:
                                optimizer_in_backward=in_backward, chunked_loss=chunked)
             problem = strategy_problem(candidate.strategy(optimizer=OptimizerKind.ADAMW))
             if problem is None:
+                if chunked:
+                    unchunked = ranks.get((method, engine, stage, precision, ckpt, offload, eight, in_backward))
+                    if unchunked is not None:
+                        candidate = replace(candidate, unchunked_rank=unchunked)
+                else:
+                    ranks[(method, engine, stage, precision, ckpt, offload, eight, in_backward)] = len(choices)
                 choices.append(candidate)
             else:
                 problems[problem] = None

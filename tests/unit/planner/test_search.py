@@ -9,7 +9,7 @@ from memfit.api.common import Engine
 from memfit.api.job import MemoryOptimizedTrainingJobSpec, Minimize
 from memfit.api.pool import GPUNodePool
 from memfit.catalog import CATALOG
-from memfit.planner import PlanResult, plan, resolve_offers, resolve_shape, search_context
+from memfit.planner import PlanResult, plan, resolve_offers, resolve_shape, search, search_context
 from memfit.planner.reference import best_objective
 from memfit.planner.search import TIE_TOLERANCE, best_on_offer, objective_key, tier
 from memfit.planner.space import strategy_choices
@@ -288,3 +288,30 @@ def test_any_fit_notes_what_evaluating_every_member_notes(case: tuple[MemoryOpti
         assert _noted(prepared.failures) == _noted(reference.failures), offer.pool
         best_on_offer(ctx, offer, choices)  # what a plan's search leaves in the context for the next pool
         best_on_offer(reference_ctx, offer, choices)
+
+
+def test_chunked_loss_is_only_evaluated_where_the_unchunked_choice_does_not_fit_the_whole_batch(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # The chunked loss runs the same step with more head compute and loses ties, so where its unchunked
+    # twin fits the whole per-GPU batch (the search's largest micro-batch) it cannot win: not evaluated.
+    evaluated: list[tuple[bool, int, int]] = []
+    real = search._evaluate
+
+    def counting(ctx, offer, layout, choice, failures, best_key, **kw):  # type: ignore[no-untyped-def]
+        found = real(ctx, offer, layout, choice, failures, best_key, **kw)
+        batch = found[0].strategy.config.micro_batch_size if found[0] is not None else 0
+        evaluated.append((choice.config.chunked_loss, choice.rank, batch))
+        return found
+
+    monkeypatch.setattr(search, "_evaluate", counting)
+    roomy = make_pool("roomy", "h100-80", per_node=1, max_nodes=1)
+    result = plan(make_job().batch(8).build(), pools=[roomy], catalog=CATALOG)
+    assert result.chosen is not None and not result.chosen.strategy.config.chunked_loss
+    unchunked_whole = [rank for chunked, rank, batch in evaluated if not chunked and batch == 8]
+    assert unchunked_whole, "the unchunked choices fit the whole batch on an 80 GB GPU"
+    assert not [rank for chunked, rank, _ in evaluated if chunked and rank - 1 in unchunked_whole]
+    # Where memory is tight the chunked loss is still searched (and the plan equals the exhaustive one).
+    evaluated.clear()
+    tight = make_pool("tight", "t4", per_node=1, max_nodes=1, memory_mib=1200)
+    _assert_equals_exhaustive(make_job().gpt(vocab=32000, sequenceLength=512).batch(8).build(), [tight])
+    assert any(chunked for chunked, _, _ in evaluated)
