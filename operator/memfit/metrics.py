@@ -17,10 +17,12 @@ from memfit import __version__
 
 PHASES = ("Pending", "Profiling", "Planning", "Launching", "Running", "Replanning", "Succeeded", "Failed")
 
-REPLAN_REASONS = ("OutOfMemory", "NoCapacity", "HostOutOfMemory")
+# The attempt outcomes that start a new attempt (api.job.AttemptOutcome.replans).
+REPLAN_REASONS = ("OutOfMemory", "MemoryOverPlan", "NoCapacity", "RankFailed")
 REPLANS = Counter(
     "memfit_replans",
-    "Re-plans by reason (OutOfMemory, NoCapacity, HostOutOfMemory).",
+    "Attempts ended for a new one, by reason (OutOfMemory, MemoryOverPlan, NoCapacity, RankFailed: a "
+    "multi-node gang restarted after a rank failed).",
     ["namespace", "reason"],
 )
 PROFILING_FAILURES = Counter("memfit_profiling_failures", "Jobs whose profiling failed.", ["namespace"])

@@ -225,9 +225,14 @@ class ProfilingSpec(ApiModel):
 
 
 class RecoverySpec(ApiModel):
-    """Re-planning on OOM or missing capacity."""
+    """Re-planning on OOM or missing capacity, and restarting a multi-node gang after a rank failure."""
 
     max_replans: int = Field(default=3, ge=0, le=20, description="Re-plans before the job fails.")
+    max_restarts: int = Field(
+        default=3, ge=0, le=20,
+        description="Whole-gang restarts of a multi-node plan before the job fails: when a rank fails (not "
+        "for memory), every rank stops and the next attempt resumes all of them from the last checkpoint.",
+    )
     capacity_timeout_seconds: int = Field(
         default=600, ge=10, le=86400, description="Unschedulable this long -> re-plan without that pool."
     )
@@ -319,6 +324,9 @@ class AttemptOutcome(StrEnum):
     OUT_OF_MEMORY = Reason.OUT_OF_MEMORY.value
     MEMORY_OVER_PLAN = Reason.MEMORY_OVER_PLAN.value  # the first steps measured more than predicted + headroom
     NO_CAPACITY = Reason.NO_CAPACITY.value
+    # A rank of a multi-node plan failed: the attempt's pods ended together and the next attempt restarts
+    # every rank from the last checkpoint (recovery.maxRestarts).
+    RANK_FAILED = Reason.RANK_FAILED.value
     FAILED = "Failed"
 
     @property
@@ -329,7 +337,8 @@ class AttemptOutcome(StrEnum):
     @property
     def replans(self) -> bool:
         """The attempt ended in a way the next reconcile re-plans (a new attempt)."""
-        return self in (AttemptOutcome.OUT_OF_MEMORY, AttemptOutcome.MEMORY_OVER_PLAN, AttemptOutcome.NO_CAPACITY)
+        return self in (AttemptOutcome.OUT_OF_MEMORY, AttemptOutcome.MEMORY_OVER_PLAN, AttemptOutcome.NO_CAPACITY,
+                        AttemptOutcome.RANK_FAILED)
 
 
 class ProfileSummary(ApiModel):

@@ -37,6 +37,8 @@ class Reason(StrEnum):
     MEMORY_OVER_PLAN = "MemoryOverPlan"  # first steps measured above prediction + headroom: re-plan before an OOM
     NO_CAPACITY = "NoCapacity"
     REPLANS_EXHAUSTED = "ReplansExhausted"
+    RANK_FAILED = "RankFailed"  # a rank of a multi-node plan failed: every rank restarts from the checkpoint
+    RESTARTS_EXHAUSTED = "RestartsExhausted"  # more rank failures than recovery.maxRestarts
     PODS_NOT_CREATED = "PodsNotCreated"
     REPLANNING = "Replanning"
     INVALID_PLAN = "InvalidPlan"

@@ -19,6 +19,10 @@ ANNOTATION_INJECT_OOM_ATTEMPTS = f"{GROUP}/inject-oom-attempts"
 # first-steps check finds it over the plan (memfit_trainer/first_steps.py).
 ANNOTATION_INJECT_PEAK_FACTOR = f"{GROUP}/inject-peak-factor"
 ANNOTATION_INJECT_PEAK_ATTEMPTS = f"{GROUP}/inject-peak-attempts"
+# ... and the trainer of this global rank (default every rank) kills itself (SIGKILL: no message, no
+# cleanup) at this step of the first attempt: a crashed rank of a multi-node gang.
+ANNOTATION_INJECT_KILL_STEP = f"{GROUP}/inject-kill-at-step"
+ANNOTATION_INJECT_KILL_RANK = f"{GROUP}/inject-kill-rank"
 
 COMPONENT_PROFILER = "profiler"
 COMPONENT_TRAINER = "trainer"

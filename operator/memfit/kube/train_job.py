@@ -319,26 +319,31 @@ def build_training_job(
             "parallelism": plan.nodes,
             "backoffLimit": RETRYABLE_POD_FAILURES,
             "suspend": suspend,
-            "podFailurePolicy": {
-                "rules": [
-                    # Pre-emption and node drain: the replacement pod resumes from the last checkpoint.
-                    {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]},
-                    # OOM and an invalid plan are decisions for memfit (re-plan), not retries.
-                    {
-                        "action": "FailJob",
-                        "onExitCodes": {
-                            "containerName": contract.TRAINER_CONTAINER,
-                            "operator": "In",
-                            "values": list(FAIL_JOB_EXIT_CODES),
-                        },
-                    },
-                    *_fetch_failure_rule(spec),
-                ]
-            },
+            "podFailurePolicy": {"rules": [*_trainer_failure_rules(plan.nodes), *_fetch_failure_rule(spec)]},
             "template": apply_pod_template({"metadata": {"labels": pod_labels}, "spec": pod_spec},
                                            spec.pod_template),
         },
     }
+
+
+def _trainer_failure_rules(nodes: int) -> list[Manifest]:
+    """How the Job treats a failed trainer pod. One node: pre-emption and drain are ignored (the
+    replacement pod resumes from the last checkpoint), OOM and an invalid plan are decisions for memfit
+    (re-plan, give up), other crashes are retried by the Job's backoff. Several nodes: a replaced rank
+    cannot rejoin the others' process group (they would wait in a collective until it times out), so
+    any failure of any rank fails the Job at once, its other pods are ended together, and memfit starts
+    the next attempt with every rank resuming from the checkpoint (recovery.maxRestarts)."""
+    if nodes > 1:
+        return [
+            {"action": "FailJob", "onPodConditions": [{"type": "DisruptionTarget"}]},
+            {"action": "FailJob", "onExitCodes": {"containerName": contract.TRAINER_CONTAINER,
+                                                  "operator": "NotIn", "values": [0]}},
+        ]
+    return [
+        {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]},
+        {"action": "FailJob", "onExitCodes": {"containerName": contract.TRAINER_CONTAINER, "operator": "In",
+                                              "values": list(FAIL_JOB_EXIT_CODES)}},
+    ]
 
 
 def _fetch_rank_env(spec: MemoryOptimizedTrainingJobSpec) -> list[Manifest]:

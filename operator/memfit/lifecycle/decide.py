@@ -1,7 +1,8 @@
 """decide(snapshot) -> Decision: the whole lifecycle of a MOTJ as one pure function.
 
 Validate, profile (or reuse a cached profile), plan and launch an attempt, monitor it, re-plan after
-an OOM or a capacity timeout (at most `recovery.maxReplans` times), and finish. The controller reads
+an OOM or a capacity timeout (at most `recovery.maxReplans` times), restart a multi-node gang after a
+rank failed (at most `recovery.maxRestarts` times), and finish. The controller reads
 the snapshot, applies the decision's effects in order, then patches the status when it changed.
 """
 
@@ -9,7 +10,7 @@ from __future__ import annotations
 
 from contextlib import nullcontext
 
-from memfit.api.job import MemoryOptimizedTrainingJobSpec, Phase
+from memfit.api.job import AttemptOutcome, MemoryOptimizedTrainingJobSpec, Phase
 from memfit.kube.names import train_job_name
 from memfit.lifecycle import conditions as c
 from memfit.lifecycle.draft import Draft
@@ -72,8 +73,16 @@ def _advance(draft: Draft, snap: Snapshot, spec: MemoryOptimizedTrainingJobSpec,
         # The attempt's outcome is in the stored status (the snapshot read it), so its Job can go now:
         # deleting it before the outcome was stored would let a crash in between relaunch it.
         draft.effects.append(Delete(train_job_name(snap.job.name, current.index)))
-        replans_used = len(draft.attempts)
-        if replans_used > spec.recovery.max_replans:
+        restarts = sum(a.outcome == AttemptOutcome.RANK_FAILED for a in draft.attempts)
+        replans_used = len(draft.attempts) - restarts
+        if current.outcome == AttemptOutcome.RANK_FAILED and restarts > spec.recovery.max_restarts:
+            draft.fail(
+                c.RESTARTS_EXHAUSTED,
+                f"{restarts} rank failures, last: {current.reason}; "
+                f"recovery.maxRestarts is {spec.recovery.max_restarts}",
+            )
+            return
+        if current.outcome != AttemptOutcome.RANK_FAILED and replans_used > spec.recovery.max_replans:
             draft.fail(
                 c.REPLANS_EXHAUSTED,
                 f"{len(draft.attempts)} attempts, last: {current.reason}; "

@@ -18,6 +18,8 @@ from memfit.kube.checkpoints import (
 )
 from memfit.kube.common import Owner, PodSettings
 from memfit.kube.names import (
+    ANNOTATION_INJECT_KILL_RANK,
+    ANNOTATION_INJECT_KILL_STEP,
     ANNOTATION_INJECT_OOM_ATTEMPTS,
     ANNOTATION_INJECT_OOM_STEP,
     ANNOTATION_INJECT_PEAK_ATTEMPTS,
@@ -244,12 +246,18 @@ def launch_effects(
 
 
 def fault_injection(annotations: dict[str, str], attempt: int) -> dict[str, str]:
-    """Env for the trainer's fault injection (a simulated OOM, an inflated measured peak), from the
-    job's annotations (tests, chaos drills)."""
+    """Env for the trainer's fault injection (a simulated OOM, an inflated measured peak, a killed rank),
+    from the job's annotations (tests, chaos drills)."""
     env: dict[str, str] = {}
     step = annotations.get(ANNOTATION_INJECT_OOM_STEP, "")
     if step.isdigit() and attempt < _attempts(annotations, ANNOTATION_INJECT_OOM_ATTEMPTS):
         env[contract.ENV_INJECT_OOM_AT_STEP] = step
+    kill = annotations.get(ANNOTATION_INJECT_KILL_STEP, "")
+    if kill.isdigit() and attempt == 0:
+        env[contract.ENV_INJECT_KILL_AT_STEP] = kill
+        rank = annotations.get(ANNOTATION_INJECT_KILL_RANK, "")
+        if rank.isdigit():
+            env[contract.ENV_INJECT_KILL_RANK] = rank
     factor = annotations.get(ANNOTATION_INJECT_PEAK_FACTOR, "")
     if factor and attempt < _attempts(annotations, ANNOTATION_INJECT_PEAK_ATTEMPTS):
         with suppress(ValueError):

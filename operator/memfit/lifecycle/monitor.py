@@ -210,8 +210,22 @@ def _failed(
     last = next((p for p in reversed(job.pods) if p.phase == "Failed"), None)
     if last and last.exit_code is not None:
         detail += f"; {last.exit_detail()}"
+    if plan.nodes > 1:
+        _rank_failed(draft, plan, job, measured, detail)
+        return
     draft.finish_attempt(AttemptOutcome.FAILED, measured=measured, reason=detail[:1024])
     draft.fail(c.TRAINING_FAILED, f"training Job {job.name} failed: {detail}")
+
+
+def _rank_failed(draft: Draft, plan: Plan, job: JobSummary, measured: int | None, detail: str) -> None:
+    """A rank of a multi-node plan failed (not for memory, not an invalid plan): the Job's failure policy
+    ended every pod of the attempt together; the next attempt restarts all ranks from the last checkpoint
+    (decide.py counts these against recovery.maxRestarts)."""
+    reason = f"a rank of the {plan.nodes}-node gang failed: {detail}"[:1024]
+    draft.finish_attempt(AttemptOutcome.RANK_FAILED, measured=measured, reason=reason)
+    draft.set(c.RUNNING, False, c.RANK_FAILED, reason)
+    draft.enter(Phase.REPLANNING, f"attempt {plan.attempt}: {reason}; restarting every rank from the last checkpoint")
+    draft.event(c.RANK_FAILED, f"training Job {job.name}: {reason}", warning=True)
 
 
 def _over_plan(draft: Draft, snap: Snapshot, plan: Plan, job: JobSummary, peak: int, message: dict[str, object],

@@ -40,7 +40,7 @@ def test_out_of_memory_reason(case: str) -> None:
 
 
 def test_training_job_fails_at_once_on_the_contract_exit_codes() -> None:
-    job = build_training_job(owner=OWNER, spec=make_spec(), plan=make_plan(), placement=PLACEMENT, pod=POD)
+    job = build_training_job(owner=OWNER, spec=make_spec(), plan=make_plan(nodes=1), placement=PLACEMENT, pod=POD)
     rules = job["spec"]["podFailurePolicy"]["rules"]
     fail_job = next(r for r in rules if r["action"] == "FailJob")
     assert fail_job["onExitCodes"]["values"] == [EXIT_OUT_OF_MEMORY, EXIT_INVALID_PLAN, EXIT_MEMORY_OVER_PLAN] \

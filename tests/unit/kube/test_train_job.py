@@ -68,12 +68,24 @@ def test_owner_reference_is_controller_with_block_owner_deletion() -> None:
     assert job["metadata"]["namespace"] == "ml"
 
 
-def test_oom_and_invalid_plan_fail_the_job_and_preemption_is_ignored() -> None:
-    job = build_training_job(owner=OWNER, spec=make_spec(), plan=make_plan(), placement=PLACEMENT, pod=POD)
+def test_one_node_oom_and_invalid_plan_fail_the_job_and_preemption_is_ignored() -> None:
+    job = build_training_job(owner=OWNER, spec=make_spec(), plan=make_plan(nodes=1), placement=PLACEMENT, pod=POD)
     rules = job["spec"]["podFailurePolicy"]["rules"]
     assert rules[0] == {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]}
     assert rules[1]["action"] == "FailJob" and rules[1]["onExitCodes"]["values"] == [87, 88, 89]
     assert job["spec"]["template"]["spec"]["restartPolicy"] == "Never"
+
+
+def test_a_failed_or_disrupted_rank_of_several_nodes_fails_the_job_at_once() -> None:
+    # A replaced rank could not rejoin the others' process group: the Job fails, its pods end together,
+    # and memfit restarts every rank from the checkpoint (lifecycle.monitor, recovery.maxRestarts).
+    job = build_training_job(owner=OWNER, spec=make_spec(), plan=make_plan(nodes=2), placement=PLACEMENT, pod=POD)
+    rules = job["spec"]["podFailurePolicy"]["rules"]
+    assert rules[:2] == [
+        {"action": "FailJob", "onPodConditions": [{"type": "DisruptionTarget"}]},
+        {"action": "FailJob", "onExitCodes": {"containerName": "trainer", "operator": "NotIn", "values": [0]}},
+    ]
+    assert all(r["action"] != "Ignore" for r in rules)
 
 
 def test_kueue_queue_suspends_and_labels_the_job() -> None:

@@ -714,3 +714,78 @@ def test_spend_counts_profiling_and_every_finished_attempt_failed_ones_included(
     assert h.stored.spend is not None and h.stored.spend.items == spend.items
     assert_idempotent(h)
 
+
+
+# --- a multi-node gang: a failed rank restarts every rank ----------------------------------------------
+# A 1.3B-parameter GPT whose pinned ZeRO-3 fp16 states need both T4s of t4-spot: a 2-node plan.
+BIG = {"builtin": {"kind": "gpt", "layers": 24, "hidden": 2048, "heads": 16, "vocab": 50304, "sequenceLength": 512}}
+
+
+def two_node_gang(**recovery: object) -> Harness:
+    h = Harness(spec=quickstart(
+        problem=BIG, training={"globalBatchSize": 8, "maxSteps": 10, "checkpoint": {"volumeClaim": "ckpt"}},
+        strategy={"engine": "deepspeed", "zeroStage": 3, "offload": "none", "precision": "fp16"},
+        placement={"nodePools": ["t4-spot"], "maxNodes": 2},
+        recovery={"maxReplans": 0, "capacityTimeoutSeconds": 600, **recovery}))
+    h.objects[("PersistentVolumeClaim", "ckpt")] = {"spec": {"accessModes": ["ReadWriteMany"]}}  # every node's
+    h.seed_profile()
+    h.reconcile()
+    assert h.stored.phase == Phase.LAUNCHING and h.plan_json(0)["nodes"] == 2
+    h.start("j-train-0")
+    h.add_pod("j-train-0", 0)
+    h.add_pod("j-train-0", 1)
+    h.reconcile()
+    assert h.stored.phase == Phase.RUNNING
+    return h
+
+
+def fail_rank_1(h: Harness, attempt: int) -> None:
+    """Rank 1's trainer crashed; the Job's failure policy failed the Job and ended rank 0 with it."""
+    job = f"j-train-{attempt}"
+    h.pods[f"{job}-1"]["status"] = {"phase": "Failed", **terminated(1, "Traceback: RuntimeError: boom")}
+    h.pods[f"{job}-0"]["status"] = {"phase": "Failed", **terminated(143, "", reason="Error")}
+    h.finish(job, failed=True, reason="PodFailurePolicy",
+             message=f"Container trainer for pod default/{job}-1 failed with exit code 1 matching FailJob rule at "
+                     "index 1")  # fmt: skip
+
+
+def test_a_failed_rank_restarts_every_rank_from_the_checkpoint_within_max_restarts() -> None:
+    h = two_node_gang(maxRestarts=1)
+    fail_rank_1(h, 0)
+    decision = h.reconcile()
+    first = h.stored.attempts[0]
+    assert first.outcome == AttemptOutcome.RANK_FAILED and h.stored.phase == Phase.REPLANNING
+    assert first.reason.startswith("a rank of the 2-node gang failed: Container trainer for pod default/j-train-0-1")
+    assert first.reason.endswith("pod j-train-0-1 exited 1 (Error): Traceback: RuntimeError: boom"), first.reason
+    assert decision.replans == (AttemptOutcome.RANK_FAILED,) and "RankFailed" in decision.reasons()
+    assert h.condition("Running")[:2] == ("False", "RankFailed")
+    # The next pass deletes the failed attempt's Job and launches the same plan again (maxReplans 0 is not
+    # spent: a restart is not a re-plan), whose ranks resume from the checkpoint.
+    decision = h.reconcile()
+    assert decision.effects[0] == Delete("j-train-0")
+    assert "Job/j-train-1" in h.children() and "Job/j-train-0" not in h.children()
+    config = ("engine", "zeroStage", "precision", "nodes", "nodePool", "microBatchSize")
+    assert [h.plan_json(0)[k] for k in config] == [h.plan_json(1)[k] for k in config]
+    # A second rank failure is one more than recovery.maxRestarts: the job fails, saying so.
+    h.start("j-train-1")
+    h.add_pod("j-train-1", 0)
+    h.add_pod("j-train-1", 1)
+    h.reconcile()
+    fail_rank_1(h, 1)
+    h.reconcile()
+    h.reconcile()
+    status, reason, message = h.condition("Failed")
+    assert (status, reason) == ("True", "RestartsExhausted")
+    assert message.startswith("2 rank failures, last: a rank of the 2-node gang failed") and message.endswith(
+        "recovery.maxRestarts is 1")
+    assert "Job/j-train-2" not in h.children()
+
+
+def test_a_single_node_training_failure_still_fails_the_job() -> None:
+    # One node: the Job's backoff already retried the pod (a replacement rejoins nothing): Failed.
+    h = running(recovery={"maxRestarts": 3, "maxReplans": 3, "capacityTimeoutSeconds": 60})
+    h.pods["j-train-0-0"]["status"] = {"phase": "Failed", **terminated(1, "Traceback: nan loss")}
+    h.finish("j-train-0", failed=True, reason="BackoffLimitExceeded", message="backoff")
+    h.reconcile()
+    assert h.condition("Failed")[:2] == ("True", "TrainingFailed")
+    assert [a.outcome for a in h.stored.attempts] == [AttemptOutcome.FAILED]
