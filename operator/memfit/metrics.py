@@ -18,11 +18,11 @@ from memfit import __version__
 PHASES = ("Pending", "Profiling", "Planning", "Launching", "Running", "Replanning", "Succeeded", "Failed")
 
 # The attempt outcomes that start a new attempt (api.job.AttemptOutcome.replans).
-REPLAN_REASONS = ("OutOfMemory", "MemoryOverPlan", "NoCapacity", "RankFailed")
+REPLAN_REASONS = ("OutOfMemory", "MemoryOverPlan", "NoCapacity", "RankFailed", "RankDisrupted")
 REPLANS = Counter(
     "memfit_replans",
     "Attempts ended for a new one, by reason (OutOfMemory, MemoryOverPlan, NoCapacity, RankFailed: a "
-    "multi-node gang restarted after a rank failed).",
+    "multi-node gang restarted after a rank failed, RankDisrupted: re-planned after a rank's node was lost).",
     ["namespace", "reason"],
 )
 PROFILING_FAILURES = Counter("memfit_profiling_failures", "Jobs whose profiling failed.", ["namespace"])

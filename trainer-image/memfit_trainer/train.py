@@ -48,6 +48,7 @@ ENV_INJECT_OOM_AT_STEP = contract.ENV_INJECT_OOM_AT_STEP
 ENV_INJECT_OOM_RANK = contract.ENV_INJECT_OOM_RANK
 ENV_INJECT_KILL_AT_STEP = contract.ENV_INJECT_KILL_AT_STEP
 ENV_INJECT_KILL_RANK = contract.ENV_INJECT_KILL_RANK
+ENV_INJECT_HOLD_AT_STEP = contract.ENV_INJECT_HOLD_AT_STEP
 ENV_CHECKPOINT_DIR = contract.ENV_CHECKPOINT_DIR
 ENV_SEED = contract.ENV_SEED
 ENV_OUTPUT_DIR = contract.ENV_OUTPUT_DIR
@@ -66,6 +67,7 @@ class TrainOptions:
     inject_oom_rank: int | None = None
     inject_kill_at_step: int | None = None
     inject_kill_rank: int | None = None  # only this global rank is killed (None: every rank)
+    inject_hold_at_step: int | None = None  # every rank stalls here until it is ended (a hung collective)
     keep_checkpoints: int = 2
     first_steps: Mapping[str, str] = field(default_factory=dict)  # the environment of the first-steps check
     output_dir: Path | None = None  # where a LoRA/QLoRA run writes its adapter (else <checkpoints>/adapter)
@@ -78,6 +80,7 @@ class TrainOptions:
         inject_rank = environ.get(ENV_INJECT_OOM_RANK, "").strip()
         kill = environ.get(ENV_INJECT_KILL_AT_STEP, "").strip()
         kill_rank = environ.get(ENV_INJECT_KILL_RANK, "").strip()
+        hold = environ.get(ENV_INJECT_HOLD_AT_STEP, "").strip()
         folder = plan.checkpoint_dir or environ.get(ENV_CHECKPOINT_DIR) or None
         return TrainOptions(
             seed=int(environ.get(ENV_SEED, "0") or 0),
@@ -86,6 +89,7 @@ class TrainOptions:
             inject_oom_rank=int(inject_rank) if inject_rank.isdigit() else None,
             inject_kill_at_step=int(kill) if kill.isdigit() else None,
             inject_kill_rank=int(kill_rank) if kill_rank.isdigit() else None,
+            inject_hold_at_step=int(hold) if hold.isdigit() else None,
             keep_checkpoints=keep_from_env(dict(environ)),
             first_steps={k: v for k, v in environ.items() if k.startswith("MEMFIT_")},
             output_dir=Path(environ[ENV_OUTPUT_DIR]) if environ.get(ENV_OUTPUT_DIR) else None,
@@ -387,6 +391,10 @@ def _train_steps(
             if index == 0 and options.inject_kill_at_step == step and options.inject_kill_rank in (None, env.rank):
                 # Simulates a lost node or pre-emption: no message, no cleanup (MEMFIT_INJECT_KILL_AT_STEP).
                 os.kill(os.getpid(), signal.SIGKILL)
+            if index == 0 and options.inject_hold_at_step == step:
+                log.warning("holding at step %d until this process is ended (%s)", step, ENV_INJECT_HOLD_AT_STEP)
+                while True:  # a stalled rank: only a signal ends it
+                    time.sleep(1)
             losses.append(runner.micro_step(make_batch(key), last=index == accumulation - 1))
             if index == 0 and _should_inject(options, step, env.rank):
                 raise SimulatedOutOfMemoryError(

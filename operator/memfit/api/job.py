@@ -327,6 +327,9 @@ class AttemptOutcome(StrEnum):
     # A rank of a multi-node plan failed: the attempt's pods ended together and the next attempt restarts
     # every rank from the last checkpoint (recovery.maxRestarts).
     RANK_FAILED = Reason.RANK_FAILED.value
+    # A rank of a multi-node plan was disrupted (node drained, lost, pre-empted): re-planned onto the
+    # capacity left, possibly fewer nodes, every rank resuming from the checkpoint (recovery.maxReplans).
+    RANK_DISRUPTED = Reason.RANK_DISRUPTED.value
     FAILED = "Failed"
 
     @property
@@ -338,7 +341,7 @@ class AttemptOutcome(StrEnum):
     def replans(self) -> bool:
         """The attempt ended in a way the next reconcile re-plans (a new attempt)."""
         return self in (AttemptOutcome.OUT_OF_MEMORY, AttemptOutcome.MEMORY_OVER_PLAN, AttemptOutcome.NO_CAPACITY,
-                        AttemptOutcome.RANK_FAILED)
+                        AttemptOutcome.RANK_FAILED, AttemptOutcome.RANK_DISRUPTED)
 
 
 class ProfileSummary(ApiModel):

@@ -56,6 +56,7 @@ ENV_INJECT_OOM_RANK = "MEMFIT_INJECT_OOM_RANK"
 ENV_INJECT_PEAK_FACTOR = "MEMFIT_INJECT_PEAK_FACTOR"
 ENV_INJECT_KILL_AT_STEP = "MEMFIT_INJECT_KILL_AT_STEP"
 ENV_INJECT_KILL_RANK = "MEMFIT_INJECT_KILL_RANK"  # only this global rank is killed (default: every rank)
+ENV_INJECT_HOLD_AT_STEP = "MEMFIT_INJECT_HOLD_AT_STEP"  # every rank stalls at this step until it is ended
 # Set by a user or the test bed, read by the trainer (docs/trainer.md)
 ENV_KEEP_CHECKPOINTS = "MEMFIT_KEEP_CHECKPOINTS"
 ENV_SEED = "MEMFIT_SEED"

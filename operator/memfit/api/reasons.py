@@ -39,6 +39,9 @@ class Reason(StrEnum):
     REPLANS_EXHAUSTED = "ReplansExhausted"
     RANK_FAILED = "RankFailed"  # a rank of a multi-node plan failed: every rank restarts from the checkpoint
     RESTARTS_EXHAUSTED = "RestartsExhausted"  # more rank failures than recovery.maxRestarts
+    # A rank of a multi-node plan was disrupted (its node drained, lost or pre-empted): re-planned onto the
+    # capacity left, every rank resumes from the checkpoint (a re-plan: recovery.maxReplans).
+    RANK_DISRUPTED = "RankDisrupted"
     PODS_NOT_CREATED = "PodsNotCreated"
     REPLANNING = "Replanning"
     INVALID_PLAN = "InvalidPlan"

@@ -24,7 +24,7 @@ from urllib3.exceptions import HTTPError as TransportError
 
 from memfit import metrics
 from memfit.api.common import API_GROUP, API_VERSION
-from memfit.api.job import Phase
+from memfit.api.job import AttemptOutcome, Phase
 from memfit.controller.events import EventPoster
 from memfit.controller.kept_profiles import KeptProfiles
 from memfit.controller.kubeapi import MOTJ_PLURAL, ForeignObjectError, KubeApi
@@ -286,6 +286,8 @@ def _reconcile_once(runtime: Runtime, api: KubeApi, namespace: str, name: str) -
         metrics.JOBS.observe(metrics.JobSnapshot.from_status(namespace, name, status))
         if applied:
             _count(namespace, applied.decision)
+            if AttemptOutcome.RANK_DISRUPTED in applied.decision.replans:
+                runtime.world.invalidate(nodes=True)  # the re-plan reads the Nodes left (cordoned, gone)
             log.debug("reconciled %s/%s in %.3fs", namespace, name, time.perf_counter() - started)
         return applied is not None and decision.requeue
     except ApiException as error:

@@ -76,10 +76,13 @@ class WorldCache:
                 self.observations += 1
             return self._world
 
-    def invalidate(self) -> None:
-        """Forget the snapshot (not the Node list): the next reconcile that plans observes again."""
+    def invalidate(self, *, nodes: bool = False) -> None:
+        """Forget the snapshot (and the Node list with `nodes`): the next reconcile that plans observes
+        again. A rank's node was just drained or lost: its re-plan must not see it as capacity."""
         with self._lock:
             self._world = None
+            if nodes:
+                self._nodes = None
 
     def nodes(self, api: KubeApi) -> list[Manifest]:
         with self._lock:

@@ -23,6 +23,8 @@ ANNOTATION_INJECT_PEAK_ATTEMPTS = f"{GROUP}/inject-peak-attempts"
 # cleanup) at this step of the first attempt: a crashed rank of a multi-node gang.
 ANNOTATION_INJECT_KILL_STEP = f"{GROUP}/inject-kill-at-step"
 ANNOTATION_INJECT_KILL_RANK = f"{GROUP}/inject-kill-rank"
+# ... and every rank stalls at this step of the first attempt (a hung collective) until its pod is ended.
+ANNOTATION_INJECT_HOLD_STEP = f"{GROUP}/inject-hold-at-step"
 
 COMPONENT_PROFILER = "profiler"
 COMPONENT_TRAINER = "trainer"

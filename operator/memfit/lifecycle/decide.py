@@ -73,7 +73,7 @@ def _advance(draft: Draft, snap: Snapshot, spec: MemoryOptimizedTrainingJobSpec,
         # The attempt's outcome is in the stored status (the snapshot read it), so its Job can go now:
         # deleting it before the outcome was stored would let a crash in between relaunch it.
         draft.effects.append(Delete(train_job_name(snap.job.name, current.index)))
-        restarts = sum(a.outcome == AttemptOutcome.RANK_FAILED for a in draft.attempts)
+        restarts = sum(a.outcome == AttemptOutcome.RANK_FAILED for a in draft.attempts)  # not disruptions
         replans_used = len(draft.attempts) - restarts
         if current.outcome == AttemptOutcome.RANK_FAILED and restarts > spec.recovery.max_restarts:
             draft.fail(

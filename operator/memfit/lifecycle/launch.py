@@ -18,6 +18,7 @@ from memfit.kube.checkpoints import (
 )
 from memfit.kube.common import Owner, PodSettings
 from memfit.kube.names import (
+    ANNOTATION_INJECT_HOLD_STEP,
     ANNOTATION_INJECT_KILL_RANK,
     ANNOTATION_INJECT_KILL_STEP,
     ANNOTATION_INJECT_OOM_ATTEMPTS,
@@ -246,12 +247,15 @@ def launch_effects(
 
 
 def fault_injection(annotations: dict[str, str], attempt: int) -> dict[str, str]:
-    """Env for the trainer's fault injection (a simulated OOM, an inflated measured peak, a killed rank),
+    """Env for the trainer's fault injection (a simulated OOM, an inflated measured peak, a killed or stalled rank),
     from the job's annotations (tests, chaos drills)."""
     env: dict[str, str] = {}
     step = annotations.get(ANNOTATION_INJECT_OOM_STEP, "")
     if step.isdigit() and attempt < _attempts(annotations, ANNOTATION_INJECT_OOM_ATTEMPTS):
         env[contract.ENV_INJECT_OOM_AT_STEP] = step
+    hold = annotations.get(ANNOTATION_INJECT_HOLD_STEP, "")
+    if hold.isdigit() and attempt == 0:
+        env[contract.ENV_INJECT_HOLD_AT_STEP] = hold
     kill = annotations.get(ANNOTATION_INJECT_KILL_STEP, "")
     if kill.isdigit() and attempt == 0:
         env[contract.ENV_INJECT_KILL_AT_STEP] = kill

@@ -218,14 +218,29 @@ def _failed(
 
 
 def _rank_failed(draft: Draft, plan: Plan, job: JobSummary, measured: int | None, detail: str) -> None:
-    """A rank of a multi-node plan failed (not for memory, not an invalid plan): the Job's failure policy
-    ended every pod of the attempt together; the next attempt restarts all ranks from the last checkpoint
-    (decide.py counts these against recovery.maxRestarts)."""
-    reason = f"a rank of the {plan.nodes}-node gang failed: {detail}"[:1024]
-    draft.finish_attempt(AttemptOutcome.RANK_FAILED, measured=measured, reason=reason)
-    draft.set(c.RUNNING, False, c.RANK_FAILED, reason)
-    draft.enter(Phase.REPLANNING, f"attempt {plan.attempt}: {reason}; restarting every rank from the last checkpoint")
-    draft.event(c.RANK_FAILED, f"training Job {job.name}: {reason}", warning=True)
+    """A rank of a multi-node plan failed (not for memory, not an invalid plan) or was disrupted: the Job's
+    failure policy ended every pod of the attempt together. A failure restarts all ranks from the last
+    checkpoint (decide.py counts these against recovery.maxRestarts); a disruption (the node drained,
+    lost or pre-empted) re-plans onto the capacity left, possibly fewer nodes, and every rank resumes from
+    the last checkpoint (a re-plan: recovery.maxReplans)."""
+    if _disrupted(job):
+        reason = f"a rank of the {plan.nodes}-node gang was disrupted (node drained, lost or pre-empted): {detail}"
+        outcome, why, then = AttemptOutcome.RANK_DISRUPTED, c.RANK_DISRUPTED, "re-planning onto the capacity left"
+    else:
+        reason = f"a rank of the {plan.nodes}-node gang failed: {detail}"
+        outcome, why, then = AttemptOutcome.RANK_FAILED, c.RANK_FAILED, "restarting every rank"
+    reason = reason[:1024]
+    draft.finish_attempt(outcome, measured=measured, reason=reason)
+    draft.set(c.RUNNING, False, why, reason)
+    draft.enter(Phase.REPLANNING, f"attempt {plan.attempt}: {reason}; {then} from the last checkpoint")
+    draft.event(why, f"training Job {job.name}: {reason}", warning=True)
+
+
+def _disrupted(job: JobSummary) -> bool:
+    """The Job failed on its DisruptionTarget rule: the job controller's message names the condition
+    ("Pod <ns>/<name> has condition DisruptionTarget matching FailJob rule at index 0"); an evicted or
+    garbage-collected pod may be gone by now, so its own conditions cannot be read."""
+    return job.failure_reason == "PodFailurePolicy" and "condition DisruptionTarget" in (job.failure_message or "")
 
 
 def _over_plan(draft: Draft, snap: Snapshot, plan: Plan, job: JobSummary, peak: int, message: dict[str, object],
