@@ -789,3 +789,17 @@ def test_a_single_node_training_failure_still_fails_the_job() -> None:
     h.reconcile()
     assert h.condition("Failed")[:2] == ("True", "TrainingFailed")
     assert [a.outcome for a in h.stored.attempts] == [AttemptOutcome.FAILED]
+
+
+def test_a_disrupted_rank_replans_onto_the_capacity_left_and_spends_a_replan_not_a_restart() -> None:
+    h = two_node_gang(maxRestarts=0, maxReplans=1)
+    h.pods["j-train-0-1"]["status"] = {"phase": "Failed", **terminated(143, "", reason="Error")}
+    h.finish("j-train-0", failed=True, reason="PodFailurePolicy",
+             message="Pod default/j-train-0-1 has condition DisruptionTarget matching FailJob rule at index 0")
+    decision = h.reconcile()
+    first = h.stored.attempts[0]
+    assert first.outcome == AttemptOutcome.RANK_DISRUPTED and decision.replans == (AttemptOutcome.RANK_DISRUPTED,)
+    assert first.reason.startswith("a rank of the 2-node gang was disrupted (node drained, lost or pre-empted)")
+    assert h.condition("Running")[:2] == ("False", "RankDisrupted")
+    h.reconcile()  # maxRestarts 0 is not spent: the next attempt is launched
+    assert "Job/j-train-1" in h.children() and h.condition("Failed")[0] != "True"
