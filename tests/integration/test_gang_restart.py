@@ -9,31 +9,21 @@ is the reference)."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from gang_helpers import POOL, gang_pool, terminated, uninterrupted_final_loss
+from gang_helpers import POOL, gang_pool, operator, terminated, uninterrupted_final_loss
 from memfit_testbed.cluster_helpers import Kube
 from memfit_testbed.operator_helpers import create_job, quickstart, wait_phase
-from operator_ready import module_operator
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
-__all__ = ["gang_pool"]  # the fixture, imported
+__all__ = ["gang_pool", "operator"]  # the fixtures, imported
 TIMEOUT = 600.0
 JOB = "gang"
 MAX_STEPS = 30
 EVERY = 5
 KILL_AT = 13  # rank 1, after the step-10 checkpoint
-
-
-@pytest.fixture(scope="module")
-def operator(
-    cluster: Any, kube: Kube, tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
-) -> Iterator[Path]:
-    with module_operator(cluster, kube, request, tmp_path_factory) as (log, _):
-        yield log
 
 
 def test_a_killed_rank_restarts_both_ranks_from_the_checkpoint_and_the_run_ends_as_uninterrupted(

@@ -8,32 +8,22 @@ where an uninterrupted run of the same samples ends."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from gang_helpers import POOL, gang_pool, terminated, uninterrupted_final_loss
+from gang_helpers import POOL, gang_pool, operator, terminated, uninterrupted_final_loss
 from kubernetes import client
 from memfit_testbed.cluster_helpers import Kube
 from memfit_testbed.operator_helpers import create_job, quickstart, wait_phase
-from operator_ready import module_operator
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
-__all__ = ["gang_pool"]  # the fixture, imported
+__all__ = ["gang_pool", "operator"]  # the fixtures, imported
 TIMEOUT = 600.0
 JOB = "nodeloss"
 MAX_STEPS = 30
 EVERY = 5
 HOLD_AT = 13  # both ranks stall here in the first attempt, after the step-10 checkpoint
-
-
-@pytest.fixture(scope="module")
-def operator(
-    cluster: Any, kube: Kube, tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
-) -> Iterator[Path]:
-    with module_operator(cluster, kube, request, tmp_path_factory) as (log, _):
-        yield log
 
 
 def test_a_drained_node_replans_the_gang_onto_the_node_left_and_resumes_resharded(
