@@ -4,7 +4,7 @@ SHELL := /bin/bash
 
 VENV ?= $(HOME)/.cache/memfit/venv-py311
 PY := $(VENV)/bin/python
-PURE := operator/memfit/api operator/memfit/memory operator/memfit/timing operator/memfit/planner operator/memfit/kube operator/memfit/lifecycle operator/memfit/catalog.py
+PURE := operator/memfit/api operator/memfit/memory operator/memfit/timing operator/memfit/planner operator/memfit/kube operator/memfit/lifecycle operator/memfit/catalog.py operator/memfit/mig.py
 export TORCH_EXTENSIONS_DIR ?= $(HOME)/.cache/memfit/torch_extensions
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 

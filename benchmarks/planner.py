@@ -66,7 +66,7 @@ from provenance import stamp
 ROOT = Path(__file__).resolve().parent
 DEFAULT_OUT = ROOT / "results" / "planner.json"
 # The sources this benchmark measures (a change to any of them makes planner.json stale).
-MEASURES = ["operator/memfit/planner", "operator/memfit/memory", "operator/memfit/catalog.py",
+MEASURES = ["operator/memfit/planner", "operator/memfit/memory", "operator/memfit/catalog.py", "operator/memfit/mig.py",
             *(f"operator/memfit/api/{m}.py" for m in ("common", "job", "plan", "pool", "problem", "profile",
                                                        "training_config")),
             "operator/memfit/cli/cluster.py", "examples/gpunodepools.yaml", "benchmarks/planner.py"]

@@ -23,13 +23,24 @@ SIMULATED_GPU_ANNOTATION = "memfit.dev/simulated-gpu"  # the pod runner passes i
 
 
 @dataclass(frozen=True)
+class MigSlices:
+    """GPUs of each node partitioned into one MIG profile, as NVIDIA's device plugin (mixed strategy)
+    and GPU Feature Discovery show them: `count` slices per node, each of `memory_mib`."""
+
+    profile: str
+    count: int
+    memory_mib: int
+
+
+@dataclass(frozen=True)
 class Gpu:
     product: str
     memory_mib: int
-    count: int
+    count: int  # whole GPUs per node (not partitioned)
     family: str = ""
     compute_major: int | None = None
     compute_minor: int | None = None
+    mig: tuple[MigSlices, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -54,7 +65,9 @@ class Pool:
         if g:
             gpu = Gpu(product=g["product"], memory_mib=int(g["memoryMiB"]), count=int(g["count"]),
                       family=g.get("family", ""), compute_major=g.get("computeMajor"),
-                      compute_minor=g.get("computeMinor"))
+                      compute_minor=g.get("computeMinor"),
+                      mig=tuple(MigSlices(m["profile"], int(m["count"]), int(m["memoryMiB"]))
+                                for m in g.get("mig", ())))
         return Pool(name=d["name"], nodes=int(d["nodes"]), instance_type=d["instanceType"],
                     capacity_type=d["capacityType"], cpu=str(d["cpu"]), memory=str(d["memory"]),
                     zone=d.get("zone", ""), pods=str(d.get("pods", "110")), gpu=gpu,
@@ -90,6 +103,12 @@ class Pool:
                 labels["nvidia.com/gpu.compute.major"] = str(g.compute_major)
                 labels["nvidia.com/gpu.compute.minor"] = str(g.compute_minor or 0)
             resources[GPU] = str(g.count)
+            if g.mig:
+                labels["nvidia.com/mig.strategy"] = "mixed"
+            for piece in g.mig:
+                resource = f"nvidia.com/mig-{piece.profile}"
+                labels |= {f"{resource}.count": str(piece.count), f"{resource}.memory": str(piece.memory_mib)}
+                resources[resource] = str(piece.count)
             taints.append({"key": GPU, "value": "present", "effect": "NoSchedule"})
         annotations = {"kwok.x-k8s.io/node": "fake"}
         if self.simulated_gpu is not None:

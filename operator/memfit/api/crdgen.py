@@ -22,7 +22,7 @@ from memfit.api.finetune_rules import (
 from memfit.api.job import MemoryOptimizedTrainingJobSpec, MemoryOptimizedTrainingJobStatus
 from memfit.api.own_code_rules import CEL_RULES as OWN_CODE_CEL_RULES
 from memfit.api.pod_template_rules import CEL_RULES as POD_TEMPLATE_CEL_RULES
-from memfit.api.pool import GPUNodePoolSpec, GPUNodePoolStatus
+from memfit.api.pool import MIG_CEL_RULES, GPUNodePoolSpec, GPUNodePoolStatus
 
 MAX_JOB_NAME = 40  # same bound as memfit.kube.names.MAX_JOB_NAME
 
@@ -197,6 +197,7 @@ CEL_RULES: dict[str, list[dict[str, str]]] = {
     ],
 }
 CEL_RULES.update(POD_TEMPLATE_CEL_RULES)
+CEL_RULES["GPUNodePool.spec.gpu.mig"] = MIG_CEL_RULES
 for _path, _rules in OWN_CODE_CEL_RULES.items():
     CEL_RULES[_path] = CEL_RULES.get(_path, []) + _rules
 # A path on a volume claim is relative and has no `..` segment (`finetune_rules.escapes`, same regex).

@@ -5,7 +5,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from memfit.api.common import LIST_MAX, ApiModel, Condition, Toleration
 from memfit.api.job import ObjectMeta
@@ -20,6 +20,61 @@ class CapacityType(StrEnum):
 class IntraNode(StrEnum):
     NVLINK = "nvlink"
     PCIE = "pcie"
+
+
+MIG_PROFILE = r"^[1-7]g\.[0-9]{1,4}gb(\+me)?$"
+
+
+class MigSpec(ApiModel):
+    """The pool's GPUs are MIG-partitioned: its pods get slices of one profile (memfit.mig)."""
+
+    profile: str = Field(
+        min_length=5, max_length=16, pattern=MIG_PROFILE,
+        description="MIG profile of the slices (1g.10gb, 3g.40gb...): the pods request the device plugin's "
+        "nvidia.com/mig-<profile> (mixed strategy). A pool has one profile; another profile on the same "
+        "nodes is another pool.",
+    )
+    per_gpu: int | None = Field(
+        default=None, ge=1, le=7, alias="perGPU",
+        description="Slices of this profile per GPU; default the most the profile allows (1g.10gb: 7).",
+    )
+    compute_fraction: float | None = Field(
+        default=None, gt=0, le=1,
+        description="Share of the GPU's SMs in one slice; default from the profile (1g: 1/7, 3g: 3/7).",
+    )
+    memory_fraction: float | None = Field(
+        default=None, gt=0, le=1,
+        description="Share of the GPU's memory (and its bandwidth) in one slice; default from the profile "
+        "(1g.10gb on an 80 GB GPU: 1/8).",
+    )
+
+
+    @model_validator(mode="after")
+    def _fits_one_gpu(self) -> MigSpec:
+        for message in mig_problems(self.profile, self.per_gpu, self.compute_fraction):
+            raise ValueError(message)
+        return self
+
+
+# A GPU has seven compute slices; the digit before `g` is a profile's (NVIDIA MIG User Guide).
+MIG_SLICES_MESSAGE = "gpu.mig.perGPU x the profile's compute slices (the digit before g) must be at most 7"
+MIG_COMPUTE_MESSAGE = "gpu.mig.computeFraction x gpu.mig.perGPU must be at most 1 (one GPU's compute)"
+MIG_CEL_RULES: list[dict[str, str]] = [
+    {"rule": "!has(self.perGPU) || int(self.profile.substring(0, 1)) * self.perGPU <= 7",
+     "message": MIG_SLICES_MESSAGE, "fieldPath": ".perGPU", "reason": "FieldValueInvalid"},
+    {"rule": "!has(self.perGPU) || !has(self.computeFraction) || self.computeFraction * double(self.perGPU) <= 1.0",
+     "message": MIG_COMPUTE_MESSAGE, "fieldPath": ".computeFraction", "reason": "FieldValueInvalid"},
+]
+
+
+def mig_problems(profile: str, per_gpu: int | None, compute_fraction: float | None) -> list[str]:
+    """What the CRD's CEL rules refuse in a pool's gpu.mig, in the same words."""
+    out: list[str] = []
+    if per_gpu is not None and int(profile[0]) * per_gpu > 7:
+        out.append(MIG_SLICES_MESSAGE)
+    if per_gpu is not None and compute_fraction is not None and compute_fraction * per_gpu > 1.0:
+        out.append(MIG_COMPUTE_MESSAGE)
+    return out
 
 
 class GPUSpec(ApiModel):
@@ -40,6 +95,11 @@ class GPUSpec(ApiModel):
     memory_bandwidth_g_bps: float | None = Field(
         default=None, gt=0, le=100_000, alias="memoryBandwidthGBps",
         description="GPU memory bandwidth, GB/s (datasheet); default from the catalog for a known product.",
+    )
+    mig: MigSpec | None = Field(
+        default=None,
+        description="MIG slices instead of whole GPUs; memoryMiB is then one slice's (GFD's "
+        "nvidia.com/mig-<profile>.memory label), perNode still counts physical GPUs.",
     )
 
 

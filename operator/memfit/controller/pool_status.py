@@ -4,30 +4,33 @@ from __future__ import annotations
 
 from typing import Any
 
+from pydantic import ValidationError
+
+from memfit.api.pool import GPUNodePool
 from memfit.controller.kubeapi import KubeApi
-from memfit.lifecycle.capacity import gpus_requested_by_node, observe_pool_capacity
+from memfit.lifecycle.capacity import observe_pools
 
 
 def reconcile_pools(api: KubeApi, *, nodes: list[dict[str, Any]] | None = None) -> int:
     """Update every pool's status from Nodes (read now unless given) and Pods; returns how many were
-    patched."""
-    pools = api.list_pools()
-    if not pools:
+    patched. A MIG pool counts its profile's slices (memfit.mig)."""
+    raw = api.list_pools()
+    if not raw:
         return 0
+    pools: list[GPUNodePool] = []
+    for item in raw:
+        try:
+            pools.append(GPUNodePool.model_validate(item | {"status": None}))
+        except ValidationError:
+            continue  # the world observation logs it
     nodes = api.list_nodes() if nodes is None else nodes
-    used = gpus_requested_by_node(api.list_active_pods())
+    capacity = observe_pools(pools, nodes=nodes, pods=api.list_active_pods())
+    current = {item["metadata"]["name"]: item.get("status") or {} for item in raw}
     patched = 0
     for pool in pools:
-        spec = pool.get("spec") or {}
-        capacity = observe_pool_capacity(
-            selector=dict(spec.get("nodeSelector") or {}),
-            gpus_per_node=int((spec.get("gpu") or {}).get("perNode", 1)),
-            nodes=nodes,
-            used_by_node=used,
-        )
-        current = pool.get("status") or {}
-        wanted = capacity.to_status()
-        if any(current.get(k) != v for k, v in wanted.items()):
-            api.patch_pool_status(pool["metadata"]["name"], wanted)
+        name = pool.metadata.name
+        wanted = capacity[name].to_status()
+        if any(current[name].get(k) != v for k, v in wanted.items()):
+            api.patch_pool_status(name, wanted)
             patched += 1
     return patched

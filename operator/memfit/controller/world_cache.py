@@ -13,7 +13,7 @@ from pydantic import ValidationError
 
 from memfit.api.pool import GPUNodePool
 from memfit.controller.kubeapi import KubeApi
-from memfit.lifecycle.capacity import gpus_requested_by_node, observe_pool_capacity
+from memfit.lifecycle.capacity import observe_pools
 from memfit.lifecycle.world import World
 
 log = logging.getLogger(__name__)
@@ -32,13 +32,7 @@ def observe_world(
         except ValidationError as error:
             log.warning("ignoring invalid GPUNodePool %s: %s", raw.get("metadata", {}).get("name"), error)
     nodes = api.list_nodes() if nodes is None else nodes
-    used = gpus_requested_by_node(api.list_active_pods() if pods is None else pods)
-    capacity = {
-        p.metadata.name: observe_pool_capacity(
-            selector=p.spec.node_selector, gpus_per_node=p.spec.gpu.per_node, nodes=nodes, used_by_node=used
-        )
-        for p in pools
-    }
+    capacity = observe_pools(pools, nodes=nodes, pods=api.list_active_pods() if pods is None else pods)
     return World(tuple(sorted(pools, key=lambda p: p.metadata.name)), capacity)
 
 

@@ -43,6 +43,7 @@ class Placement:
     pool: str
     node_selector: dict[str, str]
     tolerations: tuple[Toleration, ...] = ()
+    gpu_resource: str = GPU_RESOURCE  # what a pod requests per GPU: nvidia.com/gpu or a MIG profile's
 
 
 @dataclass(frozen=True, slots=True)

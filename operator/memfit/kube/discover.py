@@ -11,6 +11,8 @@ Manifest = dict[str, Any]
 PRODUCT = "nvidia.com/gpu.product"
 MEMORY = "nvidia.com/gpu.memory"
 COUNT = "nvidia.com/gpu.count"
+MIG_STRATEGY = "nvidia.com/mig.strategy"
+MIG_COUNT = re.compile(r"^nvidia\.com/mig-([1-7]g\.[0-9]+gb(?:\+me)?)\.count$")
 INSTANCE_TYPE = "node.kubernetes.io/instance-type"
 CAPACITY_TYPES = ("karpenter.sh/capacity-type", "eks.amazonaws.com/capacityType")
 SPOT_LABELS = {"cloud.google.com/gke-spot": "true", "kubernetes.azure.com/scalesetpriority": "spot"}
@@ -47,28 +49,51 @@ def _name(product: str, per_node: int, capacity: str, instance: str) -> str:
     return base[:63].strip("-")
 
 
+def _mig_slices(labels: dict[str, str]) -> list[tuple[str, int, str | None]]:
+    """(profile, slices on the node, MiB per slice) from GFD's labels of a `mixed`-strategy MIG node."""
+    out = []
+    for key, value in labels.items():
+        if (found := MIG_COUNT.match(key)) and value.isdigit() and int(value) > 0:
+            out.append((found.group(1), int(value), labels.get(f"nvidia.com/mig-{found.group(1)}.memory")))
+    return sorted(out)
+
+
+def _whole_gpus(node: Manifest, labels: dict[str, str]) -> int:
+    """GPUs per node; on a `mixed` MIG node only the unpartitioned ones (the device plugin's nvidia.com/gpu)."""
+    if labels.get(MIG_STRATEGY) != "mixed":
+        return int(labels.get(COUNT, "1") or 1)
+    allocatable = str(((node.get("status") or {}).get("allocatable") or {}).get("nvidia.com/gpu", "0"))
+    return int(allocatable) if allocatable.isdigit() else 0
+
+
 def discover_pools(nodes: list[Manifest]) -> list[Manifest]:
-    """One GPUNodePool per (product, GPUs per node, instance type, capacity type), sorted by name."""
-    groups: dict[tuple[str, int, str, str], dict[str, Any]] = {}
+    """One GPUNodePool per (product, GPUs per node, instance type, capacity type), sorted by name; on MIG
+    nodes (`mixed` strategy) one more per MIG profile, whose GPUs are the profile's slices (memfit.mig)."""
+    groups: dict[tuple[str, int, str, str, str], dict[str, Any]] = {}
     for node in nodes:
         labels: dict[str, str] = (node.get("metadata") or {}).get("labels") or {}
         product = labels.get(PRODUCT)
         if not product:
             continue
-        per_node = int(labels.get(COUNT, "1") or 1)
         instance = labels.get(INSTANCE_TYPE, "")
         capacity, capacity_selector = _capacity(labels)
-        key = (product, per_node, instance, capacity)
-        group = groups.setdefault(
-            key, {"nodes": 0, "memory": labels.get(MEMORY), "selector": capacity_selector}
-        )
-        group["nodes"] += 1
+        devices = [("", _whole_gpus(node, labels), labels.get(MEMORY))]
+        devices += [(f"{profile}", count, memory) for profile, count, memory in _mig_slices(labels)]
+        for profile, per_node, memory in devices:
+            if per_node <= 0:
+                continue
+            group = groups.setdefault((product, per_node, instance, capacity, profile),
+                                      {"nodes": 0, "memory": memory, "selector": capacity_selector})
+            group["nodes"] += 1
     pools = []
-    for (product, per_node, instance, capacity), group in groups.items():
+    for (product, per_node, instance, capacity, profile), group in groups.items():
         selector = {PRODUCT: product} | ({INSTANCE_TYPE: instance} if instance else {}) | group["selector"]
         gpu: dict[str, Any] = {"product": product, "perNode": per_node}
         if group["memory"] and str(group["memory"]).isdigit():
             gpu["memoryMiB"] = int(group["memory"])
+        if profile:  # each slice a GPU of the pool, priced at its share of the GPU's compute
+            gpu["mig"] = {"profile": profile, "perGPU": 1}
+            selector[MIG_STRATEGY] = "mixed"
         spec: dict[str, Any] = {
             "gpu": gpu,
             "nodeSelector": selector,
@@ -78,12 +103,16 @@ def discover_pools(nodes: list[Manifest]) -> list[Manifest]:
         }
         known = find_gpu(product)
         if known is not None:
-            spec["pricePerNodeHour"] = round(known.price_per_gpu_hour * per_node, 3)
+            share = int(profile[0]) / 7 if profile else 1.0
+            spec["pricePerNodeHour"] = round(known.price_per_gpu_hour * share * per_node, 3)
+        name = _name(product, per_node, capacity, instance)
+        if profile:
+            name = f"{name[:50]}-mig-{profile.replace('.', '-')}"
         pools.append(
             {
                 "apiVersion": "memfit.dev/v1alpha1",
                 "kind": "GPUNodePool",
-                "metadata": {"name": _name(product, per_node, capacity, instance)},
+                "metadata": {"name": name},
                 "spec": spec,
             }
         )

@@ -9,7 +9,6 @@ from memfit.api import pod as contract
 from memfit.api.pod_template import PodTemplate
 from memfit.api.problem import HuggingFaceProblem, Problem
 from memfit.kube.common import (
-    GPU_RESOURCE,
     Manifest,
     Owner,
     Placement,
@@ -100,7 +99,7 @@ def build_profile_job(
                  "--optimizer", optimizer, "--optimizer8bit", _toggle(optimizer8bit),
                  *(["--depth", "reduced"] if depth == "reduced" else []), *peft_args],
         "env": [{"name": contract.ENV_JOB, "value": owner.name}, *model_env],
-        "resources": {"limits": {GPU_RESOURCE: "1"}},
+        "resources": {"limits": {placement.gpu_resource: "1"}},
         "terminationMessagePath": "/dev/termination-log",
         "terminationMessagePolicy": "File",
         "securityContext": container_security_context(),

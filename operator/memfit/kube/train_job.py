@@ -11,7 +11,6 @@ from memfit.api.plan import Plan
 from memfit.api.termination import DEFAULT_TERMINATION_MESSAGE_PATH, EXIT_INVALID_PLAN, FAIL_JOB_EXIT_CODES
 from memfit.kube.checkpoints import checkpoint_volume
 from memfit.kube.common import (
-    GPU_RESOURCE,
     Manifest,
     Owner,
     Placement,
@@ -260,7 +259,7 @@ def build_training_job(
         volumes.append(
             {"name": "nvme", "emptyDir": {"sizeLimit": str(plan.memory.nvme_bytes * plan.gpus_per_node)}}
         )
-    resources: Manifest = {"limits": {GPU_RESOURCE: str(plan.gpus_per_node)}}
+    resources: Manifest = {"limits": {placement.gpu_resource: str(plan.gpus_per_node)}}
     host_bytes = plan.memory.host_bytes * plan.gpus_per_node
     if host_bytes:
         # Offloaded optimizer state lives in host RAM (plus /dev/shm, which counts against the limit).

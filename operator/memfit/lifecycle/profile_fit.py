@@ -28,6 +28,7 @@ from memfit.memory.predict import memory_terms
 from memfit.memory.problems import ShapeError, shape_from_problem
 from memfit.memory.shape import Shape
 from memfit.memory.strategy import Strategy
+from memfit.mig import resolve_slice
 from memfit.planner import ANALYTIC_HEADROOM_PERCENT
 
 __all__ = ["ANALYTIC", "ANALYTIC_HEADROOM_PERCENT", "FULL", "REDUCED", "ProfilingChoice", "choose_profiling", "fits"]
@@ -52,10 +53,13 @@ class ProfilingChoice:
 
 
 def usable_bytes(pool: GPUNodePool, catalog: GpuCatalog) -> int | None:
-    """The pool's usable bytes per GPU (spec, else catalog); None when neither says."""
+    """The pool's usable bytes per GPU, or per MIG slice (spec, else catalog); None when neither says."""
+    gpu = catalog.find(pool.spec.gpu.product)
+    if pool.spec.gpu.mig is not None:
+        piece = resolve_slice(pool.spec.gpu, gpu)
+        return None if isinstance(piece, str) else piece.usable_mib * MIB
     if pool.spec.gpu.memory_mi_b is not None:
         return pool.spec.gpu.memory_mi_b * MIB
-    gpu = catalog.find(pool.spec.gpu.product)
     return gpu.usable_mib * MIB if gpu else None
 
 

@@ -18,6 +18,7 @@ from memfit.api.job import (
 from memfit.api.peft_layers import resolve_targets
 from memfit.api.pool import GPUNodePool
 from memfit.api.profile import Profile
+from memfit.catalog import GpuCatalog
 from memfit.kube.common import Placement
 from memfit.kube.names import LABEL_POOL, profile_cache_name, profile_job_name
 from memfit.kube.profile_cache import CachedProfile, build_profile_cache
@@ -41,6 +42,7 @@ from memfit.lifecycle.snapshot import LaunchSettings, Snapshot
 from memfit.lifecycle.spend import run_spend
 from memfit.lifecycle.world import World
 from memfit.memory.problems import ShapeError, shape_from_problem
+from memfit.mig import devices_per_node, resource_name
 from memfit.planner.offers import Offer, resolve_offer
 
 
@@ -95,7 +97,7 @@ def profiling_choice(spec: MemoryOptimizedTrainingJobSpec, world: World) -> Prof
     if spec.profiling.node_pool != "auto":
         pool = world.pool(spec.profiling.node_pool)
         return choose_profiling(spec, [pool] if pool else [], world.catalog)
-    return choose_profiling(spec, _by_price(_allowed(spec, world)), world.catalog)
+    return choose_profiling(spec, _by_price(_allowed(spec, world), world.catalog), world.catalog)
 
 
 def _allowed(spec: MemoryOptimizedTrainingJobSpec, world: World) -> list[GPUNodePool]:
@@ -107,15 +109,20 @@ def _allowed(spec: MemoryOptimizedTrainingJobSpec, world: World) -> list[GPUNode
             and not (template and template.selector_conflicts(p.spec.node_selector))]
 
 
-def _by_price(pools: list[GPUNodePool]) -> list[GPUNodePool]:
-    return sorted(pools, key=lambda p: ((p.spec.price_per_node_hour or 0.0) / p.spec.gpu.per_node, p.metadata.name))
+def _per_device(pool: GPUNodePool, catalog: GpuCatalog) -> float:
+    """The pool's price per GPU (or MIG slice) and hour, as stated (0 when it leaves the price to the catalog)."""
+    return (pool.spec.price_per_node_hour or 0.0) / devices_per_node(pool.spec.gpu, catalog.find(pool.spec.gpu.product))
+
+
+def _by_price(pools: list[GPUNodePool], catalog: GpuCatalog) -> list[GPUNodePool]:
+    return sorted(pools, key=lambda p: (_per_device(p, catalog), p.metadata.name))
 
 
 def _profiling_product(spec: MemoryOptimizedTrainingJobSpec, world: World) -> str:
     if spec.profiling.node_pool != "auto":
         pool = world.pool(spec.profiling.node_pool)
         return pool.spec.gpu.product if pool else "unknown"
-    allowed = _by_price(_allowed(spec, world))
+    allowed = _by_price(_allowed(spec, world), world.catalog)
     return allowed[0].spec.gpu.product if allowed else "any"
 
 
@@ -266,7 +273,7 @@ def _move_queued(
               and (choice.pool is None or fits(spec, p, choice.depth, world.catalog))]
     if not others:
         return False
-    target = _by_price(others)[0].metadata.name
+    target = _by_price(others, world.catalog)[0].metadata.name
     msg = (f"LocalQueue {job.queue} has not admitted profiling Job {job.name} on {pool} for {waited}s "
            f"(capacityTimeoutSeconds {timeout}; {quota.describe()}); profiling on {target}, which has quota")
     draft.effects.append(Delete(job.name))
@@ -405,9 +412,8 @@ def profiling_placement(
 
     def rank(p: GPUNodePool) -> tuple[int, int, float, str]:
         free = world.capacity.get(p.metadata.name)
-        price = p.spec.price_per_node_hour or 0.0
         no_quota = 1 if quota is not None and quota.free(p.metadata.name) == 0 else 0  # Kueue could not admit it
-        return (no_quota, 0 if free and free.free_gpus > 0 else 1, price / p.spec.gpu.per_node, p.metadata.name)
+        return (no_quota, 0 if free and free.free_gpus > 0 else 1, _per_device(p, world.catalog), p.metadata.name)
 
     return placement_of(min(allowed, key=rank))
 
@@ -417,6 +423,7 @@ def placement_of(pool: GPUNodePool) -> Placement:
         pool=pool.metadata.name,
         node_selector=dict(pool.spec.node_selector),
         tolerations=tuple(pool.spec.tolerations),
+        gpu_resource=resource_name(pool.spec.gpu),
     )
 
 

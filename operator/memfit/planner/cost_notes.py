@@ -41,7 +41,8 @@ def part_of_node_note(chosen: Candidate, offer: Offer) -> str:
         return ""
     where = "a node other pods already use" if chosen.shared_node else "a node"
     rest = "" if chosen.shared_node else f"; the other {per_node - k} stay free for other pods"
-    return (f"uses {k} of the {per_node} GPUs of {where} ({offer.pool}): priced {k}/{per_node} of "
+    devices = f"MIG {offer.mig_profile} slices" if offer.mig_profile else "GPUs"
+    return (f"uses {k} of the {per_node} {devices} of {where} ({offer.pool}): priced {k}/{per_node} of "
             f"${offer.price_per_node_hour:.2f}/h{rest}")
 
 

@@ -12,7 +12,7 @@ plan then says so (`Layout.shared_node`).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from memfit.api.job import ObjectMeta
 from memfit.api.pod_template import PodTemplate
@@ -25,6 +25,7 @@ from memfit.api.pool import (
     IntraNode,
 )
 from memfit.catalog import GpuCatalog, GPUModel
+from memfit.mig import WHOLE_GPU_RESOURCE, MigSlice, resolve_slice
 from memfit.planner.measured import DeviceTerms
 from memfit.timing.step import (
     DEFAULT_MATMUL_EFFICIENCY,
@@ -107,6 +108,10 @@ class Offer:
     # they leave for an uncorrected prediction, and this is the GPU's own usable memory.
     device: DeviceTerms | None = None
     physical_usable_bytes: int | None = None
+    # The extended resource a pod requests (a MIG profile's for a slice pool), and whether a plan is one
+    # process on one device (a MIG slice: NCCL does not run across MIG instances).
+    gpu_resource: str = WHOLE_GPU_RESOURCE
+    mig_profile: str | None = None
 
     @property
     def usable_gib(self) -> float:
@@ -126,6 +131,11 @@ class Offer:
         top = self.max_nodes if max_nodes is None else min(self.max_nodes, max_nodes)
         if free is not None:
             top = min(top, free.whole_nodes)
+        if self.mig_profile is not None:  # one slice, one process
+            shared = free is not None and free.most_on_a_shared_node >= 1
+            if free is None or shared or free.whole_nodes > 0:
+                return [Layout(1, 1, self.price_per_node_hour / per_node, shared_node=shared)]
+            return []
         out: list[Layout] = []
         k = 1
         while k < per_node:
@@ -149,6 +159,14 @@ class PoolRejection:
 
     def __str__(self) -> str:
         return f"{self.pool}: {self.reason}"
+
+
+def _slice_speed(speed: GpuSpeed, piece: MigSlice) -> GpuSpeed:
+    """A MIG slice's rates: its SM share of the compute, its memory share of the bandwidth."""
+    c = piece.compute_fraction
+    return replace(speed, bf16_tflops=speed.bf16_tflops * c, fp16_tflops=speed.fp16_tflops * c,
+                   fp32_tflops=speed.fp32_tflops * c, tf32_tflops=speed.tf32_tflops * c,
+                   sm_count=max(1, round(speed.sm_count * c)), hbm_gbps=speed.hbm_gbps * piece.memory_fraction)
 
 
 def _speed(spec: GPUNodePoolSpec, gpu: GPUModel | None) -> tuple[GpuSpeed, bool, list[str]]:
@@ -216,14 +234,21 @@ def resolve_offer(pool: GPUNodePool, *, catalog: GpuCatalog,
             "set gpu.memoryMiB (and pricePerNodeHour)",
         )
     usable_mib = spec.gpu.memory_mi_b if spec.gpu.memory_mi_b is not None else (gpu.usable_mib if gpu else 0)
+    piece: MigSlice | None = None
+    if spec.gpu.mig is not None:
+        resolved_slice = resolve_slice(spec.gpu, gpu)
+        if isinstance(resolved_slice, str):
+            return PoolRejection(name, resolved_slice)
+        piece, usable_mib = resolved_slice, resolved_slice.usable_mib
     if usable_mib <= 0:
         return PoolRejection(name, "gpu.memoryMiB is 0: a GPU without memory cannot hold a training job")
-    per_node = spec.gpu.per_node
+    gpus = spec.gpu.per_node
+    per_node = gpus * piece.per_gpu if piece is not None else gpus  # what a node offers pods
     price = spec.price_per_node_hour
     if price is None:
         if gpu is None:
             return PoolRejection(name, f"no price: {spec.gpu.product!r} is not in the catalog; set pricePerNodeHour")
-        price = gpu.price_per_gpu_hour * per_node
+        price = gpu.price_per_gpu_hour * gpus
     if price < 0:
         return PoolRejection(name, f"pricePerNodeHour is negative ({price}); set the real price per node-hour")
     if price == 0:
@@ -239,11 +264,18 @@ def resolve_offer(pool: GPUNodePool, *, catalog: GpuCatalog,
         return PoolRejection(name, "no free GPUs right now")
     host_gib = spec.host.memory_gi_b
     if host_gib is None and gpu is not None:
-        host_gib = gpu.host_memory_gib_per_gpu * per_node
+        host_gib = gpu.host_memory_gib_per_gpu * gpus
     nvme_gib = spec.host.nvme_gi_b
     if nvme_gib is None:
-        nvme_gib = gpu.nvme_gib_per_gpu * per_node if gpu is not None else 0
+        nvme_gib = gpu.nvme_gib_per_gpu * gpus if gpu is not None else 0
+    host_bytes = host_gib * GIB if host_gib is not None else None
+    nvme_bytes = nvme_gib * GIB
     speed, bf16, notes = _speed(spec, gpu)
+    if piece is not None:  # one slice: its share of the node's host RAM and NVMe, its share of the GPU
+        host_bytes = host_bytes // per_node if host_bytes is not None else None
+        nvme_bytes //= per_node
+        speed = _slice_speed(speed, piece)
+        product = f"{product}-MIG-{piece.profile}"  # GPU Feature Discovery's name for a MIG device
     return Offer(
         pool=name,
         product=product,
@@ -255,11 +287,13 @@ def resolve_offer(pool: GPUNodePool, *, catalog: GpuCatalog,
         interruption_rate_per_hour=interruption_rate(spec, catalog),
         capacity_type=spec.capacity_type.value,
         price_per_node_hour=price,
-        host_bytes_per_node=host_gib * GIB if host_gib is not None else None,
-        nvme_bytes_per_node=nvme_gib * GIB,
+        host_bytes_per_node=host_bytes,
+        nvme_bytes_per_node=nvme_bytes,
         speed=speed,
         supports_bf16=bf16,
         notes=tuple(notes),
+        gpu_resource=piece.resource if piece is not None else WHOLE_GPU_RESOURCE,
+        mig_profile=piece.profile if piece is not None else None,
     )
 
 

@@ -54,3 +54,25 @@ def test_unknown_product_gets_no_price_but_a_valid_name() -> None:
     )
     assert pools[0]["metadata"]["name"] == "nvidia-gb300-x8"
     assert "pricePerNodeHour" not in pools[0]["spec"]
+
+
+def test_a_mixed_strategy_mig_node_gives_a_pool_per_profile_and_one_for_its_whole_gpus() -> None:
+    labels = {
+        "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3", "nvidia.com/gpu.count": "8",
+        "nvidia.com/gpu.memory": "81559", "nvidia.com/mig.strategy": "mixed",
+        "nvidia.com/mig-1g.10gb.count": "14", "nvidia.com/mig-1g.10gb.memory": "9856",
+        "nvidia.com/mig-3g.40gb.count": "4", "nvidia.com/mig-3g.40gb.memory": "40192",
+        "node.kubernetes.io/instance-type": "p5.48xlarge",
+    }
+    mig_node = node("dgx", **labels) | {"status": {"allocatable": {"nvidia.com/gpu": "4"}}}
+    pools = {p["metadata"]["name"]: p["spec"] for p in discover_pools([mig_node])}
+    assert sorted(pools) == ["h100-80-p5-48xlarge", "h100-80-p5-48xlarge-mig-1g-10gb",
+                             "h100-80-p5-48xlarge-mig-3g-40gb"]
+    whole, small = pools["h100-80-p5-48xlarge"], pools["h100-80-p5-48xlarge-mig-1g-10gb"]
+    assert whole["gpu"]["perNode"] == 4  # the unpartitioned GPUs, not GFD's count of all eight
+    assert small["gpu"] == {"product": "NVIDIA-H100-80GB-HBM3", "perNode": 14, "memoryMiB": 9856,
+                            "mig": {"profile": "1g.10gb", "perGPU": 1}}
+    assert small["pricePerNodeHour"] == round(6.88 / 7 * 14, 3)  # each slice its 1/7 of the GPU
+    assert small["nodeSelector"]["nvidia.com/mig.strategy"] == "mixed"
+    for name, spec in pools.items():
+        GPUNodePool.model_validate({"metadata": {"name": name}, "spec": spec})
