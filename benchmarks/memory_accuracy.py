@@ -50,9 +50,12 @@ from provenance import stamp  # noqa: E402
 DEFAULT_OUT = ROOT / "results" / "memory_accuracy.json"
 QUICK_OUT = ROOT / "results" / "memory_accuracy_quick.json"
 PEFT_OUT = ROOT / "results" / "memory_accuracy_peft.json"
-# The sources this benchmark measures: the memory model, the contracts, the trainer and profiler that
-# produce the truth and the profiles, and the benchmark itself.
-MEASURES = ["operator/memfit/memory", "operator/memfit/api", "trainer-image/memfit_trainer",
+# The sources this benchmark measures: the memory model, the contracts a prediction or a profile goes
+# through (not the GPUNodePool model nor the CRD generator: no case reads a pool), the trainer and profiler
+# that produce the truth and the profiles, and the benchmark itself.
+_API = sorted(f"operator/memfit/api/{p.name}" for p in (ROOT.parent / "operator" / "memfit" / "api").glob("*.py")
+              if p.name not in ("pool.py", "crdgen.py"))
+MEASURES = ["operator/memfit/memory", *_API, "trainer-image/memfit_trainer",
             "benchmarks/memory_accuracy.py", "benchmarks/memory_accuracy_cases.py",
             "benchmarks/memory_accuracy_peers.py", "benchmarks/memory_accuracy_worker.py"]
 WORKER = ROOT / "memory_accuracy_worker.py"
