@@ -47,6 +47,7 @@ from memfit.api.pool import GPUNodePool
 from memfit.catalog import CATALOG
 from memfit.cli.cluster import quiet_garbage_collector
 from memfit.cli.inputs import load_pools
+from memfit.mig import profiles
 from memfit.planner import (
     catalog_pools,
     plan,
@@ -144,7 +145,7 @@ def case_spec(model: str, seq: int, global_batch: int, steps: int, *, max_nodes:
 
 
 def benchmark_pools() -> list[GPUNodePool]:
-    """10 pools: the catalog's 8 GPUs (8 per node) plus 1-GPU L4 and T4 spot pools."""
+    """One pool per catalog GPU (8 per node) plus 1-GPU L4 and T4 spot pools."""
     pools = catalog_pools(CATALOG)
     for name, product, price in (("l4-spot", "NVIDIA-L4", 0.35), ("t4-spot", "Tesla-T4", 0.22)):
         pools.append(GPUNodePool.model_validate({
@@ -153,6 +154,23 @@ def benchmark_pools() -> list[GPUNodePool]:
                      "maxNodes": 8, "host": {"memoryGiB": 16, "nvmeGiB": 250},
                      "interconnect": {"intraNode": "pcie", "interNodeGbps": 25}},
         }))
+    return pools
+
+
+def mig_pools() -> list[GPUNodePool]:
+    """MIG slice pools (docs/mig.md): 1g and 3g profiles of the A100-80GB, H100 and H200, 8 GPUs a node."""
+    pools = []
+    for key in ("a100-80", "h100-80", "h200"):
+        gpu = CATALOG.find(key)
+        assert gpu is not None
+        for profile in profiles(gpu):
+            if profile.name[0] not in "13" or profile.max_per_gpu not in (7, 2):
+                continue  # 1g (the small one, seven a GPU) and 3g (two a GPU)
+            pools.append(GPUNodePool.model_validate({
+                "metadata": {"name": f"{key}-mig-{profile.name.replace('.', '-')}"},
+                "spec": {"gpu": {"product": gpu.product, "perNode": 8, "mig": {"profile": profile.name}},
+                         "pricePerNodeHour": round(gpu.price_per_gpu_hour * 8, 4), "maxNodes": 8},
+            }))
     return pools
 
 
@@ -190,12 +208,13 @@ def _timed_plans(specs: list[MemoryOptimizedTrainingJobSpec], pools: list[GPUNod
     return times, cpu
 
 
-def bench_latency(repeats: int) -> dict[str, Any]:
+def bench_latency(repeats: int, pools: list[GPUNodePool] | None = None) -> dict[str, Any]:
     """Each case planned as a new job (the target) and again as a re-plan of a job already planned (the
     operator's next capacity snapshot, the next job of a sweep), with the garbage collector set as the
     operator sets it (`memfit.cli.cluster.quiet_garbage_collector`), where every plan it makes runs;
-    first plans also with the interpreter's default collector (`default_gc_*`: `memfit plan` on a laptop)."""
-    pools = benchmark_pools()
+    first plans also with the interpreter's default collector (`default_gc_*`: `memfit plan` on a laptop).
+    `pools`: default the 10 benchmark pools."""
+    pools = benchmark_pools() if pools is None else pools
     specs = [case_spec(m, s, g, n) for _, m, _, s, g, n in CASES]
     for spec in specs:  # warm imports and caches outside the timing
         plan(spec, pools=pools, catalog=CATALOG)
@@ -254,10 +273,14 @@ def random_case(rng: random.Random) -> tuple[MemoryOptimizedTrainingJobSpec, lis
     pools = []
     for i in range(rng.randint(1, 3)):
         gpu = rng.choice(CATALOG.gpus)
+        slices = profiles(gpu)
+        mig = {"mig": {"profile": rng.choice(slices).name}} if slices and rng.random() < 0.3 else {}
         pools.append(GPUNodePool.model_validate({
             "metadata": {"name": f"pool-{i}"},
             "spec": {"gpu": {"product": gpu.product, "perNode": rng.choice([1, 2, 4]),
-                             "memoryMiB": rng.choice([gpu.usable_mib, gpu.usable_mib // 4, 3000])},
+                             "memoryMiB": rng.choice([gpu.usable_mib // 8, gpu.usable_mib // 4, 3000]
+                                                     if mig else [gpu.usable_mib, gpu.usable_mib // 4, 3000]),
+                             **mig},
                      "pricePerNodeHour": round(rng.uniform(0.2, 30), 3), "maxNodes": 2,
                      "host": {"memoryGiB": rng.choice([8, 64, 512]), "nvmeGiB": rng.choice([0, 500])}},
         }))
@@ -441,6 +464,9 @@ def print_report(report: dict[str, Any]) -> None:
           f"p99 {lat['cpu_p99']} ms; load average {lat['load_average_1m']} on {os.cpu_count()} CPUs; "
           f"a re-plan of the same job: p50 {lat['replan_p50']} ms, p99 {lat['replan_p99']} ms; with the "
           f"interpreter's default garbage collector: p50 {lat['default_gc_p50']} ms, p99 {lat['default_gc_p99']} ms")
+    mig = report["latency_ms_with_mig_pools"]
+    print(f"latency with {mig['pools']} pools (6 MIG slice pools added): p50 {mig['p50']} ms, p99 {mig['p99']} ms; "
+          f"a re-plan p99 {mig['replan_p99']} ms")
     detail = report["optimality_detail"]
     print(f"optimality: {opt:.3f} ({detail['equal']}/{detail['specs']} random specs equal to brute force; "
           f"planner {detail['planner_seconds_total']} s vs brute force {detail['brute_force_seconds_total']} s)")
@@ -478,12 +504,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=20260)
     args = parser.parse_args(argv)
     latency = bench_latency(repeats=2 if args.quick else 20)
+    latency_mig = bench_latency(repeats=2 if args.quick else 20, pools=benchmark_pools() + mig_pools())
     optimality = bench_optimality(count=10 if args.quick else 200, seed=args.seed)
     savings = bench_savings()
     report = {
         "command": "python benchmarks/planner.py" + (" --quick" if args.quick else ""),
         "machine": {"python": platform.python_version(), "processor": platform.machine(), "cpus": os.cpu_count()},
         "latency_ms": latency,
+        "latency_ms_with_mig_pools": latency_mig,
         "optimality": optimality["fraction"],
         "optimality_detail": optimality,
         "savings": savings,

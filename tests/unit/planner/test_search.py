@@ -9,6 +9,7 @@ from memfit.api.common import Engine
 from memfit.api.job import MemoryOptimizedTrainingJobSpec, Minimize
 from memfit.api.pool import GPUNodePool
 from memfit.catalog import CATALOG
+from memfit.mig import profiles
 from memfit.planner import PlanResult, plan, resolve_offers, resolve_shape, search, search_context
 from memfit.planner.reference import best_objective
 from memfit.planner.search import TIE_TOLERANCE, best_on_offer, objective_key, tier
@@ -70,12 +71,18 @@ def varied_specs_and_pools(draw: st.DrawFn) -> tuple[MemoryOptimizedTrainingJobS
         body["strategy"]["optimizerInBackward"] = draw(st.sampled_from(["auto", "auto", "enabled", "disabled"]))
     body["strategy"]["chunkedLoss"] = draw(st.sampled_from(["auto", "auto", "disabled"]))
     pools = [
-        make_pool(f"p{i}", draw(st.sampled_from(PRODUCTS)), per_node=draw(st.sampled_from([1, 2, 4])),
+        make_pool(f"p{i}", product, per_node=draw(st.sampled_from([1, 2, 4])),
                   memory_mib=max(200, int(approx_parameters * draw(st.floats(1.0, 24.0)) / 2**20)), max_nodes=2,
-                  host_gib=draw(st.sampled_from([1, 4, 64])))
-        for i in range(draw(st.integers(1, 2)))
+                  host_gib=draw(st.sampled_from([1, 4, 64])), gpu_extra=draw(_mig_of(product)))
+        for i, product in enumerate(draw(st.lists(st.sampled_from(PRODUCTS), min_size=1, max_size=2)))
     ]
     return MemoryOptimizedTrainingJobSpec.model_validate(body), pools
+
+
+def _mig_of(product: str) -> st.SearchStrategy[dict[str, object] | None]:
+    """Whole GPUs, or (a MIG-capable GPU) slices of one of its profiles: one process per plan."""
+    names = [p.name for p in profiles(CATALOG.find(product))]
+    return st.one_of(st.none(), st.sampled_from([{"mig": {"profile": n}} for n in names])) if names else st.none()
 
 
 def _objective(spec: MemoryOptimizedTrainingJobSpec, chosen: object) -> float:
