@@ -20,6 +20,7 @@ NAMESPACED: Rules = {
     ("", "configmaps"): CRUD_CHILD,
     ("", "persistentvolumeclaims"): frozenset({"create", "get"}),  # <job>-checkpoints; deleted by the GC
     ("", "events"): frozenset({"create", "patch"}),
+    ("resource.k8s.io", "resourceclaimtemplates"): frozenset({"create", "get"}),  # a DRA pool's, per attempt
 }
 KUEUE: Rules = {("kueue.x-k8s.io", "workloads"): READ, ("kueue.x-k8s.io", "localqueues"): READ}
 KUEUE_CLUSTER: Rules = {("kueue.x-k8s.io", "clusterqueues"): READ}
@@ -40,6 +41,9 @@ CLUSTER: Rules = {
     ("memfit.dev", "gpunodepools/status"): frozenset({"get", "patch", "update"}),
     ("apiextensions.k8s.io", "customresourcedefinitions"): frozenset({"list", "watch"}),
     ("", "namespaces"): frozenset({"list", "watch"}),
+    ("resource.k8s.io", "resourceslices"): frozenset({"list"}),
+    ("resource.k8s.io", "resourceclaims"): frozenset({"list"}),
+    ("resource.k8s.io", "deviceclasses"): frozenset({"list"}),
 }
 
 # Requests the operator must never be allowed (any scope it runs with).

@@ -28,6 +28,10 @@
 - apiGroups: [""]
   resources: [events]
   verbs: [create, patch]
+{{- /* a DRA pool's device claims: one ResourceClaimTemplate per attempt (owned by the job, docs/dra.md). */}}
+- apiGroups: [resource.k8s.io]
+  resources: [resourceclaimtemplates]
+  verbs: [create, get]
 {{- if .Values.kueue.enabled }}
 {{- /* Workloads: the Queued condition; LocalQueues: the ClusterQueue whose quota planning respects. */}}
 - apiGroups: [kueue.x-k8s.io]
@@ -48,6 +52,10 @@
 - apiGroups: [memfit.dev]
   resources: [gpunodepools/status]
   verbs: [get, patch, update]
+{{- /* DRA pools' capacity: the devices drivers publish, the claims that hold them, the classes that exist. */}}
+- apiGroups: [resource.k8s.io]
+  resources: [resourceslices, resourceclaims, deviceclasses]
+  verbs: [list]
 {{- /* kopf watches CRDs and namespaces to follow its resources. */}}
 - apiGroups: [apiextensions.k8s.io]
   resources: [customresourcedefinitions]

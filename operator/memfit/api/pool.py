@@ -77,6 +77,25 @@ def mig_problems(profile: str, per_gpu: int | None, compute_fraction: float | No
     return out
 
 
+DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+
+
+class DraSpec(ApiModel):
+    """The pool's GPUs are requested through Dynamic Resource Allocation (resource.k8s.io/v1), not the
+    device plugin's extended resource (memfit.kube.dra)."""
+
+    device_class_name: str = Field(
+        min_length=1, max_length=253, pattern=DNS_SUBDOMAIN,
+        description="DeviceClass of the pool's devices (NVIDIA's DRA driver: gpu.nvidia.com for whole GPUs, "
+        "mig.nvidia.com for MIG slices).",
+    )
+    driver: str = Field(
+        default="gpu.nvidia.com", min_length=1, max_length=63, pattern=DNS_SUBDOMAIN,
+        description="The DRA driver whose attributes and capacity the claims' selector reads "
+        "(device.capacity[driver].memory, device.attributes[driver].profile).",
+    )
+
+
 class GPUSpec(ApiModel):
     """The GPUs of each node; unset fields come from the built-in catalog for a known product."""
 
@@ -95,6 +114,11 @@ class GPUSpec(ApiModel):
     memory_bandwidth_g_bps: float | None = Field(
         default=None, gt=0, le=100_000, alias="memoryBandwidthGBps",
         description="GPU memory bandwidth, GB/s (datasheet); default from the catalog for a known product.",
+    )
+    dra: DraSpec | None = Field(
+        default=None,
+        description="Request the GPUs through DRA ResourceClaims (a claim per pod: the plan's GPU count, a "
+        "selector requiring the predicted peak plus headroom of device memory); unset: nvidia.com/gpu.",
     )
     mig: MigSpec | None = Field(
         default=None,

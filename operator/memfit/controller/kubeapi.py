@@ -17,6 +17,7 @@ from memfit.controller.settled_pods import SettledPods
 from memfit.controller.trainer_metrics import read_trainer_metrics
 from memfit.controller.watched_jobs import WatchedJobs
 from memfit.kube.profile_cache import CachedProfile, parse_profile_cache
+from memfit.lifecycle.dra_capacity import DraInventory
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +33,9 @@ CREATED = {
     "ConfigMap": "/api/v1/namespaces/{namespace}/configmaps",
     "Service": "/api/v1/namespaces/{namespace}/services",
     "PersistentVolumeClaim": "/api/v1/namespaces/{namespace}/persistentvolumeclaims",
+    "ResourceClaimTemplate": "/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaimtemplates",
 }
+DRA = "/apis/resource.k8s.io/v1"
 # Kept-alive connections beyond one per reconcile worker: the resync loop, the event posters, the pool
 # snapshot and the AdmissionCheck's loop. A pool smaller than the threads using it drops (and later
 # re-opens, with a TLS handshake) a connection whenever more threads than it holds are in a request.
@@ -234,6 +237,15 @@ class KubeApi:
     def list_nodes(self) -> list[Manifest]:
         return list(self._request("GET", "/api/v1/nodes").get("items") or [])
 
+    def list_dra(self) -> DraInventory:
+        """What DRA pools are counted from: every ResourceSlice, the allocated ResourceClaims and the
+        DeviceClass names (memfit.lifecycle.dra_capacity)."""
+        slices = self._request("GET", f"{DRA}/resourceslices").get("items") or []
+        claims = self._request("GET", f"{DRA}/resourceclaims").get("items") or []
+        classes = self._request("GET", f"{DRA}/deviceclasses").get("items") or []
+        return DraInventory(slices=list(slices), claims=[c for c in claims if (c.get("status") or {}).get("allocation")],
+                            device_classes=frozenset(str(c["metadata"]["name"]) for c in classes))
+
     def list_active_pods(self) -> list[Manifest]:
         """Pods bound to a node and not finished, in every namespace: the ones that hold GPUs."""
         selector = "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed"
@@ -337,6 +349,8 @@ class KubeApi:
             )
         if kind == "PersistentVolumeClaim":
             return self.get_claim(namespace, name)
+        if kind == "ResourceClaimTemplate":
+            return _or_none(lambda: self._request("GET", f"{DRA}/namespaces/{namespace}/resourceclaimtemplates/{name}"))
         raise ValueError(f"memfit does not read {kind}")
 
 

@@ -8,6 +8,7 @@ from pydantic import ValidationError
 
 from memfit.api.pool import GPUNodePool
 from memfit.controller.kubeapi import KubeApi
+from memfit.controller.world_cache import read_dra
 from memfit.lifecycle.capacity import observe_pools
 
 
@@ -24,11 +25,13 @@ def reconcile_pools(api: KubeApi, *, nodes: list[dict[str, Any]] | None = None) 
         except ValidationError:
             continue  # the world observation logs it
     nodes = api.list_nodes() if nodes is None else nodes
-    capacity = observe_pools(pools, nodes=nodes, pods=api.list_active_pods())
+    capacity = observe_pools(pools, nodes=nodes, pods=api.list_active_pods(), dra=read_dra(api, pools))
     current = {item["metadata"]["name"]: item.get("status") or {} for item in raw}
     patched = 0
     for pool in pools:
         name = pool.metadata.name
+        if name not in capacity:
+            continue  # a DRA pool whose devices could not be read
         wanted = capacity[name].to_status()
         if any(current[name].get(k) != v for k, v in wanted.items()):
             api.patch_pool_status(name, wanted)

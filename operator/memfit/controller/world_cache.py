@@ -9,11 +9,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
 
 from memfit.api.pool import GPUNodePool
 from memfit.controller.kubeapi import KubeApi
 from memfit.lifecycle.capacity import observe_pools
+from memfit.lifecycle.dra_capacity import DraInventory
 from memfit.lifecycle.world import World
 
 log = logging.getLogger(__name__)
@@ -32,8 +34,23 @@ def observe_world(
         except ValidationError as error:
             log.warning("ignoring invalid GPUNodePool %s: %s", raw.get("metadata", {}).get("name"), error)
     nodes = api.list_nodes() if nodes is None else nodes
-    capacity = observe_pools(pools, nodes=nodes, pods=api.list_active_pods() if pods is None else pods)
-    return World(tuple(sorted(pools, key=lambda p: p.metadata.name)), capacity)
+    dra = read_dra(api, pools)
+    capacity = observe_pools(pools, nodes=nodes, pods=api.list_active_pods() if pods is None else pods, dra=dra)
+    return World(tuple(sorted(pools, key=lambda p: p.metadata.name)), capacity,
+                 device_classes=dra.device_classes if dra is not None else None)
+
+
+def read_dra(api: KubeApi, pools: list[GPUNodePool]) -> DraInventory | None:
+    """ResourceSlices, allocated claims and DeviceClasses, read only when a pool requests GPUs by DRA
+    (None otherwise, or when the cluster does not serve resource.k8s.io/v1: its DRA pools' capacity is
+    then unknown and their DeviceClass unchecked)."""
+    if not any(p.spec.gpu.dra is not None for p in pools):
+        return None
+    try:
+        return api.list_dra()
+    except ApiException as error:
+        log.warning("DRA pools: could not read resource.k8s.io/v1 (%s %s)", error.status, error.reason)
+        return None
 
 
 class WorldCache:

@@ -37,6 +37,16 @@ class Owner:
 
 
 @dataclass(frozen=True, slots=True)
+class DeviceRequest:
+    """How a DRA pool's pods ask for devices (memfit.kube.dra): the DeviceClass, the driver whose
+    attributes and capacity the selector reads, and the MIG profile of a slice pool."""
+
+    device_class: str
+    driver: str
+    mig_profile: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Placement:
     """Where pods go: a pool's node selector and tolerations."""
 
@@ -44,6 +54,7 @@ class Placement:
     node_selector: dict[str, str]
     tolerations: tuple[Toleration, ...] = ()
     gpu_resource: str = GPU_RESOURCE  # what a pod requests per GPU: nvidia.com/gpu or a MIG profile's
+    dra: DeviceRequest | None = None  # a DRA pool: a ResourceClaim per pod instead of gpu_resource
 
 
 @dataclass(frozen=True, slots=True)

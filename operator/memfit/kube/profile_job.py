@@ -18,6 +18,7 @@ from memfit.kube.common import (
     pod_security_context,
     tolerations,
 )
+from memfit.kube.dra import build_claim_template, claim_template_name, use_claim
 from memfit.kube.hub import profile_model_access
 from memfit.kube.kueue import LABEL_QUEUE
 from memfit.kube.names import (
@@ -99,7 +100,7 @@ def build_profile_job(
                  "--optimizer", optimizer, "--optimizer8bit", _toggle(optimizer8bit),
                  *(["--depth", "reduced"] if depth == "reduced" else []), *peft_args],
         "env": [{"name": contract.ENV_JOB, "value": owner.name}, *model_env],
-        "resources": {"limits": {placement.gpu_resource: "1"}},
+        "resources": {} if placement.dra else {"limits": {placement.gpu_resource: "1"}},
         "terminationMessagePath": "/dev/termination-log",
         "terminationMessagePolicy": "File",
         "securityContext": container_security_context(),
@@ -124,6 +125,8 @@ def build_profile_job(
     }
     if pod.service_account:
         pod_spec["serviceAccountName"] = pod.service_account
+    if placement.dra is not None:  # one device of the pool's class by claim (profile_claim_template)
+        use_claim(pod_spec, container, claim_template_name(profile_job_name(owner.name)))
     job_labels_ = labels | ({LABEL_QUEUE: queue} if queue else {})
     return {
         "apiVersion": "batch/v1",
@@ -142,3 +145,13 @@ def build_profile_job(
 def _toggle(value: str) -> str:
     """A Toggle (`auto`, `enabled`, `disabled`) as the profiler's --optimizer8bit choice (auto, on, off)."""
     return {"enabled": "on", "disabled": "off", "on": "on", "off": "off"}.get(str(value).lower(), "auto")
+
+
+def profile_claim_template(*, owner: Owner, placement: Placement) -> Manifest | None:
+    """The ResourceClaimTemplate of the profiling Job on a DRA pool (None otherwise): one device of the
+    pool's class (and MIG profile); the profile measures what the job needs, so no memory floor."""
+    if placement.dra is None:
+        return None
+    labels = job_labels(owner.name, COMPONENT_PROFILER) | {LABEL_POOL: placement.pool}
+    return build_claim_template(owner=owner, name=claim_template_name(profile_job_name(owner.name)),
+                                request=placement.dra, count=1, min_bytes=None, labels=labels)

@@ -20,6 +20,7 @@ from memfit.kube.common import (
     pod_security_context,
     tolerations,
 )
+from memfit.kube.dra import build_claim_template, claim_template_name, use_claim
 from memfit.kube.hub import hub_env
 from memfit.kube.kueue import LABEL_QUEUE
 from memfit.kube.names import (
@@ -259,7 +260,7 @@ def build_training_job(
         volumes.append(
             {"name": "nvme", "emptyDir": {"sizeLimit": str(plan.memory.nvme_bytes * plan.gpus_per_node)}}
         )
-    resources: Manifest = {"limits": {placement.gpu_resource: str(plan.gpus_per_node)}}
+    resources: Manifest = {} if placement.dra else {"limits": {placement.gpu_resource: str(plan.gpus_per_node)}}
     host_bytes = plan.memory.host_bytes * plan.gpus_per_node
     if host_bytes:
         # Offloaded optimizer state lives in host RAM (plus /dev/shm, which counts against the limit).
@@ -301,6 +302,8 @@ def build_training_job(
     if needs_download(spec):
         pod_spec["initContainers"] = [_fetch_container(spec, pod)]
     apply_own_container(pod_spec, spec.container, plan, pod, plan_path=PLAN_PATH)
+    if placement.dra is not None:  # the plan's GPUs by claim (memfit.kube.dra.training_claim_template)
+        use_claim(pod_spec, pod_spec["containers"][0], claim_template_name(name))
     if spec.scheduling.priority_class_name:
         pod_spec["priorityClassName"] = spec.scheduling.priority_class_name
     if pod.service_account:
@@ -363,3 +366,15 @@ def _fetch_failure_rule(spec: MemoryOptimizedTrainingJobSpec) -> list[Manifest]:
     return [{"action": "FailJob", "onExitCodes": rule}]
 
 
+
+
+def training_claim_template(*, owner: Owner, plan: Plan, placement: Placement) -> Manifest | None:
+    """The ResourceClaimTemplate of a training attempt on a DRA pool (None on a device-plugin pool): the
+    plan's GPUs per pod, each with the predicted peak plus the plan's headroom of memory."""
+    if placement.dra is None:
+        return None
+    need = int(plan.memory.peak_bytes * (1 + plan.headroom_percent / 100))
+    name = train_job_name(owner.name, plan.attempt)
+    labels = job_labels(owner.name, COMPONENT_TRAINER) | {LABEL_ATTEMPT: str(plan.attempt), LABEL_POOL: placement.pool}
+    return build_claim_template(owner=owner, name=claim_template_name(name), request=placement.dra,
+                                count=plan.gpus_per_node, min_bytes=need, labels=labels)

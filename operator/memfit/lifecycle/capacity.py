@@ -10,6 +10,7 @@ from typing import Any
 from memfit.api.pool import GPUNodePool
 from memfit.catalog import CATALOG, GpuCatalog
 from memfit.kube.common import GPU_RESOURCE
+from memfit.lifecycle.dra_capacity import DraInventory, allocated, devices_by_node
 from memfit.lifecycle.world import PoolCapacity
 from memfit.mig import devices_per_node, resource_name
 
@@ -53,10 +54,11 @@ def gpus_requested_by_node(pods: list[Manifest], resource: str = GPU_RESOURCE) -
 
 def observe_pool_capacity(
     *, selector: dict[str, str], gpus_per_node: int, nodes: list[Manifest], used_by_node: dict[str, int],
-    resource: str = GPU_RESOURCE,
+    resource: str = GPU_RESOURCE, allocatable_by_node: dict[str, int] | None = None,
 ) -> PoolCapacity:
     """Capacity of the pool whose node selector is `selector`, counted in `resource` (whole GPUs, or the
-    slices of a MIG profile; `gpus_per_node` then counts slices)."""
+    slices of a MIG profile; `gpus_per_node` then counts slices), or in the devices `allocatable_by_node`
+    gives (a DRA pool's, lifecycle.dra_capacity)."""
     members = [n for n in nodes if node_matches(n, selector)]
     ready = [n for n in members if node_ready(n)]
     allocatable = 0
@@ -64,8 +66,12 @@ def observe_pool_capacity(
     whole = 0
     shared: list[int] = []
     for node in ready:
-        alloc = _quantity(((node.get("status") or {}).get("allocatable") or {}).get(resource, 0))
-        node_free = max(0, alloc - used_by_node.get(node["metadata"]["name"], 0))
+        name = node["metadata"]["name"]
+        if allocatable_by_node is not None:
+            alloc = allocatable_by_node.get(name, 0)
+        else:
+            alloc = _quantity(((node.get("status") or {}).get("allocatable") or {}).get(resource, 0))
+        node_free = max(0, alloc - used_by_node.get(name, 0))
         allocatable += alloc
         free += node_free
         if node_free >= max(1, gpus_per_node):
@@ -75,14 +81,34 @@ def observe_pool_capacity(
     return PoolCapacity(len(members), len(ready), allocatable, free, whole, tuple(sorted(shared, reverse=True)))
 
 
+def _dra_pool_capacity(pool: GPUNodePool, nodes: list[Manifest], inventory: DraInventory,
+                       gpus_per_node: int) -> PoolCapacity:
+    dra = pool.spec.gpu.dra
+    assert dra is not None
+    profile = pool.spec.gpu.mig.profile if pool.spec.gpu.mig is not None else None
+    devices = devices_by_node(inventory, driver=dra.driver, mig_profile=profile)
+    held = allocated(inventory, driver=dra.driver)
+    return observe_pool_capacity(
+        selector=pool.spec.node_selector, gpus_per_node=gpus_per_node, nodes=nodes,
+        allocatable_by_node={node: len(found) for node, found in devices.items()},
+        used_by_node={node: len(found & held) for node, found in devices.items()})
+
+
 def observe_pools(pools: Sequence[GPUNodePool], *, nodes: list[Manifest], pods: list[Manifest],
-                  catalog: GpuCatalog = CATALOG) -> dict[str, PoolCapacity]:
-    """Every pool's capacity, each counted in the resource its pods request (memfit.mig.resource_name)."""
-    used = {r: gpus_requested_by_node(pods, r) for r in {resource_name(p.spec.gpu) for p in pools}}
+                  catalog: GpuCatalog = CATALOG, dra: DraInventory | None = None) -> dict[str, PoolCapacity]:
+    """Every pool's capacity, each counted in the resource its pods request (memfit.mig.resource_name), or a
+    DRA pool's in the devices of its driver (`dra`; a DRA pool is left out when it is not given)."""
+    plugin = [p for p in pools if p.spec.gpu.dra is None]
+    used = {r: gpus_requested_by_node(pods, r) for r in {resource_name(p.spec.gpu) for p in plugin}}
     out: dict[str, PoolCapacity] = {}
     for pool in pools:
+        per_node = devices_per_node(pool.spec.gpu, catalog.find(pool.spec.gpu.product))
+        if pool.spec.gpu.dra is not None:
+            if dra is not None:
+                out[pool.metadata.name] = _dra_pool_capacity(pool, nodes, dra, per_node)
+            continue
         resource = resource_name(pool.spec.gpu)
         out[pool.metadata.name] = observe_pool_capacity(
             selector=pool.spec.node_selector, nodes=nodes, used_by_node=used[resource], resource=resource,
-            gpus_per_node=devices_per_node(pool.spec.gpu, catalog.find(pool.spec.gpu.product)))
+            gpus_per_node=per_node)
     return out

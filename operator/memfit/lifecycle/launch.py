@@ -32,6 +32,7 @@ from memfit.kube.train_job import (
     build_service,
     build_training_job,
     plan_json,
+    training_claim_template,
 )
 from memfit.lifecycle import conditions as c
 from memfit.lifecycle.draft import Draft
@@ -80,6 +81,7 @@ def launch_step(
                     catalog=world.catalog,
                     ignore_capacity=ignore_capacity,
                     quota=world.queue_quota,
+                    unusable=world.unusable_pools(),
                 )
 
         outcome = plan_attempt()
@@ -231,11 +233,14 @@ def launch_effects(
     if checkpoint_volume(spec, owner.name).kind == VolumeKind.CREATED:
         # Before the Job: its pods never wait on a claim nobody creates; owned, so deleted with the job.
         effects.append(Ensure(build_checkpoint_claim(owner=owner, plan=plan, storage=storage)))
+    placement = placement_of(pool)
+    if (claims := training_claim_template(owner=owner, plan=plan, placement=placement)) is not None:
+        effects.append(Ensure(claims))  # a DRA pool's: before the Job, so its pods find their template
     job = build_training_job(
         owner=owner,
         spec=spec,
         plan=plan,
-        placement=placement_of(pool),
+        placement=placement,
         pod=pod,
         suspend=bool(spec.scheduling.kueue_queue),
         extra_env=fault_injection(owner.annotations, plan.attempt),

@@ -221,14 +221,17 @@ def plan_job(
     catalog: GpuCatalog,
     ignore_capacity: bool = False,
     quota: QueueQuota | None = None,
+    unusable: Mapping[str, str] | None = None,
 ) -> PlanOutcome:
     """Plan attempt `attempt` of a job on the pools not excluded by earlier capacity failures.
 
     With `ignore_capacity` every pool counts as empty (up to maxNodes): whether the job could fit at
     all, which tells waiting for capacity apart from NoFit. With a Kueue `quota`, a pool also offers
     no more GPUs than the ClusterQueue can admit there now (its nominal quota with `ignore_capacity`):
-    memfit does not plan onto a pool whose quota cannot hold the plan."""
-    usable = [p for p in pools if p.metadata.name not in excluded_pools]
+    memfit does not plan onto a pool whose quota cannot hold the plan. `unusable` (pool -> why: World.
+    unusable_pools) are left out, and say why when nothing fits."""
+    unusable = unusable or {}
+    usable = [p for p in pools if p.metadata.name not in excluded_pools and p.metadata.name not in unusable]
     free: Mapping[str, int | FreeGpus] | None = None if ignore_capacity else free_gpus(usable, capacity)
     if quota is not None and free is None:
         free = {p.metadata.name: quota.nominal(p.metadata.name) for p in usable}  # a cap in GPUs
@@ -270,6 +273,8 @@ def plan_job(
             result = replace(result, reasons=(*result.reasons, note))
         if quota is not None:
             result = replace(result, reasons=(*result.reasons, quota.describe()))
+        if unusable:
+            result = replace(result, reasons=(*result.reasons, *(unusable[k] for k in sorted(unusable))))
         return PlanOutcome(None, None, result)
     chosen = result.plan.model_copy(
         update={

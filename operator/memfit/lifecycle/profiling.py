@@ -19,10 +19,10 @@ from memfit.api.peft_layers import resolve_targets
 from memfit.api.pool import GPUNodePool
 from memfit.api.profile import Profile
 from memfit.catalog import GpuCatalog
-from memfit.kube.common import Placement
+from memfit.kube.common import DeviceRequest, Placement
 from memfit.kube.names import LABEL_POOL, profile_cache_name, profile_job_name
 from memfit.kube.profile_cache import CachedProfile, build_profile_cache
-from memfit.kube.profile_job import build_profile_input, build_profile_job
+from memfit.kube.profile_job import build_profile_input, build_profile_job, profile_claim_template
 from memfit.lifecycle import conditions as c
 from memfit.lifecycle.draft import Draft
 from memfit.lifecycle.images import BLOCKER_REASONS, pod_blocker
@@ -104,8 +104,10 @@ def _allowed(spec: MemoryOptimizedTrainingJobSpec, world: World) -> list[GPUNode
     """The pools the job may use: named in placement.nodePools (all when empty), and with a node selector
     the podTemplate's terms do not contradict."""
     template = spec.pod_template
+    unusable = world.unusable_pools()
     return [p for p in world.pools
             if (not spec.placement.node_pools or p.metadata.name in spec.placement.node_pools)
+            and p.metadata.name not in unusable
             and not (template and template.selector_conflicts(p.spec.node_selector))]
 
 
@@ -163,6 +165,8 @@ def profile_step(
         draft.effects.append(
             Ensure(build_profile_input(owner=owner, problem=spec.problem, problem_hash=digest))
         )
+        if (claims := profile_claim_template(owner=owner, placement=placement)) is not None:
+            draft.effects.append(Ensure(claims))  # a DRA pool's device claim, before the Job
         draft.effects.append(
             Ensure(
                 build_profile_job(
@@ -418,12 +422,21 @@ def profiling_placement(
     return placement_of(min(allowed, key=rank))
 
 
+def device_request(pool: GPUNodePool) -> DeviceRequest | None:
+    """A DRA pool's request (its DeviceClass, driver and MIG profile); None for a device-plugin pool."""
+    gpu = pool.spec.gpu
+    if gpu.dra is None:
+        return None
+    return DeviceRequest(gpu.dra.device_class_name, gpu.dra.driver, gpu.mig.profile if gpu.mig else None)
+
+
 def placement_of(pool: GPUNodePool) -> Placement:
     return Placement(
         pool=pool.metadata.name,
         node_selector=dict(pool.spec.node_selector),
         tolerations=tuple(pool.spec.tolerations),
         gpu_resource=resource_name(pool.spec.gpu),
+        dra=device_request(pool),
     )
 
 

@@ -51,6 +51,7 @@ def move_if_another_pool_has_quota(
         job_name=snap.job.name,
         catalog=world.catalog,
         quota=quota,
+        unusable=world.unusable_pools(),
     )
     # The condition's message stays the same while nothing changes (no status write per resync).
     waiting = (f"LocalQueue {job.queue} has not admitted training Job {job.name} on {plan.node_pool} within "

@@ -44,6 +44,17 @@ class World:
     # The job's Kueue ClusterQueue quota (scheduling.kueueQueue); per job, so set with `replace` on the
     # shared world by the reader. None: no queue, or its ClusterQueue could not be read.
     queue_quota: QueueQuota | None = None
+    # The cluster's DeviceClass names, read when a pool requests its GPUs by DRA (None: not read).
+    device_classes: frozenset[str] | None = None
+
+    def unusable_pools(self) -> dict[str, str]:
+        """Pools no plan may use, and why, naming the field: a DRA pool whose DeviceClass does not exist."""
+        if self.device_classes is None:
+            return {}
+        return {p.metadata.name: f"{p.metadata.name}: gpu.dra.deviceClassName {p.spec.gpu.dra.device_class_name!r} "
+                f"is not a DeviceClass of the cluster (resource.k8s.io/v1)"
+                for p in self.pools if p.spec.gpu.dra is not None
+                and p.spec.gpu.dra.device_class_name not in self.device_classes}
 
     def pool(self, name: str) -> GPUNodePool | None:
         return next((p for p in self.pools if p.metadata.name == name), None)

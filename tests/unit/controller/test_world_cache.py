@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from memfit.controller.world_cache import WorldCache
+from memfit.controller.world_cache import WorldCache, observe_world
+from memfit.lifecycle.dra_capacity import DraInventory
 
 
 class CountingApi:
@@ -40,3 +41,30 @@ def test_nodes_are_reread_after_their_ttl_or_when_a_node_was_lost() -> None:
     cache.invalidate(nodes=True)  # a rank's node was drained: the next plan lists the Nodes again
     cache.get(api)  # type: ignore[arg-type]
     assert (cache.observations, api.node_lists) == (4, 2)
+
+
+class DraApi(CountingApi):
+    """A cluster with one DRA pool, or none; counts the resource.k8s.io reads."""
+
+    def __init__(self, pools: list[dict[str, Any]]) -> None:
+        super().__init__()
+        self.pools, self.dra_reads = pools, 0
+
+    def list_pools(self) -> list[dict[str, Any]]:
+        return list(self.pools)
+
+    def list_dra(self) -> DraInventory:
+        self.dra_reads += 1
+        return DraInventory(device_classes=frozenset({"gpu.nvidia.com"}))
+
+
+def test_dra_objects_are_read_only_when_a_pool_requests_gpus_by_claim() -> None:
+    plain = {"metadata": {"name": "l4"}, "spec": {"gpu": {"product": "NVIDIA-L4"}}}
+    api = DraApi([plain])
+    world = observe_world(api)  # type: ignore[arg-type]
+    assert (api.dra_reads, world.device_classes) == (0, None)
+    by_claim = {"metadata": {"name": "h100"},
+                "spec": {"gpu": {"product": "NVIDIA-H100-80GB-HBM3", "dra": {"deviceClassName": "gpu.nvidia.com"}}}}
+    api = DraApi([plain, by_claim])
+    world = observe_world(api)  # type: ignore[arg-type]
+    assert (api.dra_reads, world.device_classes) == (1, frozenset({"gpu.nvidia.com"}))
