@@ -112,3 +112,21 @@ def test_a_pool_whose_device_class_does_not_exist_is_not_planned_on(
     messages = " ".join(c.get("message", "") for c in job["status"].get("conditions", []))
     assert "gpu.dra.deviceClassName 'no-such-class.example.com' is not a DeviceClass" in messages, messages
     assert not kube.pods(namespace, "memfit.dev/job=no-class,memfit.dev/component=trainer")
+
+
+@pytest.mark.parametrize("pool", [("small-devices", dra_driver.GPU_CLASS)], indirect=True)
+def test_a_claim_no_device_can_hold_ends_the_attempt_no_capacity_with_the_schedulers_words(
+    kube: Kube, namespace: str, operator: Path, dra_nodes: list[str], pool: str
+) -> None:
+    # The pool's nodes narrowed to node 0, whose one device has 128 MiB: the planner counts the pool's
+    # 80 GB GPUs, the claim's memory floor (the plan's peak) lets the scheduler allocate nothing there.
+    custom = client.CustomObjectsApi(kube.api_client)
+    custom.patch_cluster_custom_object(GROUP, VERSION, "gpunodepools", pool, {"spec": {"nodeSelector": {
+        "memfit.dev/pool": NODE_POOL, "kubernetes.io/hostname": dra_nodes[0]}}})
+    doc = quickstart("too-small", placement={"maxNodes": 1, "nodePools": [pool]},
+                     recovery={"maxReplans": 0, "capacityTimeoutSeconds": 15})
+    create_job(kube, namespace, doc)
+    job = wait_phase(kube, namespace, "too-small", ("Failed", "Succeeded"), TIMEOUT, operator)
+    attempts = job["status"]["attempts"]
+    assert attempts[0]["outcome"] == "NoCapacity", attempts
+    assert "cannot allocate all claims" in attempts[0]["reason"], attempts[0]["reason"]
