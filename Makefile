@@ -8,7 +8,7 @@ PURE := operator/memfit/api operator/memfit/memory operator/memfit/timing operat
 export TORCH_EXTENSIONS_DIR ?= $(HOME)/.cache/memfit/torch_extensions
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: help venv testbin testbin-demo testbin-demo-node prometheus realnode lint test test-unit test-integration test-e2e test-realnode crds dashboard demo demo-realnode demo-finetune plan clean
+.PHONY: help venv testbin testbin-demo testbin-demo-node prometheus realnode lint test test-extended test-unit test-integration test-e2e test-realnode crds dashboard demo demo-realnode demo-finetune plan clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -59,8 +59,11 @@ test-e2e: venv testbin prometheus ## helm, Prometheus, images, helm install into
 test-realnode: venv testbin realnode ## kubelet + containerd node running the images built from our Dockerfiles
 	MEMFIT_REQUIRE_CLUSTER=$${MEMFIT_REQUIRE_CLUSTER:-1} $(PY) -m pytest tests/realnode -q -ra
 
-test: venv testbin prometheus realnode lint ## everything this machine supports: lint + unit + trainer + integration + e2e + realnode
-	MEMFIT_REQUIRE_CLUSTER=$${MEMFIT_REQUIRE_CLUSTER:-1} $(PY) -m pytest tests -q -ra --durations=30
+test: venv testbin prometheus realnode lint ## everything this machine supports: lint + unit + trainer + integration + e2e + realnode (not the `extended` tests)
+	MEMFIT_REQUIRE_CLUSTER=$${MEMFIT_REQUIRE_CLUSTER:-1} $(PY) -m pytest tests -q -ra --durations=30 -m "not extended"
+
+test-extended: venv testbin prometheus realnode ## the `extended` tests `make test` leaves out (docs/testing.md)
+	MEMFIT_REQUIRE_CLUSTER=$${MEMFIT_REQUIRE_CLUSTER:-1} $(PY) -m pytest tests -q -ra --durations=30 -m extended
 
 demo: venv testbin-demo ## local cluster + simulated GPU pools + operator: the quickstart to Succeeded (on the real node when it and its images are ready, else the local pod runner)
 	$(PY) hack/demo.py

@@ -15,7 +15,7 @@ from memfit_testbed.operator_helpers import operator_process
 from memfit_testbed.profiles import seed_profile
 from operator_ready import wait_healthy
 
-pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.extended]  # the campaign checks it at every stop: docs/testing.md
 TIMEOUT = 300.0
 
 

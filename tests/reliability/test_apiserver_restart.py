@@ -8,7 +8,7 @@ import pytest
 from memfit_testbed.reliability.chaos import ChaosCluster, new_namespace, operator_for, stop_checked
 from memfit_testbed.reliability.outage import run_restarts
 
-pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.extended]  # the campaign checks it at every stop: docs/testing.md
 
 
 def test_jobs_complete_across_apiserver_restarts(chaos_cluster: ChaosCluster, tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ from memfit_testbed.reliability.crash import EXPECTED, Campaign, lifecycle_doc, 
 from memfit_testbed.reliability.crashpoints import count_writes, drive, start_crash_runs
 from memfit_testbed.reliability.invariants import JobRecorder, check_world
 
-pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.extended]  # the campaign checks it at every stop: docs/testing.md
 
 
 def test_sigkill_cycles_keep_every_invariant(chaos_cluster: ChaosCluster, tmp_path: Path) -> None:

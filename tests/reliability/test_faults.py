@@ -23,7 +23,7 @@ from memfit_testbed.reliability.chaos import (
 from memfit_testbed.reliability.crash import make_roomy
 from memfit_testbed.reliability.faults import KWOK_FAULTS, consistent, plan_configmap_deleted
 
-pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.extended]  # the campaign checks it at every stop: docs/testing.md
 
 
 @pytest.fixture(scope="module")
