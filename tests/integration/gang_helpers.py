@@ -14,7 +14,6 @@ from typing import Any
 import pytest
 from kubernetes import client
 from memfit_testbed.cluster_helpers import Kube
-from operator_ready import module_operator
 
 POOL = "gang-t4"
 # The t4-spot KWOK nodes as a pool whose "GPU" is slow (0.5 GB/s of memory bandwidth: the tiny GPT is
@@ -28,14 +27,6 @@ GANG_POOL = {
              "pricePerNodeHour": 0.22, "capacityType": "on-demand", "maxNodes": 2,
              "interconnect": {"intraNode": "nvlink", "interNodeGbps": 3200}}}  # fmt: skip
 
-
-@pytest.fixture(scope="module")
-def operator(
-    cluster: Any, kube: Kube, tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
-) -> Iterator[Path]:
-    """The module's operator (its pod runner runs the trainers as local processes)."""
-    with module_operator(cluster, kube, request, tmp_path_factory) as (log, _):
-        yield log
 
 
 @pytest.fixture

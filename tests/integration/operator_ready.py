@@ -9,6 +9,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 
 def wait_healthy(port: int, log: Path, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
@@ -36,3 +38,11 @@ def module_operator(cluster: Any, kube: Any, request: Any, tmp_path_factory: Any
         wait_healthy(port, log)
         yield log, port
         assert proc.poll() is None, f"operator exited:\n{log.read_text()[-3000:]}"
+
+
+@pytest.fixture(scope="module")
+def operator(cluster: Any, kube: Any, tmp_path_factory: pytest.TempPathFactory,
+             request: pytest.FixtureRequest) -> Iterator[Path]:
+    """A module's operator with the chart's defaults, its log's path (import it where no setting differs)."""
+    with module_operator(cluster, kube, request, tmp_path_factory) as (log, _):
+        yield log

@@ -19,8 +19,9 @@ from memfit_testbed import dra_driver
 from memfit_testbed.cluster_helpers import Kube
 from memfit_testbed.kwok_pools import Pool, delete_pool, scale_pool
 from memfit_testbed.operator_helpers import create_job, quickstart, wait_phase
-from operator_ready import module_operator
+from operator_ready import operator
 
+__all__ = ["operator"]  # the module operator fixture, imported
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 GROUP, VERSION = "memfit.dev", "v1alpha1"
 NODE_POOL = "h100-dra"
@@ -33,12 +34,6 @@ def _pool(name: str, device_class: str) -> dict[str, Any]:
             "spec": {"gpu": {"product": "NVIDIA-H100-80GB-HBM3", "perNode": 1, "dra": {"deviceClassName": device_class}},
                      "nodeSelector": {"memfit.dev/pool": NODE_POOL}, "pricePerNodeHour": 6.88, "maxNodes": 2}}
 
-
-@pytest.fixture(scope="module")
-def operator(cluster: Any, kube: Kube, tmp_path_factory: pytest.TempPathFactory,
-             request: pytest.FixtureRequest) -> Iterator[Path]:
-    with module_operator(cluster, kube, request, tmp_path_factory) as (log, _):
-        yield log
 
 
 @pytest.fixture(scope="module")

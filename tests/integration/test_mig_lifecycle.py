@@ -17,8 +17,9 @@ from kubernetes import client
 from memfit_testbed.cluster_helpers import Kube
 from memfit_testbed.kwok_pools import Gpu, MigSlices, Pool, delete_pool, scale_pool
 from memfit_testbed.operator_helpers import create_job, quickstart, wait_phase
-from operator_ready import module_operator
+from operator_ready import operator
 
+__all__ = ["operator"]  # the module operator fixture, imported
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 GROUP, VERSION = "memfit.dev", "v1alpha1"
 H100 = "NVIDIA-H100-80GB-HBM3"
@@ -33,12 +34,6 @@ def _pool(name: str, mig: dict[str, Any] | None, **gpu: Any) -> dict[str, Any]:
                      "nodeSelector": {"memfit.dev/pool": NODE_POOL}, "pricePerNodeHour": 6.88, "maxNodes": 1,
                      "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]}}
 
-
-@pytest.fixture(scope="module")
-def operator(cluster: Any, kube: Kube, tmp_path_factory: pytest.TempPathFactory,
-             request: pytest.FixtureRequest) -> Iterator[Path]:
-    with module_operator(cluster, kube, request, tmp_path_factory) as (log, _):
-        yield log
 
 
 @pytest.fixture(scope="module")

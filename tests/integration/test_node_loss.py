@@ -12,10 +12,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from gang_helpers import POOL, gang_pool, operator, terminated, uninterrupted_final_loss
+from gang_helpers import POOL, gang_pool, terminated, uninterrupted_final_loss
 from kubernetes import client
 from memfit_testbed.cluster_helpers import Kube
 from memfit_testbed.operator_helpers import create_job, quickstart, wait_phase
+from operator_ready import operator
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 __all__ = ["gang_pool", "operator"]  # the fixtures, imported

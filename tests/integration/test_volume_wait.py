@@ -6,7 +6,6 @@ first attempt."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -14,8 +13,9 @@ import pytest
 from kubernetes import client
 from memfit_testbed.cluster_helpers import Kube
 from memfit_testbed.operator_helpers import create_job, get_job, quickstart, wait_phase
-from operator_ready import module_operator
+from operator_ready import operator
 
+__all__ = ["operator"]  # the module operator fixture, imported
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 TIMEOUT = 300.0
 JOB = "claim-wait"
@@ -23,13 +23,6 @@ CLAIM = "slow-checkpoints"
 NOBODY = "memfit-test-unprovisioned"  # no provisioner serves this class: the claim waits for the test's volume
 CAPACITY_TIMEOUT = 10
 
-
-@pytest.fixture(scope="module")
-def operator(
-    cluster: Any, kube: Kube, tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
-) -> Iterator[Path]:
-    with module_operator(cluster, kube, request, tmp_path_factory) as (log, _):
-        yield log
 
 
 def _running(kube: Kube, namespace: str) -> dict[str, Any] | None:
