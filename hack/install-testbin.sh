@@ -17,7 +17,7 @@ KWOK_VERSION=${KWOK_VERSION:-0.8.0}
 HELM_VERSION=${HELM_VERSION:-3.22.0}
 CACHE=${MEMFIT_TESTBIN_CACHE:-$HOME/.cache/memfit-testbin}
 COREDNS_VERSION=${COREDNS_VERSION:-1.12.4}
-KUEUE_VERSION=${KUEUE_VERSION:-0.17.0}
+KUEUE_VERSION=${KUEUE_VERSION:-0.19.1}
 BIN="$CACHE/k8s-v$K8S_VERSION-etcd-kwok-v$KWOK_VERSION-helm-v$HELM_VERSION/bin"
 # A separate folder, so adding the node binaries did not invalidate the control plane's cache.
 NODE_BIN="$CACHE/node-k8s-v$K8S_VERSION-coredns-v$COREDNS_VERSION/bin"

@@ -111,7 +111,8 @@ def kueue(
 ) -> Iterator[testbed_kueue.KueueManager]:
     """The real Kueue manager (hack/install-testbin.sh builds it) on the session's cluster, for one test
     module; stopping it removes its webhook configurations, so later modules create Jobs as before.
-    A module's `KUEUE_PODS_READY_TIMEOUT` (seconds) turns WaitForPodsReady on.
+    A module's `KUEUE_PODS_READY_TIMEOUT` (seconds) turns WaitForPodsReady on; its
+    `KUEUE_DEVICE_CLASS_MAPPINGS` is Kueue's `resources.deviceClassMappings` (DRA quota).
     Missing Kueue skips (fails with MEMFIT_REQUIRE_CLUSTER=1)."""
     try:
         kueue_dir = testbed_kueue.find_kueue_dir()
@@ -124,8 +125,9 @@ def kueue(
         pytest.skip(why)
     workdir = tmp_path_factory.mktemp("kueue")
     timeout = getattr(request.module, "KUEUE_PODS_READY_TIMEOUT", None)
+    mappings = getattr(request.module, "KUEUE_DEVICE_CLASS_MAPPINGS", ())
     with testbed_kueue.running_kueue(cluster.kubeconfig, workdir, kueue_dir=kueue_dir,
-                                     pods_ready_timeout=timeout) as manager:
+                                     pods_ready_timeout=timeout, device_class_mappings=mappings) as manager:
         yield manager
 
 

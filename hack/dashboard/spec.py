@@ -12,6 +12,16 @@ NS = 'namespace=~"$namespace"'
 NS_JOB = f'{NS}, job=~"$job"'
 NS_JOB_POOL = f'{NS_JOB}, pool=~"$pool"'
 OPERATOR_JOB = 'job="memfit-operator"'  # the chart's ServiceMonitor jobLabel; see docs/observability.md
+# memfit's pods: `<job>-profile-<id>` and `<job>-train-<attempt>-<rank>-<id>` (not dcgm-exporter's own pod,
+# nor a MIG parent GPU's series, which has no pod)
+MEMFIT_PODS = 'pod=~"($job)-(profile|train-[0-9]+)-.+"'
+
+
+def dcgm(metric: str) -> str:
+    """A dcgm-exporter series (with --kubernetes) of memfit's pods. Device-plugin and DRA mode both label
+    the pod using a device `namespace`/`pod` (DRA mode adds `dra_claim_name`, `dra_device_name`...); on a
+    MIG slice the series is the GPU instance's (`GPU_I_PROFILE`, `GPU_I_ID`)."""
+    return f"{metric}{{{NS}, {MEMFIT_PODS}}}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,10 +116,17 @@ MEMORY = Row("Memory", (
         Target(f"memfit_trainer_reserved_bytes{{{NS_JOB_POOL}}}", "{{job}} rank {{rank}} reserved"),
     ), unit="bytes", min_value=0, description="The trainers' allocator view per rank."),
     Panel("GPU framebuffer used (DCGM)", "timeseries", (Target(
-        f'sum by (namespace, pod) (DCGM_FI_DEV_FB_USED{{{NS}, pod=~"$job-.*"}}) * 1048576', "{{pod}}"),),
-          unit="bytes", min_value=0, width=24,
-          description="DCGM exporter's framebuffer in use (MiB converted to bytes) of the jobs' pods; empty "
-          "without dcgm-exporter."),
+        f"sum by (namespace, pod, GPU_I_PROFILE) ({dcgm('DCGM_FI_DEV_FB_USED')}) * 1048576",
+        "{{pod}} {{GPU_I_PROFILE}}"),), unit="bytes", min_value=0,
+          description="dcgm-exporter's framebuffer in use (MiB converted to bytes) of the jobs' pods, per MIG "
+          "instance on a slice (GPU_I_PROFILE); the same series in device-plugin and DRA mode (docs/observability.md). "
+          "Empty without dcgm-exporter."),
+    Panel("GPU framebuffer headroom (DCGM)", "timeseries", (Target(
+        f"1 - sum by (namespace, pod, GPU_I_PROFILE) ({dcgm('DCGM_FI_DEV_FB_USED')}) / sum by (namespace, pod, "
+        f"GPU_I_PROFILE) ({dcgm('DCGM_FI_DEV_FB_USED')} + {dcgm('DCGM_FI_DEV_FB_FREE')})", "{{pod}} {{GPU_I_PROFILE}}"),),
+          unit="percentunit", min_value=0, max_value=1, thresholds=((0.05, "orange"), (0.1, "green")),
+          base_color="red", description="Free share of each device the jobs' pods hold, as DCGM measures it: a "
+          "whole GPU, or on a MIG slice the instance's own memory (used / (used + free) of that instance)."),
 ))
 
 TRAINING = Row("Training", (

@@ -71,13 +71,18 @@ def missing_kueue(kueue_dir: Path) -> str | None:
 
 
 def manager_config(*, webhook_port: int, metrics_port: int, health_port: int, cert_dir: Path,
-                   pods_ready_timeout: int | None = None) -> dict[str, Any]:
+                   pods_ready_timeout: int | None = None,
+                   device_class_mappings: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
     """Kueue's Configuration: batch/Job only, everything on 127.0.0.1, no leader election; with
     `pods_ready_timeout`, WaitForPodsReady: a Workload whose pods are not all ready that many seconds
-    after admission is evicted and requeued (back-off 1 s, 2 s, 4 s ... at most 10 s; admission not blocked)."""
+    after admission is evicted and requeued (back-off 1 s, 2 s, 4 s ... at most 10 s; admission not blocked);
+    with `device_class_mappings`, Kueue charges DRA devices of those DeviceClasses to those resources
+    (`resources.deviceClassMappings`, what `memfit kueue flavors` prints for DRA pools)."""
     wait = {} if pods_ready_timeout is None else {"waitForPodsReady": {
         "timeout": f"{pods_ready_timeout}s", "blockAdmission": False,
         "requeuingStrategy": {"timestamp": "Eviction", "backoffBaseSeconds": 1, "backoffMaxSeconds": 10}}}
+    if device_class_mappings:
+        wait["resources"] = {"deviceClassMappings": [dict(m) for m in device_class_mappings]}
     return {**wait,
         "apiVersion": "config.kueue.x-k8s.io/v1beta2",
         "kind": "Configuration",
@@ -138,6 +143,7 @@ class KueueManager:
     kueue_dir: Path | None = None
     die_with_parent: bool = True
     pods_ready_timeout: int | None = None  # WaitForPodsReady's timeout (seconds); None: off
+    device_class_mappings: Sequence[dict[str, Any]] = ()  # Configuration resources.deviceClassMappings
     pid: int | None = None
     ports: dict[str, int] = field(default_factory=dict)
 
@@ -159,7 +165,8 @@ class KueueManager:
         self._install(kueue_dir)
         cfg = manager_config(webhook_port=self.ports["webhook"], metrics_port=self.ports["metrics"],
                              health_port=self.ports["health"], cert_dir=cert_dir,
-                             pods_ready_timeout=self.pods_ready_timeout)
+                             pods_ready_timeout=self.pods_ready_timeout,
+                             device_class_mappings=self.device_class_mappings)
         cfg_path = self.workdir / "kueue-config.yaml"
         cfg_path.write_text(yaml.safe_dump(cfg))
         cmd = [str(kueue_dir / "bin" / "kueue"), f"--config={cfg_path}", f"--kubeconfig={self.kubeconfig}",

@@ -55,7 +55,8 @@ TRAINER_METRICS: dict[str, frozenset[str]] = {
                                            "micro_batch", "accumulation", "world_size", "attempt"},
 }
 OTHER_METRICS: dict[str, frozenset[str]] = {
-    "DCGM_FI_DEV_FB_USED": frozenset({"namespace", "pod"}),  # MiB, dcgm-exporter with --kubernetes
+    "DCGM_FI_DEV_FB_USED": frozenset({"namespace", "pod", "GPU_I_PROFILE"}),  # MiB, dcgm-exporter with --kubernetes
+    "DCGM_FI_DEV_FB_FREE": frozenset({"namespace", "pod", "GPU_I_PROFILE"}),
     "up": frozenset({"job"}),
 }
 ALL_METRICS = OPERATOR_METRICS | TRAINER_METRICS | OTHER_METRICS

@@ -149,14 +149,46 @@ def trainer(job: FakeJob) -> Callable[[CollectorRegistry], Callable[[int], None]
     return build
 
 
+# A LoRA job on one H100 1g.10gb MIG slice: dcgm-exporter shows only the slice's memory (about 9.6 GiB).
+SLICE_JOB = ("ml-team-a", "lora-slice", "slice-7x1g")
+SLICE_USED_MIB, SLICE_FREE_MIB = 8900, 756
+DCGM_LABELS = ["gpu", "UUID", "device", "modelName", "Hostname", "GPU_I_PROFILE", "GPU_I_ID", "namespace", "pod",
+               "container", "dra_claim_name", "dra_claim_namespace", "dra_device_name", "dra_driver_name",
+               "dra_pool_name"]
+
+
 def dcgm(reg: CollectorRegistry) -> Callable[[int], None]:
-    """dcgm-exporter with --kubernetes: framebuffer in MiB per GPU, labelled with the pod using it."""
-    used = Gauge("DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB).",
-                 ["gpu", "UUID", "device", "modelName", "Hostname", "namespace", "pod", "container"], registry=reg)
-    for i, (job, model) in enumerate(((LLAMA, "NVIDIA L4"), (TIGHT, "Tesla T4"))):
-        for rank, peak_bytes in enumerate(job.rank_peaks_bytes):
-            used.labels(str(rank), f"GPU-{i}{rank}", f"nvidia{rank}", model, f"node-{i}", job.namespace,
-                        f"{job.name}-train-0-{rank}-x7k2p", "trainer").set(round(peak_bytes * 1.04 / 2**20))
+    """dcgm-exporter with --kubernetes: framebuffer used and free in MiB per device, labelled with the pod
+    using it. LLAMA's GPUs come from the device plugin; TIGHT's were allocated by NVIDIA's DRA driver (the
+    series also name the claim, the device and the driver); SLICE_JOB runs on a MIG instance (GPU_I_*),
+    beside its parent GPU's own series (no pod)."""
+    used = Gauge("DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB).", DCGM_LABELS, registry=reg)
+    free = Gauge("DCGM_FI_DEV_FB_FREE", "Framebuffer memory free (in MiB).", DCGM_LABELS, registry=reg)
+
+    def device(labels: dict[str, str], used_mib: float, free_mib: float) -> None:
+        values = [labels.get(k, "") for k in DCGM_LABELS]
+        used.labels(*values).set(used_mib)
+        free.labels(*values).set(free_mib)
+
+    for rank, peak_bytes in enumerate(LLAMA.rank_peaks_bytes):
+        mib = round(peak_bytes * 1.04 / 2**20)
+        device({"gpu": str(rank), "UUID": f"GPU-0{rank}", "device": f"nvidia{rank}", "modelName": "NVIDIA L4",
+                "Hostname": "node-0", "namespace": LLAMA.namespace, "pod": f"{LLAMA.name}-train-0-{rank}-x7k2p",
+                "container": "trainer"}, mib, 23034 - mib)
+    for rank, peak_bytes in enumerate(TIGHT.rank_peaks_bytes):
+        mib = round(peak_bytes * 1.04 / 2**20)
+        claim = f"{TIGHT.name}-train-0-{rank}-x7k2p-gpus-q8v4d"
+        device({"gpu": str(rank), "UUID": f"GPU-1{rank}", "device": f"nvidia{rank}", "modelName": "Tesla T4",
+                "Hostname": "node-1", "namespace": TIGHT.namespace, "pod": f"{TIGHT.name}-train-0-{rank}-x7k2p",
+                "container": "trainer", "dra_claim_name": claim, "dra_claim_namespace": TIGHT.namespace,
+                "dra_device_name": f"gpu-{rank}", "dra_driver_name": "gpu.nvidia.com", "dra_pool_name": "node-1"},
+               mib, 15360 - mib)
+    ns, name, _ = SLICE_JOB
+    parent = {"gpu": "0", "UUID": "GPU-20", "device": "nvidia0", "modelName": "NVIDIA H100 80GB HBM3",
+              "Hostname": "node-2"}
+    device(parent, 9800, 71759)
+    device({**parent, "GPU_I_PROFILE": "1g.10gb", "GPU_I_ID": "9", "namespace": ns, "pod": f"{name}-train-0-0-m4c1z",
+            "container": "trainer"}, SLICE_USED_MIB, SLICE_FREE_MIB)
     return lambda n: None
 
 

@@ -165,18 +165,21 @@ def test_kueue_flavors_from_pool_values_equal_memfits_own(helm: Path) -> None:
     that pool (same nodeLabels and tolerations), so memfit's nodeSelector and Kueue's flavor agree."""
     from e2e_chart import helm_template, values_file
     from memfit.api.pool import GPUNodePool
-    from memfit.kube.kueue import build_resource_flavor
+    from memfit.kube.kueue import build_kueue_setup, build_resource_flavor
 
+    for variant in ("pools", "mig-pools"):  # mig-pools: a whole-GPU pool and two MIG pools over the same nodes
+        args = ["-f", str(values_file(variant)), "--set", "kueue.flavors=true"]
+        rendered, _ = helm_template(helm, *args, "--api-versions", "kueue.x-k8s.io/v1beta2/ResourceFlavor")
+        flavors = rendered.kind("ResourceFlavor")
+        values = load_values(variant)["gpuNodePools"]
+        assert [f["metadata"]["name"] for f in flavors] == [p["name"] for p in values]
+        models = [GPUNodePool.model_validate({"apiVersion": "memfit.dev/v1alpha1", "kind": "GPUNodePool",
+                                             "metadata": {"name": p["name"]}, "spec": p["spec"]}) for p in values]
+        for flavor, model in zip(flavors, models, strict=True):
+            assert flavor["spec"] == build_resource_flavor(model)["spec"], flavor
+            assert flavor["apiVersion"] == "kueue.x-k8s.io/v1beta2"
+        assert [d["kind"] for d in build_kueue_setup(models)][-2:] == ["ClusterQueue", "LocalQueue"]  # not refused
     args = ["-f", str(values_file("pools")), "--set", "kueue.flavors=true"]
-    rendered, _ = helm_template(helm, *args, "--api-versions", "kueue.x-k8s.io/v1beta2/ResourceFlavor")
-    flavors = rendered.kind("ResourceFlavor")
-    values = load_values("pools")["gpuNodePools"]
-    assert [f["metadata"]["name"] for f in flavors] == [p["name"] for p in values]
-    for flavor, pool in zip(flavors, values, strict=True):
-        model = GPUNodePool.model_validate({"apiVersion": "memfit.dev/v1alpha1", "kind": "GPUNodePool",
-                                            "metadata": {"name": pool["name"]}, "spec": pool["spec"]})  # fmt: skip
-        assert flavor["spec"] == build_resource_flavor(model)["spec"], flavor
-        assert flavor["apiVersion"] == "kueue.x-k8s.io/v1beta2"
     # Without Kueue's API in the cluster, or without pools, the install fails saying why.
     _, stderr = helm_template(helm, *args, check=False)
     assert "kueue.flavors: Kueue's ResourceFlavor API (kueue.x-k8s.io/v1beta2) is not in the cluster" in stderr

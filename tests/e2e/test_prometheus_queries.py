@@ -14,7 +14,7 @@ import pytest
 from e2e_metrics import dashboard_queries, grafana_to_promql, rule_queries, variable_queries
 from e2e_prom import Prometheus, fake_exporter, prometheus, scrape_config, stop_process
 from e2e_tools import CHART
-from fake_exporters import LLAMA, TIGHT
+from fake_exporters import LLAMA, SLICE_FREE_MIB, SLICE_JOB, SLICE_USED_MIB, TIGHT
 
 DASHBOARD = json.loads((CHART / "files" / "dashboards" / "memfit.json").read_text())
 RULES = CHART / "files" / "prometheus" / "alerts.yaml"
@@ -110,6 +110,31 @@ def test_dashboard_numbers(stack: Stack) -> None:
              if s["metric"]["pod"].endswith("-1-x7k2p") and s["metric"]["namespace"] == LLAMA.namespace]
     assert _value(fb) == pytest.approx(LLAMA.rank_peaks_bytes[1] * 1.04, rel=1e-4)
 
+
+
+def test_dcgm_panels_read_device_plugin_dra_and_mig_series_alike(stack: Stack) -> None:
+    """dcgm-exporter's per-pod series of a device-plugin GPU (LLAMA), a DRA-allocated GPU (TIGHT: the series
+    also name the claim) and a MIG instance (the slice job; its parent GPU's own series has no pod): one
+    line per pod (and instance profile) in both DCGM panels, the headroom of a slice counted on the slice."""
+    by_title = {t.split(" / ")[0]: q for t, q in QUERIES if t.endswith(" / A")}
+    used = {(s["metric"]["namespace"], s["metric"]["pod"]): s
+            for s in stack.prom.query(grafana_to_promql(by_title["GPU framebuffer used (DCGM)"]))}
+    ns, name, _ = SLICE_JOB
+    slice_pod = (ns, f"{name}-train-0-0-m4c1z")
+    assert set(used) == {*((j.namespace, f"{j.name}-train-0-{r}-x7k2p") for j in (LLAMA, TIGHT) for r in (0, 1)),
+                         slice_pod}
+    assert used[slice_pod]["metric"]["GPU_I_PROFILE"] == "1g.10gb"
+    assert _value(used[slice_pod]) == SLICE_USED_MIB * 2**20
+    assert _value(used[(TIGHT.namespace, f"{TIGHT.name}-train-0-1-x7k2p")]) == pytest.approx(
+        TIGHT.rank_peaks_bytes[1] * 1.04, rel=1e-4)  # the DRA-mode series
+    headroom = {(s["metric"]["namespace"], s["metric"]["pod"]): _value(s)
+                for s in stack.prom.query(grafana_to_promql(by_title["GPU framebuffer headroom (DCGM)"]))}
+    assert set(headroom) == set(used)
+    assert headroom[slice_pod] == pytest.approx(SLICE_FREE_MIB / (SLICE_USED_MIB + SLICE_FREE_MIB))
+    t4_used = round(TIGHT.rank_peaks_bytes[0] * 1.04 / 2**20)
+    assert headroom[(TIGHT.namespace, f"{TIGHT.name}-train-0-0-x7k2p")] == pytest.approx(1 - t4_used / 15360)
+    narrowed = stack.prom.query(grafana_to_promql(by_title["GPU framebuffer used (DCGM)"], job=name))
+    assert [(s["metric"]["namespace"], s["metric"]["pod"]) for s in narrowed] == [slice_pod]
 
 ALERT_JOBS = {
     "MemfitJobMemoryHeadroomLow": {"namespace": TIGHT.namespace, "job": TIGHT.name},

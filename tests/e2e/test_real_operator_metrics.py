@@ -40,6 +40,7 @@ RATE_INTERVAL = "30s"
 # Panels that cannot have data for one healthy CPU job, and why.
 NO_DATA_HERE = {
     "GPU framebuffer used (DCGM) / A": "no dcgm-exporter without a GPU",
+    "GPU framebuffer headroom (DCGM) / A": "no dcgm-exporter without a GPU",
     "Loss: training and evaluation (status.progress) / B": "the quickstart has no evaluation split",
 }
 

@@ -1,4 +1,4 @@
-"""The real Kueue (v0.17.0) on the test cluster: flavors made from GPUNodePools by `memfit kueue flavors`
+"""The real Kueue (v0.19.1) on the test cluster: flavors made from GPUNodePools by `memfit kueue flavors`
 admit Jobs onto exactly their pool, and a queue whose GPU quota is used up holds Jobs until it frees."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """memfit as a Kueue AdmissionCheck (`memfit.dev/memory-fit`) for Jobs memfit did not launch: the real
-Kueue v0.17.0 manager, the operator process with the check controller on, plain batch Jobs on KWOK pools.
+Kueue v0.19.1 manager, the operator process with the check controller on, plain batch Jobs on KWOK pools.
 
 A ClusterQueue lists the check. A Job annotated `memfit.dev/problem: <ConfigMap>` whose declared
 strategy cannot fit the flavor Kueue reserved is Rejected with memfit's message and never runs; a fitting

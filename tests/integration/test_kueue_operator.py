@@ -1,4 +1,4 @@
-"""memfit through the real Kueue: the operator process, Kueue v0.17.0, KWOK GPU pools and the pod runner.
+"""memfit through the real Kueue: the operator process, Kueue v0.19.1, KWOK GPU pools and the pod runner.
 
 A ClusterQueue made by `memfit kueue flavors` holds one T4 GPU, taken by another team's Job. The MOTJ's
 profiling Job waits in the queue (Queued, with the Workload's reason), runs once the GPU frees, and the

@@ -1,6 +1,6 @@
 """Operator and Kueue restarts while memfit's children wait in the queue: no duplicate Job, none stuck.
 
-The real Kueue v0.17.0 manager and `memfit operator` (pod runner), a ClusterQueue with one T4 of quota
+The real Kueue v0.19.1 manager and `memfit operator` (pod runner), a ClusterQueue with one T4 of quota
 that another team holds. Twice -- while the profiling Job waits for that quota, and while the training
 Job waits in the held ClusterQueue -- the operator is killed (SIGKILL) and started again and the Kueue
 manager is stopped and started again; then the queue admits. Each child exists once, has one Workload, and the job Succeeds.

@@ -11,7 +11,7 @@ import yaml
 
 from memfit.api.pool import GPUNodePool
 from memfit.cli.inputs import InputError, load_pools
-from memfit.kube.kueue import KueueConfigError, build_kueue_setup
+from memfit.kube.kueue import KueueConfigError, build_kueue_setup, device_class_mappings
 
 
 def register(sub: Any) -> None:
@@ -33,7 +33,8 @@ def register(sub: Any) -> None:
         action="append",
         default=[],
         metavar="POOL=GPUS",
-        help="nominal nvidia.com/gpu quota of a pool's flavor (repeatable; default maxNodes x perNode)",
+        help="nominal quota of a pool's flavor in the resource its pods request: GPUs, or a MIG pool's "
+        "slices (repeatable; default every device the pool can have)",
     )
     flavors.add_argument("--out", default="-", help="output file (default stdout)")
     flavors.set_defaults(func=cmd_kueue_flavors)
@@ -72,11 +73,17 @@ def cmd_kueue_flavors(args: argparse.Namespace) -> int:
             pools = _cluster_pools()
         docs = build_kueue_setup(pools, cluster_queue=args.cluster_queue, local_queue=args.local_queue,
                                  namespace=args.namespace, gpu_quota=quota)
+        mappings = device_class_mappings(pools)
     except InputError as error:
         return error.report()
     except KueueConfigError as error:
         return InputError([str(error)]).report()
     text = yaml.safe_dump_all(docs, sort_keys=False)
+    if mappings:  # Kueue's own Configuration, not an object to apply: a comment ahead of the objects
+        fragment = yaml.safe_dump({"resources": {"deviceClassMappings": mappings}}, sort_keys=False)
+        text = ("# DRA pools: Kueue charges their devices to these resources only with this in its Configuration\n"
+                "# (the kueue-manager-config ConfigMap; docs/dra.md):\n"
+                + "".join(f"#   {line}\n" for line in fragment.splitlines()) + text)
     if args.out == "-":
         sys.stdout.write(text)
     else:

@@ -8,7 +8,7 @@ attempt's plan ConfigMap and the pools.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any, Protocol
@@ -16,6 +16,7 @@ from typing import Any, Protocol
 from memfit.api import pod as contract
 from memfit.api.job import MemoryOptimizedTrainingJobSpec, MemoryOptimizedTrainingJobStatus
 from memfit.api.plan import Plan
+from memfit.api.pool import GPUNodePool
 from memfit.controller.kubeapi import KubeApi
 from memfit.controller.parsed_bodies import spec_of
 from memfit.controller.settings import OperatorSettings
@@ -52,6 +53,7 @@ from memfit.lifecycle.snapshot import (
     next_attempt_index,
     parse_status,
 )
+from memfit.mig import resource_name
 
 Manifest = dict[str, Any]
 
@@ -134,7 +136,8 @@ def observe_snapshot(
         reads = monitor_reads(children, status, spec, snap.now)
         world_then = pools.get() if reads.pools else None
         if reads.queue_quota and world_then is not None:
-            world_then = replace(world_then, queue_quota=_queue_quota(api, ref.namespace, reads.queue_quota))
+            world_then = replace(world_then, queue_quota=_queue_quota(api, ref.namespace, reads.queue_quota,
+                                                                      world_then.pools))
         return replace(
             snap,
             attempt=children,
@@ -146,7 +149,8 @@ def observe_snapshot(
     if needs_fresh_pools(spec, world_now):
         world_now = pools.fresh()
     if spec.scheduling.kueue_queue:
-        world_now = replace(world_now, queue_quota=_queue_quota(api, ref.namespace, spec.scheduling.kueue_queue))
+        world_now = replace(world_now, queue_quota=_queue_quota(api, ref.namespace, spec.scheduling.kueue_queue,
+                                                                world_now.pools))
     cache, digest = None, ""
     for digest in profile_keys(spec, status, snap.settings, world_now):  # the lifecycle's order of keys
         cache = _profile_cache(api, ref.namespace, digest)
@@ -228,16 +232,17 @@ def _profiling(api: ChildReader, ref: JobRef) -> JobSummary | None:
     return summarize_job(job, pods, name, _workload(api, ref.namespace, job))
 
 
-def _queue_quota(api: ChildReader, namespace: str, queue: str) -> QueueQuota | None:
-    """The GPU quota of the ClusterQueue behind LocalQueue `namespace/queue`; None when either is
-    missing or unreadable (planning then ignores quota, and the queued Job shows Kueue's reason)."""
+def _queue_quota(api: ChildReader, namespace: str, queue: str, pools: Sequence[GPUNodePool]) -> QueueQuota | None:
+    """The GPU quota of the ClusterQueue behind LocalQueue `namespace/queue`, each pool's flavor read in
+    the resource the pool's pods request (a MIG pool's slices); None when either is missing or
+    unreadable (planning then ignores quota, and the queued Job shows Kueue's reason)."""
     local = api.get_local_queue(namespace, queue)
     name = ((local or {}).get("spec") or {}).get("clusterQueue")
     cluster = api.get_cluster_queue(str(name)) if name else None
     if not cluster:
         return None
     cohort = api.list_cluster_queues() if cohort_of(cluster) else []  # what it may borrow
-    return parse_cluster_queue(cluster, cohort)
+    return parse_cluster_queue(cluster, cohort, {p.metadata.name: resource_name(p.spec.gpu) for p in pools})
 
 
 def _workload(api: ChildReader, namespace: str, job: Manifest) -> Manifest | None:

@@ -1,7 +1,9 @@
 """A Kueue ClusterQueue's GPU quota per pool, as a value the planner can respect.
 
 Flavors are matched to pools by name (`memfit kueue flavors` names each flavor after its pool,
-docs/kueue.md). Free quota = nominal quota - reserved (status.flavorsReservation: admitted and
+docs/kueue.md), and each flavor's quota is read for its pool's own resource: `nvidia.com/gpu`, or a
+MIG pool's `nvidia.com/mig-<profile>` (a DRA pool's DeviceClass is mapped to the same names in Kueue's
+`deviceClassMappings`, docs/dra.md), so the "GPUs" below are slices on a MIG pool. Free quota = nominal quota - reserved (status.flavorsReservation: admitted and
 quota-reserving Workloads), plus what the queue may borrow from its cohort now.
 
 Borrowing follows Kueue's rule for a flat cohort (`spec.cohortName`): a queue may use up to its nominal
@@ -70,7 +72,9 @@ class _Gpus:
     lending_limit: dict[str, int]
 
 
-def _read(cq: Mapping[str, Any]) -> _Gpus:
+def _read(cq: Mapping[str, Any], resources: Mapping[str, str]) -> _Gpus:
+    """The quota of each flavor in its pool's resource (`resources`: flavor -> resource; nvidia.com/gpu
+    for a flavor not named there)."""
     nominal: dict[str, int] = {}
     borrowing: dict[str, int] = {}
     lending: dict[str, int] = {}
@@ -78,9 +82,9 @@ def _read(cq: Mapping[str, Any]) -> _Gpus:
         for flavor in group.get("flavors") or []:
             for res in flavor.get("resources") or []:
                 gpus = _gpus(res.get("nominalQuota"))
-                if res.get("name") != GPU_RESOURCE or gpus is None:
-                    continue
                 name = str(flavor.get("name"))
+                if res.get("name") != resources.get(name, GPU_RESOURCE) or gpus is None:
+                    continue
                 nominal[name] = gpus
                 if (limit := _gpus(res.get("borrowingLimit"))) is not None:
                     borrowing[name] = limit
@@ -90,8 +94,9 @@ def _read(cq: Mapping[str, Any]) -> _Gpus:
     for flavor in (cq.get("status") or {}).get("flavorsReservation") or []:
         for res in flavor.get("resources") or []:
             gpus = _gpus(res.get("total"))
-            if res.get("name") == GPU_RESOURCE and gpus is not None:
-                reserved[str(flavor.get("name"))] = gpus
+            name = str(flavor.get("name"))
+            if res.get("name") == resources.get(name, GPU_RESOURCE) and gpus is not None:
+                reserved[name] = gpus
     return _Gpus(nominal, reserved, borrowing, lending)
 
 
@@ -99,16 +104,19 @@ def cohort_of(cq: Mapping[str, Any]) -> str:
     return str((cq.get("spec") or {}).get("cohortName") or "")
 
 
-def parse_cluster_queue(cq: Mapping[str, Any], cohort: Sequence[Mapping[str, Any]] = ()) -> QueueQuota:
+def parse_cluster_queue(cq: Mapping[str, Any], cohort: Sequence[Mapping[str, Any]] = (),
+                        resources: Mapping[str, str] | None = None) -> QueueQuota:
     """The GPU quota of a ClusterQueue manifest (v1beta2): nominal and reserved per flavor, and, when
     it names a cohort, what it may borrow from `cohort` (every ClusterQueue, itself included or not;
-    those of other cohorts are ignored)."""
+    those of other cohorts are ignored). `resources` names the resource each flavor's pool requests
+    (flavor name -> `nvidia.com/mig-1g.10gb`...); a flavor not named there counts `nvidia.com/gpu`."""
     name = str((cq.get("metadata") or {}).get("name", ""))
-    own = _read(cq)
+    resources = resources or {}
+    own = _read(cq, resources)
     cohort_name = cohort_of(cq)
     if not cohort_name:
         return QueueQuota(name, own.nominal, own.reserved)
-    peers = [_read(p) for p in cohort
+    peers = [_read(p, resources) for p in cohort
              if cohort_of(p) == cohort_name and str((p.get("metadata") or {}).get("name", "")) != name]
     borrowable: dict[str, int] = {}
     unused: dict[str, int] = {}

@@ -29,6 +29,7 @@ from memfit.api.validation import violations_from
 from memfit.catalog import GpuCatalog
 from memfit.memory import Shape, predict_memory, strategy_from_pins, strategy_problem
 from memfit.memory.strategy import Strategy
+from memfit.mig import RESOURCE_PREFIX as MIG_RESOURCE_PREFIX
 from memfit.planner import Offer, plan, resolve_shape
 from memfit.planner.explain import gib
 from memfit.planner.offers import resolve_offer
@@ -60,25 +61,32 @@ class GpuRequest:
         return self.pods * self.gpus_per_pod
 
 
-def _gpus(container: Mapping[str, Any]) -> int:
+def _devices(container: Mapping[str, Any]) -> tuple[str, int]:
+    """The GPU resource a container asks for and how many: whole GPUs, or the slices of one MIG profile
+    (`nvidia.com/mig-<profile>`, docs/mig.md); ("", 0) for none."""
     resources = container.get("resources") or {}
     for part in ("limits", "requests"):
-        value = str((resources.get(part) or {}).get(GPU_RESOURCE, "")).strip()
-        if value.isdigit():
-            return int(value)
-    return 0
+        for name, value in sorted((resources.get(part) or {}).items()):
+            if name == GPU_RESOURCE or name.startswith(MIG_RESOURCE_PREFIX):
+                text = str(value).strip()
+                if text.isdigit() and int(text) > 0:
+                    return name, int(text)
+    return "", 0
 
 
 def gpu_request(workload: Mapping[str, Any]) -> GpuRequest | None:
-    """The GPU pod set of an admitted-or-reserving Workload and its assigned flavor; None when no pod
-    set asks for GPUs (or Kueue has not assigned flavors yet)."""
+    """The GPU pod set of an admitted-or-reserving Workload and its assigned flavor (the flavor of the
+    GPU resource its pods request: whole GPUs or MIG slices); None when no pod set asks for GPUs (or
+    Kueue has not assigned flavors yet)."""
     assignments = {a.get("name"): a for a in ((workload.get("status") or {}).get("admission") or {})
                    .get("podSetAssignments") or []}
     best: GpuRequest | None = None
     for pod_set in (workload.get("spec") or {}).get("podSets") or []:
         pod_spec = ((pod_set.get("template") or {}).get("spec") or {})
-        per_pod = sum(_gpus(c) for c in pod_spec.get("containers") or [])
-        flavor = ((assignments.get(pod_set.get("name")) or {}).get("flavors") or {}).get(GPU_RESOURCE)
+        asked = [_devices(c) for c in pod_spec.get("containers") or []]
+        resource = next((r for r, n in asked if n), "")
+        per_pod = sum(n for r, n in asked if r == resource)
+        flavor = ((assignments.get(pod_set.get("name")) or {}).get("flavors") or {}).get(resource)
         count = int((assignments.get(pod_set.get("name")) or {}).get("count") or pod_set.get("count") or 1)
         if per_pod > 0 and flavor and (best is None or per_pod * count > best.world_size):
             best = GpuRequest(str(flavor), count, per_pod)
