@@ -79,6 +79,11 @@ def profiles(gpu: GPUModel | None) -> tuple[MigProfile, ...]:
                  for name, (sm, mem, count) in zip(names, _GEOMETRY, strict=True))
 
 
+def find_profile(catalog_gpu: GPUModel | None, name: str) -> MigProfile | None:
+    """The catalog's geometry of profile `name` on this GPU; None when the GPU has no such profile."""
+    return next((p for p in profiles(catalog_gpu) if p.name == name), None)
+
+
 def resource_name(gpu: GPUSpec) -> str:
     """The extended resource a pod of this pool requests: a MIG profile's, else whole GPUs."""
     return RESOURCE_PREFIX + gpu.mig.profile if gpu.mig is not None else WHOLE_GPU_RESOURCE
@@ -88,7 +93,7 @@ def devices_per_node(gpu: GPUSpec, catalog_gpu: GPUModel | None) -> int:
     """What a node of the pool offers pods: its slices of the profile, else its GPUs."""
     if gpu.mig is None:
         return gpu.per_node
-    known = next((p for p in profiles(catalog_gpu) if p.name == gpu.mig.profile), None)
+    known = find_profile(catalog_gpu, gpu.mig.profile)
     per_gpu = gpu.mig.per_gpu or (known.max_per_gpu if known is not None else 1)
     return gpu.per_node * per_gpu
 
@@ -97,7 +102,7 @@ def resolve_slice(gpu: GPUSpec, catalog_gpu: GPUModel | None) -> MigSlice | str:
     """The slice of a MIG pool, or what is wrong with the pool's `gpu.mig`, naming the field."""
     mig = gpu.mig
     assert mig is not None
-    known = next((p for p in profiles(catalog_gpu) if p.name == mig.profile), None)
+    known = find_profile(catalog_gpu, mig.profile)
     if known is None and (gpu.memory_mi_b is None or mig.compute_fraction is None):
         offered = ", ".join(p.name for p in profiles(catalog_gpu))
         product = catalog_gpu.key if catalog_gpu is not None else gpu.product

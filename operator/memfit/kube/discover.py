@@ -5,7 +5,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from memfit.catalog import find_gpu
+from memfit.catalog import GPUModel, find_gpu
+from memfit.mig import find_profile
 
 Manifest = dict[str, Any]
 PRODUCT = "nvidia.com/gpu.product"
@@ -66,6 +67,18 @@ def _whole_gpus(node: Manifest, labels: dict[str, str]) -> int:
     return int(allocatable) if allocatable.isdigit() else 0
 
 
+def _slice_layout(slices: int, profile: str, known: GPUModel | None) -> tuple[int, int]:
+    """GFD counts a node's slices of a profile, not the GPUs they are on: the fewest GPUs that can hold
+    them evenly (at most the profile's instances per GPU, from the catalog, else 7 / its compute slices),
+    so that GPUs x slices per GPU = the slices, within the schema's 16 GPUs a node."""
+    found = find_profile(known, profile)
+    per_gpu_max = found.max_per_gpu if found is not None else 7 // int(profile[0])
+    gpus = -(-slices // per_gpu_max)
+    while slices % gpus:
+        gpus += 1
+    return gpus, slices // gpus
+
+
 def discover_pools(nodes: list[Manifest]) -> list[Manifest]:
     """One GPUNodePool per (product, GPUs per node, instance type, capacity type), sorted by name; on MIG
     nodes (`mixed` strategy) one more per MIG profile, whose GPUs are the profile's slices (memfit.mig)."""
@@ -91,8 +104,9 @@ def discover_pools(nodes: list[Manifest]) -> list[Manifest]:
         gpu: dict[str, Any] = {"product": product, "perNode": per_node}
         if group["memory"] and str(group["memory"]).isdigit():
             gpu["memoryMiB"] = int(group["memory"])
-        if profile:  # each slice a GPU of the pool, priced at its share of the GPU's compute
-            gpu["mig"] = {"profile": profile, "perGPU": 1}
+        if profile:  # the node's slices as GPUs x slices per GPU, priced at their share of the GPU's compute
+            gpu["perNode"], per_gpu = _slice_layout(per_node, profile, find_gpu(product))
+            gpu["mig"] = {"profile": profile, "perGPU": per_gpu}
             selector[MIG_STRATEGY] = "mixed"
         spec: dict[str, Any] = {
             "gpu": gpu,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from memfit.api.pool import GPUNodePool
+from memfit.api.pool import GPUNodePool, mig_problems
 from memfit.kube.discover import discover_pools
 
 
@@ -70,9 +70,27 @@ def test_a_mixed_strategy_mig_node_gives_a_pool_per_profile_and_one_for_its_whol
                              "h100-80-p5-48xlarge-mig-3g-40gb"]
     whole, small = pools["h100-80-p5-48xlarge"], pools["h100-80-p5-48xlarge-mig-1g-10gb"]
     assert whole["gpu"]["perNode"] == 4  # the unpartitioned GPUs, not GFD's count of all eight
-    assert small["gpu"] == {"product": "NVIDIA-H100-80GB-HBM3", "perNode": 14, "memoryMiB": 9856,
-                            "mig": {"profile": "1g.10gb", "perGPU": 1}}
+    # GFD's 14 slices: two GPUs of seven
+    assert small["gpu"] == {"product": "NVIDIA-H100-80GB-HBM3", "perNode": 2, "memoryMiB": 9856,
+                            "mig": {"profile": "1g.10gb", "perGPU": 7}}
+    assert pools["h100-80-p5-48xlarge-mig-3g-40gb"]["gpu"]["perNode"] == 2  # 4 slices, two a GPU
     assert small["pricePerNodeHour"] == round(6.88 / 7 * 14, 3)  # each slice its 1/7 of the GPU
     assert small["nodeSelector"]["nvidia.com/mig.strategy"] == "mixed"
     for name, spec in pools.items():
         GPUNodePool.model_validate({"metadata": {"name": name}, "spec": spec})
+
+
+def test_a_node_with_more_than_16_slices_of_a_profile_gives_a_pool_the_schema_takes() -> None:
+    """Eight H100s all in 1g.10gb: GFD counts 56 slices; the pool says 8 GPUs of 7 (perNode is at most 16)."""
+    labels = {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3", "node.kubernetes.io/instance-type": "p5.48xlarge",
+              "nvidia.com/mig.strategy": "mixed", "nvidia.com/mig-1g.10gb.count": "56",
+              "nvidia.com/mig-2g.20gb.count": "9"}
+    pools = {p["metadata"]["name"]: p["spec"] for p in discover_pools([node("dgx", **labels)])}
+    small = pools["h100-80-p5-48xlarge-mig-1g-10gb"]["gpu"]
+    assert (small["perNode"], small["mig"]["perGPU"]) == (8, 7)
+    two = pools["h100-80-p5-48xlarge-mig-2g-20gb"]["gpu"]
+    assert (two["perNode"], two["mig"]["perGPU"]) == (3, 3)  # 9 slices of at most 3 a GPU
+    for name, spec in pools.items():
+        GPUNodePool.model_validate({"metadata": {"name": name}, "spec": spec})
+        mig = spec["gpu"].get("mig")
+        assert mig is None or not mig_problems(mig["profile"], mig["perGPU"], None)  # the CRD's CEL rules
