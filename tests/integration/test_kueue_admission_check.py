@@ -105,7 +105,7 @@ def test_memory_fit_check_rejects_what_cannot_fit_and_admits_what_fits(
                                lambda: _workload_event(kube, namespace, "too-big", "AdmissionCheckRejected"), timeout=30)
         assert message in kueue_says, (message, kueue_says)
         assert message.startswith("needs "), message
-        assert "(DDP fp16 mbs 1x8 on 1 GPU(s), 1 per pod, incl. 10% headroom)" in message
+        assert "(DDP fp16 mbs 1x8 on 1 GPU(s), 1 per pod, incl. 10 percent headroom)" in message
         assert "flavor t4-spot (Tesla-T4) has 15.0 GiB" in message
         assert "fits on flavor" in message and "t4-spot as declared" not in message
 

@@ -163,8 +163,10 @@ def check_memory_fit(job: MemoryOptimizedTrainingJob, request: GpuRequest, *, po
         return Verdict(REJECTED, f"{ANNOTATION_PROBLEM}: spec.strategy: {problem}")
     shape = Shape.of(model)
     need = _need(job, shape, strategy)
+    # "percent", not "%": Kueue (0.19.1) passes a rejected check's message to its event as a format string,
+    # so a "%" there reads "%!h(MISSING)" in `kubectl describe workload`.
     what = (f"{strategy.config.describe()} on {request.world_size} GPU(s), {request.gpus_per_pod} per pod, "
-            f"incl. {job.spec.objective.memory_headroom_percent}% headroom")
+            f"incl. {job.spec.objective.memory_headroom_percent} percent headroom")
     if need <= offer.usable_bytes:
         return Verdict(READY, f"fits: needs {gib(need)} per GPU ({what}); flavor {request.flavor} "
                               f"({offer.product}) has {gib(offer.usable_bytes)}")
