@@ -82,7 +82,7 @@ def test_variables_narrow_the_panels(stack: Stack) -> None:
     assert [s["metric"]["job"] for s in one_pool] == [TIGHT.name]
     several = stack.prom.query(grafana_to_promql(headroom, job=f"({LLAMA.name}|{TIGHT.name})"))
     assert len(several) == 2
-    (dcgm,) = [q for t, q in QUERIES if t.startswith("GPU framebuffer")]
+    (dcgm,) = [q for t, q in QUERIES if t.startswith("GPU framebuffer used")]
     pods = {s["metric"]["pod"] for s in stack.prom.query(grafana_to_promql(dcgm, job=TIGHT.name))}
     assert pods == {f"{TIGHT.name}-train-0-0-x7k2p", f"{TIGHT.name}-train-0-1-x7k2p"}
 
