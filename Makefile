@@ -59,8 +59,8 @@ test-e2e: venv testbin prometheus ## helm, Prometheus, images, helm install into
 test-realnode: venv testbin realnode ## kubelet + containerd node running the images built from our Dockerfiles
 	MEMFIT_REQUIRE_CLUSTER=$${MEMFIT_REQUIRE_CLUSTER:-1} $(PY) -m pytest tests/realnode -q -ra
 
-test: venv testbin prometheus realnode lint ## everything this machine supports: lint + unit + trainer + integration + e2e + realnode (not the `extended` tests)
-	MEMFIT_REQUIRE_CLUSTER=$${MEMFIT_REQUIRE_CLUSTER:-1} $(PY) -m pytest tests -q -ra --durations=30 -m "not extended"
+test: venv testbin prometheus realnode lint ## everything this machine supports: lint + unit + trainer + integration + e2e + realnode (not the `extended` tests; the trainer tier beside the cluster tiers)
+	PY=$(PY) hack/run-tests.sh
 
 test-extended: venv testbin prometheus realnode ## the `extended` tests `make test` leaves out (docs/testing.md)
 	MEMFIT_REQUIRE_CLUSTER=$${MEMFIT_REQUIRE_CLUSTER:-1} $(PY) -m pytest tests -q -ra --durations=30 -m extended
