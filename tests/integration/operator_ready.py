@@ -46,3 +46,12 @@ def operator(cluster: Any, kube: Any, tmp_path_factory: pytest.TempPathFactory,
     """A module's operator with the chart's defaults, its log's path (import it where no setting differs)."""
     with module_operator(cluster, kube, request, tmp_path_factory) as (log, _):
         yield log
+
+
+@pytest.fixture(scope="module", name="operator")
+def kueue_operator(cluster: Any, kube: Any, kueue: Any, tmp_path_factory: pytest.TempPathFactory,
+                   request: pytest.FixtureRequest) -> Iterator[Path]:
+    """`operator` for a Kueue module: the chart's defaults, started once the module's Kueue is running
+    (import `kueue_operator`; it registers as `operator`)."""
+    with module_operator(cluster, kube, request, tmp_path_factory) as (log, _):
+        yield log

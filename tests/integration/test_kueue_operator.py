@@ -6,7 +6,6 @@ training Job is admitted onto the flavor of the pool memfit planned, with memfit
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,27 +21,18 @@ from kueue_helpers import (
     workload_of,
 )
 from memfit_testbed.cluster_helpers import Kube, condition
-from memfit_testbed.kueue import KueueManager
 from memfit_testbed.operator_helpers import (
     create_job,
     get_job,
     quickstart,
     wait_phase,
 )
-from operator_ready import module_operator
+from operator_ready import kueue_operator
 
+__all__ = ["kueue_operator"]  # the module operator fixture (registered as `operator`), imported
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 TIMEOUT = 420.0
 T4 = {"memfit.dev/pool": "t4-spot"}
-
-
-@pytest.fixture(scope="module")
-def operator(
-    cluster: Any, kube: Kube, kueue: KueueManager, tmp_path_factory: pytest.TempPathFactory,
-    request: pytest.FixtureRequest,
-) -> Iterator[Path]:
-    with module_operator(cluster, kube, request, tmp_path_factory) as (log, _):
-        yield log
 
 
 def _queued(kube: Kube, ns: str, name: str) -> dict[str, Any] | None:

@@ -27,12 +27,12 @@ from memfit.controller.kubeapi import KubeApi
 from memfit.kube.kueue import LABEL_QUEUE, build_kueue_setup, device_class_mappings
 from memfit_testbed import dra_driver
 from memfit_testbed.cluster_helpers import Kube, condition
-from memfit_testbed.kueue import KueueManager
 from memfit_testbed.kwok_pools import Gpu, MigSlices, Pool, delete_pool, scale_pool
 from memfit_testbed.operator_helpers import create_job, get_job, quickstart, wait_phase
 from memfit_testbed.profiles import seed_profile
-from operator_ready import module_operator
+from operator_ready import kueue_operator
 
+__all__ = ["kueue_operator"]  # the module operator fixture (registered as `operator`), imported
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 GROUP, VERSION = "memfit.dev", "v1alpha1"
 H100 = "NVIDIA-H100-80GB-HBM3"
@@ -52,15 +52,6 @@ MIG_POOLS = [_pool("q-whole", MIG_NODES), _pool("q-1g", MIG_NODES, mig={"profile
 DRA_POOL = _pool("q-dra", DRA_NODES, dra={"deviceClassName": dra_driver.GPU_CLASS})
 # What `memfit kueue flavors` prints for the DRA pool, as Kueue's Configuration (tests/unit/kube/test_mig_kueue.py)
 KUEUE_DEVICE_CLASS_MAPPINGS = device_class_mappings([GPUNodePool.model_validate(DRA_POOL)])
-
-
-@pytest.fixture(scope="module")
-def operator(
-    cluster: Any, kube: Kube, kueue: KueueManager, tmp_path_factory: pytest.TempPathFactory,
-    request: pytest.FixtureRequest,
-) -> Iterator[Path]:
-    with module_operator(cluster, kube, request, tmp_path_factory) as (log, _):
-        yield log
 
 
 @pytest.fixture(scope="module")
@@ -127,6 +118,14 @@ def test_with_its_slice_quota_taken_a_job_plans_onto_the_next_slice_flavor_with_
         delete(docs[-2:])
 
 
+def _reserved(kube: Kube, cq: str) -> bool:
+    """Whether ClusterQueue `cq` reports one nvidia.com/gpu reserved on flavor q-dra."""
+    status = client.CustomObjectsApi(kube.api_client).get_cluster_custom_object(
+        "kueue.x-k8s.io", "v1beta2", "clusterqueues", cq).get("status") or {}
+    return any(r.get("name") == "nvidia.com/gpu" and str(r.get("total")) == "1"
+               for f in status.get("flavorsReservation") or [] if f.get("name") == "q-dra" for r in f.get("resources") or [])
+
+
 def _claimed_job(name: str, device_class: str) -> tuple[dict[str, Any], dict[str, Any]]:
     """A queued Job whose KWOK pod holds one device of `device_class` by claim (and requests no extended
     resource): Kueue can only charge it through deviceClassMappings."""
@@ -153,6 +152,9 @@ def test_dra_devices_count_against_the_flavor_s_quota_and_a_job_waits_for_it(
         wl = kube.wait("the claim-holding Job admitted", lambda: admitted(kube, namespace, "holder"), timeout=60)
         assert wl["status"]["admission"]["podSetAssignments"][0]["flavors"]["nvidia.com/gpu"] == "q-dra"
         assert wl["status"]["admission"]["podSetAssignments"][0]["resourceUsage"]["nvidia.com/gpu"] == "1"
+        # What memfit reads: the ClusterQueue's reservation, which Kueue writes after admitting the Workload.
+        kube.wait("the ClusterQueue's reservation of the claimed device", lambda: _reserved(kube, f"cq-{namespace}"),
+                  timeout=60)
 
         spec = quickstart("by-claim-q", scheduling={"kueueQueue": "gpu"}, placement={"maxNodes": 1, "nodePools": ["q-dra"]})
         seed_profile(KubeApi.from_client(kube.api_client), namespace, spec)  # no profiling Job to wait in the queue
