@@ -105,6 +105,18 @@ class DepthProfile(ApiModel):
     reduced: list[ReducedDepth] = Field(min_length=2, max_length=4)
 
 
+class SkippedRun(ApiModel):
+    """A configuration or activation curve the profiling device could not run (not out of memory: a kernel
+    without that precision, a library that refuses it). The rest of the profile stands; on a GPU of this
+    profile's product the planner never picks the refused precision and checkpointing."""
+
+    kind: Literal["configuration", "curve"]
+    precision: Precision
+    checkpointing: Checkpointing
+    micro_batch_size: int | None = Field(default=None, ge=1)
+    reason: str = Field(max_length=160, description="The error the step raised, shortened.")
+
+
 class Profile(ApiModel):
     """A problem's measured memory and compute, from one short profiling run."""
 
@@ -135,9 +147,17 @@ class Profile(ApiModel):
     depth: DepthProfile | None = Field(
         default=None, description="Set when the model was measured with fewer blocks than it has (large models)."
     )
+    skipped: list[SkippedRun] = Field(
+        default_factory=list, max_length=6,
+        description="What the device refused to run (skipped; the planner avoids it on this GPU product).",
+    )
     seconds: float = Field(default=0.0, ge=0, description="Wall time of the profiling run.")
     error: str | None = Field(default=None, max_length=1024, description="Why profiling failed.")
 
     def to_json(self) -> str:
         """Compact JSON for the termination message (at most 4 KiB)."""
         return self.model_dump_json(by_alias=True, exclude_none=True)
+
+    def refused(self) -> frozenset[tuple[Precision, Checkpointing]]:
+        """(precision, checkpointing) pairs the profiling device could not run."""
+        return frozenset((s.precision, s.checkpointing) for s in self.skipped)

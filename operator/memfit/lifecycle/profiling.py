@@ -365,8 +365,19 @@ def mark_profiled(draft: Draft, digest: str, profile: Profile, *, measured: bool
     if profile.depth is not None:
         blocks = " and ".join(str(r.blocks) for r in profile.depth.reduced)
         msg += f"; depth-reduced: {blocks} of {profile.depth.layers} blocks measured, scaled to {profile.depth.layers}"
+    if profile.skipped:
+        msg += "; " + skipped_words(profile)
     draft.set(c.PROFILED, True, reason, msg)
     draft.event(reason, msg)
+
+
+def skipped_words(profile: Profile) -> str:
+    """What the profiling device refused, for the Profiled condition: `cpu could not run bf16/none, bf16/full
+    (TypeError: ...): skipped, planned from the analytic terms`."""
+    pairs = ", ".join(sorted({f"{s.precision.value}/{s.checkpointing.value}" for s in profile.skipped}))
+    where = ("never planned on this GPU" if profile.device.startswith("cuda:")
+             else "planned from the analytic terms")
+    return f"{profile.device} could not run {pairs} ({profile.skipped[0].reason}): skipped, {where}"
 
 
 def profile_from(summary: JobSummary) -> tuple[Profile | None, str]:

@@ -31,6 +31,7 @@ class Lack(StrEnum):
     BF16 = "bf16"
     HOST_MEMORY = "host memory"
     NVME = "nvme"
+    REFUSED = "refused by the profile's device"
 
 
 # The pinned fields (path, value) that make a configuration need what a pool lacks, each with what to do
@@ -41,6 +42,8 @@ LACK_PINS: dict[Lack, tuple[tuple[str, str, str], ...]] = {
     Lack.HOST_MEMORY: (("strategy.offload", "cpu", "give the pool's host.memoryGiB, or pin offload none or "
                         "nvme, or leave it auto"),),
     Lack.NVME: (("strategy.offload", "nvme", "pin offload cpu or none, or leave it auto"),),
+    Lack.REFUSED: tuple(("strategy.precision", value, "pin another precision, or leave it auto")
+                        for value in ("bf16", "bf16-pure", "fp16", "fp32")),
 }
 # What the pool lacks, and what to say when no single pin explains the need (the pins together do).
 LACK_WORDS: dict[Lack, tuple[str, str, str]] = {
@@ -50,6 +53,9 @@ LACK_WORDS: dict[Lack, tuple[str, str, str]] = {
                        "configuration offloads to the CPU", "give the pool's host.memoryGiB, or allow offload none"),
     Lack.NVME: ("NVMe offload needs local NVMe; the pool has none (host.nvmeGiB)", "every allowed configuration "
                 "offloads to NVMe", "allow offload cpu or none"),
+    Lack.REFUSED: ("the profile found that {product} cannot run this job's step in some precisions (the "
+                   "profile's skipped list)", "every allowed configuration uses one of them", "allow another "
+                   "precision or checkpointing"),
 }
 
 

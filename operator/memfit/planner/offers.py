@@ -14,8 +14,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
+from memfit.api.common import Checkpointing, Precision
 from memfit.api.job import ObjectMeta
 from memfit.api.pod_template import PodTemplate
+from memfit.api.profile import Profile
 from memfit.api.pool import (
     GPUNodePool,
     GPUNodePoolSpec,
@@ -112,6 +114,8 @@ class Offer:
     # process on one device (a MIG slice: NCCL does not run across MIG instances).
     gpu_resource: str = WHOLE_GPU_RESOURCE
     mig_profile: str | None = None
+    # (precision, checkpointing) pairs the job's profile could not run on this GPU product (Profile.skipped).
+    refused: frozenset[tuple[Precision, Checkpointing]] = frozenset()
 
     @property
     def usable_gib(self) -> float:
@@ -295,6 +299,18 @@ def resolve_offer(pool: GPUNodePool, *, catalog: GpuCatalog,
         gpu_resource=piece.resource if piece is not None else WHOLE_GPU_RESOURCE,
         mig_profile=piece.profile if piece is not None else None,
     )
+
+
+def with_profile_refusals(offer: Offer, profile: Profile | None, catalog: GpuCatalog) -> Offer:
+    """The offer with what the job's profile could not run on its GPU product (Profile.skipped). Only a
+    profile taken on that product refuses anything: a CPU kernel's (or another GPU's) gaps say nothing of it."""
+    if profile is None or not profile.skipped or not profile.device.startswith("cuda:"):
+        return offer
+    name = profile.device.removeprefix("cuda:")
+    gpu = catalog.find(name)
+    if offer.product != (gpu.product if gpu is not None else name):
+        return offer
+    return replace(offer, refused=profile.refused())
 
 
 def resolve_offers(

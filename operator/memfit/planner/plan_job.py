@@ -34,7 +34,15 @@ from memfit.planner.measured_speed import (
     with_measured_speed,
 )
 from memfit.planner.memo import PlanMemo
-from memfit.planner.offers import FreeGpus, Offer, PoolRejection, catalog_pool, resolve_offer, resolve_offers
+from memfit.planner.offers import (
+    FreeGpus,
+    Offer,
+    PoolRejection,
+    catalog_pool,
+    resolve_offer,
+    resolve_offers,
+    with_profile_refusals,
+)
 from memfit.planner.own_code import with_container_pins
 from memfit.planner.practitioner import practitioner_baseline
 from memfit.planner.result import BaselineResult, Candidate, PlanResult
@@ -254,7 +262,8 @@ def plan(
     offers, rejections = resolve_offers(pools, catalog=catalog, allowed=spec.placement.node_pools,
                                         free_gpus=free_gpus, template=spec.pod_template)
     speed_factors = step_time_factors(measured_step_times)
-    offers = [with_measured_speed(with_device_terms(o, ctx), speed_factors) for o in offers]
+    offers = [with_measured_speed(with_device_terms(with_profile_refusals(o, profile, catalog), ctx), speed_factors)
+              for o in offers]
     baseline = _practitioner_default(ctx, spec, pools, catalog, speed_factors)
     declared = _declared_baseline(ctx, spec, pools, catalog, speed_factors)
     if not choices:

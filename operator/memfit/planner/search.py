@@ -15,7 +15,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from memfit.api.common import Offload, Precision
+from memfit.api.common import Checkpointing, Offload, Precision
 from memfit.api.job import Minimize
 from memfit.memory.predict import MemoryTerms
 from memfit.planner.context import Group, SearchContext, peak_bytes_int
@@ -93,17 +93,26 @@ def _beyond(key: Key, best: Key | None) -> bool:
     return best is not None and key > best
 
 
-def _lacks(offer: Offer, choice: Choice) -> frozenset[Lack]:
-    """What `offer` lacks that `choice` needs."""
+def _refused_precision(precision: Precision) -> Precision:
+    """The precision whose refusal rules this one out: bf16-pure runs the bf16 kernels autocast does."""
+    return Precision.BF16 if precision == Precision.BF16_PURE else precision
+
+
+def _lacks(offer: Offer, choice: Choice, refused: frozenset[tuple[Precision, Checkpointing]]) -> frozenset[Lack]:
+    """What `offer` lacks that `choice` needs (`refused`: what the profile could not run on this GPU)."""
     config = choice.config
     return frozenset(lack for lack, missing in (
+        (Lack.REFUSED, bool(refused) and (_refused_precision(config.precision),
+                                          config.activation_checkpointing) in refused),
         (Lack.BF16, config.precision in (Precision.BF16, Precision.BF16_PURE) and not offer.supports_bf16),
         (Lack.HOST_MEMORY, config.offload == Offload.CPU and offer.host_bytes_per_node is None),
         (Lack.NVME, config.offload == Offload.NVME and offer.nvme_bytes_per_node <= 0),
     ) if missing)
 
 
-def _offer_choices(offer: Offer, choices: Sequence[Choice]) -> tuple[list[Choice], tuple[Lack, ...]]:
+def _offer_choices(offer: Offer, choices: Sequence[Choice],
+                   refused: frozenset[tuple[Precision, Checkpointing]] = frozenset(),
+                   ) -> tuple[list[Choice], tuple[Lack, ...]]:
     """Choices the offer can run (fp16 is skipped where bf16 is at least as fast: same memory), and,
     when it can run none, what it lacks that they need: what every one of them needs (bf16 pinned on a
     T4), else everything that stopped one. A lack that only some allowed choices have is no reason: the
@@ -114,12 +123,13 @@ def _offer_choices(offer: Offer, choices: Sequence[Choice]) -> tuple[list[Choice
     fp16_dominated = offer.supports_bf16 and has_bf16_choice and (
         offer.speed.fp16_tflops <= offer.speed.bf16_tflops
     )
-    known: dict[tuple[Precision, Offload], frozenset[Lack]] = {}  # what a choice lacks depends on these two
+    # What a choice lacks depends on these three.
+    known: dict[tuple[Precision, Offload, Checkpointing], frozenset[Lack]] = {}
     for c in choices:
-        needs = (c.config.precision, c.config.offload)
+        needs = (c.config.precision, c.config.offload, c.config.activation_checkpointing)
         lacks = known.get(needs)
         if lacks is None:
-            lacks = known[needs] = _lacks(offer, c)
+            lacks = known[needs] = _lacks(offer, c, refused)
         if lacks:
             lacking.append(lacks)
         elif not (c.config.precision == Precision.FP16 and fp16_dominated):
@@ -135,11 +145,12 @@ def _offer_groups(ctx: SearchContext, offer: Offer, choices: Sequence[Choice],
     """What the offer lacks (when it runs no choice) and its runnable choices' groups on one GPU and on
     more (the optimizer step in backward runs on one GPU only), cached by what `_offer_choices` reads of
     an offer: most offers of a plan run the same choices."""
+    refused = offer.refused
     signature = (offer.supports_bf16, offer.speed.fp16_tflops <= offer.speed.bf16_tflops,
-                 offer.host_bytes_per_node is None, offer.nvme_bytes_per_node <= 0)
+                 offer.host_bytes_per_node is None, offer.nvme_bytes_per_node <= 0, bool(refused))
     cached = ctx.offer_groups_cache.get(signature)
     if cached is None or cached[0] is not choices:  # holding `choices` keeps its identity unique
-        runnable, lacks = _offer_choices(offer, choices)
+        runnable, lacks = _offer_choices(offer, choices, refused)
         single = ctx.groups(runnable)
         multi = ctx.groups([c for c in runnable if not c.config.optimizer_in_backward])
         cached = ctx.offer_groups_cache[signature] = (choices, lacks, single, multi)

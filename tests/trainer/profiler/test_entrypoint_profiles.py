@@ -7,8 +7,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from memfit.api.common import Checkpointing, Precision
 from memfit.api.profile import Profile
+from memfit.api.training_config import PLAIN_FP32_DDP
 from memfit.memory import Shape, calibrate
+from memfit.memory.strategy import Device, Strategy
 from memfit_trainer.profiler.cli import main
 from profiler_support import write_problem
 
@@ -128,3 +131,28 @@ def test_a_step_that_fails_only_when_elided_at_a_larger_batch_is_rerun_for_real(
     assert profile.compute == "full"
     assert profile.compute_reason is not None and "measured step" in profile.compute_reason
     assert [m.micro_batch_size for m in profile.measurements] == [2, 8]
+
+
+def test_a_precision_the_device_refuses_is_skipped_and_the_rest_of_the_profile_stands(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A float32-only extension (numpy behind a custom autograd Function) refuses bf16 autocast, as a
+    kernel without bf16 does: its bf16 configurations and curves are recorded as skipped with what raised;
+    fp32 is measured; a bf16 prediction says its activations are analytic (no curve), fp32's measured."""
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent))
+    sys.modules.pop("fp32_only_problem", None)
+    code, profile = _profile(tmp_path, monkeypatch, "fp32_only_problem:problem", "--curves", "on")
+    assert code == 0, profile.error
+    assert {(m.precision, m.checkpointing) for m in profile.measurements} == {("fp32", "none")}
+    assert {(c.precision, c.checkpointing) for c in profile.activation_curves} == {("fp32", "none"), ("fp32", "full")}
+    skipped = {(s.kind, s.precision, s.checkpointing) for s in profile.skipped}
+    assert skipped == {("configuration", "bf16", "none"), ("configuration", "bf16", "full"),
+                       ("curve", "bf16", "none"), ("curve", "bf16", "full")}
+    assert all("BFloat16" in s.reason for s in profile.skipped)
+    assert profile.refused() == {(Precision.BF16, Checkpointing.NONE), (Precision.BF16, Checkpointing.FULL)}
+    assert profile.shape is not None
+    calibration = calibrate(profile, Shape.of(profile.shape))
+    sources = {p: calibration.sources(Strategy(config=PLAIN_FP32_DDP.model_copy(update={"precision": p}),
+                                               device=Device.CPU))["activations"]
+               for p in (Precision.FP32, Precision.BF16)}
+    assert sources == {Precision.FP32: "measured", Precision.BF16: "analytic"}

@@ -8,7 +8,10 @@ from datetime import timedelta
 
 import pytest
 from lifecycle_harness import T0, Harness, busy_world, profile_message, quickstart, terminated
-from memfit.api.job import AttemptOutcome, Phase
+from memfit.api.common import Checkpointing, Precision
+from memfit.api.job import AttemptOutcome, MemoryOptimizedTrainingJobSpec, Phase
+from memfit.api.profile import Profile, SkippedRun
+from memfit.memory.problems import shape_from_problem
 from memfit.lifecycle import Delete, Ensure, WriteData
 
 PROFILE_JOB = "Job/j-profile"
@@ -69,6 +72,28 @@ def test_finished_profiling_is_cached_and_launches_in_the_same_pass() -> None:
     assert h.stored.profile is not None and h.stored.profile.source == "measured"
     assert h.stored.phase == Phase.LAUNCHING and h.children() >= TRAIN_CHILDREN
     assert_idempotent(h)
+
+
+def test_a_profile_that_skipped_what_its_gpu_refused_says_so_and_plans_around_it() -> None:
+    h = Harness()
+    h.reconcile()
+    problem = MemoryOptimizedTrainingJobSpec.model_validate(h.spec).problem
+    # Unrefused, this job plans fp32 on t4-spot; the profile, taken on a T4, could not run fp32 there.
+    skipped = [SkippedRun(kind="configuration", precision=Precision.FP32, checkpointing=ckpt, micro_batch_size=1,
+                          reason="NotImplementedError: no fp32 kernel") for ckpt in Checkpointing if ckpt != "auto"]
+    message = Profile(problem_hash="x", device="cuda:t4", shape=shape_from_problem(problem), seconds=3.0,
+                      skipped=skipped).to_json()
+    h.add_pod("j-profile", phase="Succeeded", **terminated(0, message, "Completed"))
+    h.finish("j-profile")
+    decision = h.reconcile()
+    assert decision.reasons() == ["ProfileMeasured", "PlanFound"]
+    status, reason, text = h.condition("Profiled")
+    assert (status, reason) == ("True", "ProfileMeasured")
+    assert text.endswith("; cuda:t4 could not run fp32/full, fp32/none, fp32/selective (NotImplementedError: no "
+                         "fp32 kernel): skipped, never planned on this GPU")
+    plan = h.stored.plan
+    assert plan is not None and plan.node_pool.startswith("t4")
+    assert plan.precision == "fp16"
 
 
 FAILED_PROFILING: dict[str, tuple[Callable[[Harness], None], str]] = {

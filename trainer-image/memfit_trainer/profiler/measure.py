@@ -99,6 +99,7 @@ class ConfigResult:
     error: str | None = None
     backward_peak_bytes: int | None = None  # forward + backward (optimizer measured separately)
     step_peak_bytes: int | None = None  # the optimizer step on top of what backward left
+    refused: bool = False  # the device could not run it (not out of memory): `error` says what raised
 
 
 @dataclass(slots=True)
@@ -108,6 +109,7 @@ class _Pending:
     optimizer_region: str | None = None
     optimizer_extra_seconds: float = 0.0
     error: str | None = None
+    refused: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,6 +138,8 @@ class MeasureRun:
     curve_regions: dict[tuple[Precision, Checkpointing, bool], tuple[list[tuple[int, str]], int | None]] = field(
         default_factory=dict
     )
+    # Curve groups the device could not run: (precision, checkpointing, what raised).
+    curve_refusals: list[tuple[Precision, Checkpointing, str]] = field(default_factory=list)
 
 
 def measure_configs(
@@ -205,7 +209,7 @@ def _result(
         return ConfigResult(config, error="not run")
     steps = [results[n] for n in pending.names if n in results]
     if pending.error is not None or not steps:
-        return ConfigResult(config, error=pending.error or "no step completed")
+        return ConfigResult(config, error=pending.error or "no step completed", refused=pending.refused)
     seconds = [s.seconds + extra for s, extra in zip(steps, pending.extra_seconds, strict=True)]
     peak = max(s.peak_allocated_bytes for s in steps)
     opt = results.get(pending.optimizer_region) if pending.optimizer_region else None
@@ -367,40 +371,60 @@ class _Session:
         return sum(n for ptr, n in storages.items() if ptr not in params)
 
     def _measure_curves(self) -> None:
-        options = self.options
-        for precision, ckpt in options.curves:
-            with activation_checkpointing(self.problem, ckpt):
-                try:
-                    saved = max(0, self._saved_bytes(precision, 2) - self._saved_bytes(precision, 1))
-                except Exception:  # hooks unsupported by some custom function: curves still run
-                    saved = None
+        for precision, ckpt in self.options.curves:
+            try:
+                self._measure_curve_group(precision, ckpt)
+            except (torch.OutOfMemoryError, MemoryError):
+                raise
+            except Exception as exc:
+                if self.elide is not None:
+                    raise
+                # This precision or checkpointing cannot run here: its curves are skipped and recorded
+                # (a prediction for it then rests on the analytic terms, and says so); the others stand.
                 for held in (False, True):
-                    model = self._held() if held else self.problem.model
-                    if held:  # DDP rebuilds its buckets after the first pass
-                        for _ in range(self.options.warmup_passes):
-                            self._fwd_bwd(model, precision, 1)
-                    points: list[tuple[int, str]] = []
-                    b = 1
-                    while b <= options.curve_max_micro_batch:
-                        if points and saved and b * saved > options.curve_budget_bytes:
-                            break
-                        name = f"curve:{precision.value}:{ckpt.value}:{'held' if held else 'bare'}:{b}"
-                        try:
-                            with self.meter.region(name):
-                                self._fwd_bwd(model, precision, b)
-                        except (torch.OutOfMemoryError, MemoryError):
-                            break
-                        finally:
-                            for p in self.problem.model.parameters():
-                                p.grad = None
-                            _release(options.device)
-                        points.append((b, name))
-                        b *= 2
-                    # The saved bytes do not depend on the wrapper: reported once (the 4 KiB Profile).
-                    self.run.curve_regions[(precision, ckpt, held)] = (points, None if held else saved)
+                    self.run.curve_regions.pop((precision, ckpt, held), None)
+                self.run.curve_refusals.append((precision, ckpt, refusal(exc)))
+                for p in self.problem.model.parameters():
+                    p.grad = None
         # The reducer's buckets must not stay allocated under later measurements.
         self.held_model = None
-        _release(options.device)
+        _release(self.options.device)
+
+    def _measure_curve_group(self, precision: Precision, ckpt: Checkpointing) -> None:
+        options = self.options
+        with activation_checkpointing(self.problem, ckpt):
+            try:
+                saved = max(0, self._saved_bytes(precision, 2) - self._saved_bytes(precision, 1))
+            except Exception:  # hooks unsupported by some custom function: curves still run
+                saved = None
+            for held in (False, True):
+                model = self._held() if held else self.problem.model
+                if held:  # DDP rebuilds its buckets after the first pass
+                    for _ in range(self.options.warmup_passes):
+                        self._fwd_bwd(model, precision, 1)
+                points: list[tuple[int, str]] = []
+                b = 1
+                while b <= options.curve_max_micro_batch:
+                    if points and saved and b * saved > options.curve_budget_bytes:
+                        break
+                    name = f"curve:{precision.value}:{ckpt.value}:{'held' if held else 'bare'}:{b}"
+                    try:
+                        with self.meter.region(name):
+                            self._fwd_bwd(model, precision, b)
+                    except (torch.OutOfMemoryError, MemoryError):
+                        break
+                    except RuntimeError as exc:
+                        if "can't allocate memory" not in str(exc):
+                            raise
+                        break
+                    finally:
+                        for p in self.problem.model.parameters():
+                            p.grad = None
+                        _release(options.device)
+                    points.append((b, name))
+                    b *= 2
+                # The saved bytes do not depend on the wrapper: reported once (the 4 KiB Profile).
+                self.run.curve_regions[(precision, ckpt, held)] = (points, None if held else saved)
 
     def _fwd_bwd(self, model: torch.nn.Module, precision: Precision, micro_batch_size: int) -> None:
         batch = batch_for(self.problem, micro_batch_size=micro_batch_size, step=0, device=self.options.device)
@@ -478,10 +502,15 @@ class _Session:
                     optimizer.zero_grad(set_to_none=True)
         except (torch.OutOfMemoryError, MemoryError) as exc:
             out.error = f"out of memory: {str(exc).splitlines()[0][:200]}"
-        except RuntimeError as exc:
-            if "can't allocate memory" not in str(exc):
-                raise
-            out.error = f"out of memory: {str(exc).splitlines()[0][:200]}"
+        except Exception as exc:
+            if "can't allocate memory" in str(exc):
+                out.error = f"out of memory: {str(exc).splitlines()[0][:200]}"
+            elif self.elide is not None:
+                raise  # elided arithmetic is suspect first: the whole profile reruns for real
+            else:
+                # The probe step ran, so the model trains; this precision or checkpointing does not on
+                # this device (a kernel without bf16, a float32-only extension): skipped, recorded.
+                out.error, out.refused = refusal(exc), True
         finally:
             optimizer.zero_grad(set_to_none=True)
             _release(self.options.device)
@@ -523,6 +552,12 @@ def _gemm_rates(
     cols = max((m.out_features for m in linears if m.out_features <= 8 * inner), default=inner)
     rows = problem.tokens_per_sample * min(c.micro_batch_size for c in configs)
     return GemmRates(rows=rows, inner=inner, cols=cols, device=device)
+
+
+def refusal(exc: BaseException) -> str:
+    """What a step the device refused raised, in one short line (the Profile keeps 120 characters)."""
+    first = (str(exc).strip().splitlines() or [""])[0]
+    return f"{type(exc).__name__}: {first}"[:120]
 
 
 def _release(device: torch.device) -> None:

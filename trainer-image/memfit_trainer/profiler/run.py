@@ -10,7 +10,15 @@ from memfit.api.common import Checkpointing, Precision
 from memfit.api.hashing import problem_hash
 from memfit.api.job import OptimizerKind
 from memfit.api.problem import Problem
-from memfit.api.profile import ActivationCurve, DepthProfile, Measurement, ModelShape, Profile, ReducedDepth
+from memfit.api.profile import (
+    ActivationCurve,
+    DepthProfile,
+    Measurement,
+    ModelShape,
+    Profile,
+    ReducedDepth,
+    SkippedRun,
+)
 
 from memfit_trainer.problems import DepthNotSupported, ProblemError, TrainingProblem, build_problem
 from memfit_trainer.profiler.configs import DEFAULT_CONFIGS, MAX_CONFIGS, ProfileConfig
@@ -41,6 +49,7 @@ DEPTH_MODES = ("full", "reduced")
 # Curves for user models: fp32 and bf16, without and with full checkpointing (memfit.memory.curves).
 CURVE_GROUPS = tuple((p, c) for p in (Precision.FP32, Precision.BF16) for c in (Checkpointing.NONE, Checkpointing.FULL))
 ERROR_MAX_CHARS = 1024  # Profile.error bound
+MAX_SKIPPED = 6  # Profile.skipped bound
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,9 +192,25 @@ def profile_problem(spec: Problem, options: ProfileOptions | None = None) -> Pro
         compute_reason=compute_reason,
         unused_parameters=any(bool(run.unused_parameters) for run, _ in depth_runs),
         depth=depth_profile,
+        skipped=_skipped(results, [r for run, _ in depth_runs for r in run.curve_refusals]),
         seconds=round(time.perf_counter() - started, 3),
     )
     return ProfileOutcome(profile, results, elide)
+
+
+def _skipped(results: list[ConfigResult], curves: list[tuple[Precision, Checkpointing, str]]) -> list[SkippedRun]:
+    """What the device refused, once per (kind, precision, checkpointing): configurations first."""
+    found: dict[tuple[str, Precision, Checkpointing], SkippedRun] = {}
+    for r in results:
+        c = r.config
+        if r.refused and r.error is not None:
+            found.setdefault(("configuration", c.precision, c.checkpointing), SkippedRun(
+                kind="configuration", precision=c.precision, checkpointing=c.checkpointing,
+                micro_batch_size=c.micro_batch_size, reason=r.error))
+    for precision, ckpt, reason in curves:
+        found.setdefault(("curve", precision, ckpt), SkippedRun(
+            kind="curve", precision=precision, checkpointing=ckpt, reason=reason))
+    return list(found.values())[:MAX_SKIPPED]
 
 
 @dataclass(frozen=True, slots=True)
