@@ -17,7 +17,6 @@ from dataclasses import dataclass, replace
 from memfit.api.common import Checkpointing, Precision
 from memfit.api.job import ObjectMeta
 from memfit.api.pod_template import PodTemplate
-from memfit.api.profile import Profile
 from memfit.api.pool import (
     GPUNodePool,
     GPUNodePoolSpec,
@@ -26,6 +25,7 @@ from memfit.api.pool import (
     InterconnectSpec,
     IntraNode,
 )
+from memfit.api.profile import Profile
 from memfit.catalog import GpuCatalog, GPUModel
 from memfit.mig import WHOLE_GPU_RESOURCE, MigSlice, resolve_slice
 from memfit.planner.measured import DeviceTerms

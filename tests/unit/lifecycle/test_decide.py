@@ -11,8 +11,8 @@ from lifecycle_harness import T0, Harness, busy_world, profile_message, quicksta
 from memfit.api.common import Checkpointing, Precision
 from memfit.api.job import AttemptOutcome, MemoryOptimizedTrainingJobSpec, Phase
 from memfit.api.profile import Profile, SkippedRun
-from memfit.memory.problems import shape_from_problem
 from memfit.lifecycle import Delete, Ensure, WriteData
+from memfit.memory.problems import shape_from_problem
 
 PROFILE_JOB = "Job/j-profile"
 TRAIN_CHILDREN = {"ConfigMap/j-plan-0", "Service/j", "Job/j-train-0"}
