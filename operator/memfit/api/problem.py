@@ -61,6 +61,35 @@ class Initialize(StrEnum):
     RANDOM = "random"
 
 
+class Attention(StrEnum):
+    """How a Hugging Face model computes attention (transformers' `attn_implementation`)."""
+
+    AUTO = "auto"  # sdpa
+    EAGER = "eager"  # the scores and softmax materialised (and saved for backward)
+    SDPA = "sdpa"  # torch scaled_dot_product_attention: flash / memory-efficient kernels, scores never saved
+    FLASH = "flash"  # flash_attention_2 (the flash-attn package, CUDA): the same memory as sdpa
+
+
+class Task(StrEnum):
+    """The head a Hugging Face model trains and its loss."""
+
+    AUTO = "auto"  # seq2seq-lm for an encoder-decoder, else causal-lm
+    CAUSAL_LM = "causal-lm"  # next-token prediction (AutoModelForCausalLM)
+    MASKED_LM = "masked-lm"  # the token-prediction head of an encoder (AutoModelForMaskedLM)
+    SEQ2SEQ_LM = "seq2seq-lm"  # encoder-decoder, teacher-forced (AutoModelForSeq2SeqLM)
+    SEQUENCE_CLASSIFICATION = "sequence-classification"  # one label per sample (config num_labels)
+
+
+# The heads transformers has for the architectures memfit models analytically (its AutoModelFor... classes):
+# what `task` may ask of them (encoder-decoders and other architectures are checked when the model is built).
+DECODER_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gpt2")
+TASKS_OF: dict[str, tuple[Task, ...]] = {
+    **dict.fromkeys(DECODER_TYPES, (Task.CAUSAL_LM, Task.SEQUENCE_CLASSIFICATION)),
+    "bert": (Task.CAUSAL_LM, Task.MASKED_LM, Task.SEQUENCE_CLASSIFICATION),
+    "vit": (Task.SEQUENCE_CLASSIFICATION,),  # image classification: its only head
+}
+
+
 class SecretKeyRef(ApiModel):
     """A key of a Secret in the job's namespace."""
 
@@ -130,6 +159,26 @@ class HuggingFaceProblem(ApiModel):
         description="Tokens per sample: real data is tokenized and packed to this length. Must not exceed "
         "the model's max_position_embeddings.",
     )
+    attention: Attention | None = Field(
+        default=None,
+        description="auto (sdpa), eager (scores materialised: more activation memory), sdpa or flash "
+        "(flash_attention_2, needs the flash-attn package in the trainer image).",
+    )
+    task: Task | None = Field(
+        default=None,
+        description="auto (seq2seq-lm for an encoder-decoder, else causal-lm), causal-lm, masked-lm, seq2seq-lm "
+        "or sequence-classification (the config's num_labels, default 2).",
+    )
+
+    @property
+    def attention_kind(self) -> Attention:
+        """The effective attention (auto is sdpa)."""
+        return Attention.SDPA if self.attention in (None, Attention.AUTO) else self.attention
+
+    @property
+    def task_kind(self) -> Task:
+        """The requested task (auto: decided by the model's config)."""
+        return self.task or Task.AUTO
 
     @property
     def initialization(self) -> Initialize:

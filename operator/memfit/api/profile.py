@@ -14,7 +14,7 @@ PROFILE_SCHEMA = "memfit.dev/profile/v1"
 class ModelShape(ApiModel):
     """The analytic shape of the model (enough for the memory and time model)."""
 
-    family: Literal["decoder", "encoder", "vision"] = "decoder"
+    family: Literal["decoder", "encoder", "encoder-decoder", "vision"] = "decoder"
     parameters: int = Field(ge=0, description="All parameters.")
     trainable_parameters: int | None = Field(default=None, ge=0, description="Trainable; default all.")
     largest_layer_parameters: int = Field(ge=0, description="Largest single module's parameters (L_max).")

@@ -7,6 +7,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from memfit.api.problem import TASKS_OF
+
 _BASE = "spec.strategy"
 
 
@@ -73,15 +75,42 @@ def _chunked_loss(spec: Mapping[str, Any], strategy: Mapping[str, Any]) -> list[
         why = "a job's own code or entrypoint computes its own loss"
     elif isinstance(builtin, Mapping) and builtin.get("kind") == "vit":
         why = "the builtin vit classifies images (no language-model head)"
+    hf = _mapping(problem.get("huggingface"))
+    task = hf.get("task", "auto")
+    if why is None and task not in ("auto", "causal-lm"):
+        why = f"spec.problem.huggingface.task is {task}"
     if why is None:
         return []
     return [(f"{_BASE}.chunkedLoss", f"chunkedLoss enabled needs a language-model head memfit builds (builtin "
              f"gpt or bert, a Hugging Face causal LM); {why}: set it to auto or disabled")]
 
 
+def _hf_task(spec: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """A task the inline config's architecture has no head for; sequence classification on real data (memfit's
+    loader packs text, it has no labels)."""
+    hf = _mapping(_mapping(spec.get("problem")).get("huggingface"))
+    task = hf.get("task")
+    if task in (None, "auto"):
+        return []
+    field = "spec.problem.huggingface.task"
+    found: list[tuple[str, str]] = []
+    model_type = _mapping(hf.get("config")).get("model_type")
+    allowed = TASKS_OF.get(model_type) if isinstance(model_type, str) else None
+    if allowed is not None and task not in allowed:
+        found.append((field, f"{model_type} has no {task} head in transformers (allowed: auto, "
+                             f"{', '.join(t.value for t in allowed)})"))
+    data = _mapping(spec.get("data"))
+    if task == "sequence-classification" and (data.get("huggingface") is not None or data.get("files") is not None):
+        found.append((field, "sequence-classification trains on synthetic labels only: spec.data is packed text "
+                             "without labels; train labelled data with your own code (spec.problem.entrypoint or "
+                             "spec.container)"))
+    return found
+
+
 def check_techniques(spec: Mapping[str, Any]) -> list[tuple[str, str]]:
     """Every violation of the techniques' pins (wire form), with its field path and what is allowed."""
     strategy = spec.get("strategy")
     if not isinstance(strategy, Mapping):
-        return []
-    return _pure_bf16(strategy) + _optimizer_in_backward(spec, strategy) + _chunked_loss(spec, strategy)
+        return _hf_task(spec)
+    return (_pure_bf16(strategy) + _optimizer_in_backward(spec, strategy) + _chunked_loss(spec, strategy)
+            + _hf_task(spec))

@@ -45,7 +45,7 @@ from dataclasses import dataclass
 
 from memfit.api.common import Checkpointing, Engine
 from memfit.memory.shape import Shape
-from memfit.memory.strategy import Strategy
+from memfit.memory.strategy import Device, Strategy
 
 # Bytes of a dropout mask element (torch native_dropout saves a bool mask).
 DROPOUT_MASK_BYTES = 1
@@ -101,17 +101,42 @@ def _input_copies(shape: Shape, strategy: Strategy, *, projections: int) -> int:
     return projections if autocast and shape.separate_qkv else 1
 
 
-def _attention_core(shape: Shape, compute: int, copies: int = 1) -> float:
-    """Bytes per token of the attention sub-block after its norm: QKV input, Q/K/V, output, masks."""
-    h, s, a = shape.hidden, shape.tokens, shape.heads
-    core = compute * h * copies + compute * (h + 2 * shape.kv_hidden) + compute * h
+def scores_bytes(shape: Shape, compute: int, *, cpu: bool, autocast: bool) -> float:
+    """Bytes per token of attention-score-sized tensors saved for backward, in units of a·s (heads x
+    sequence); measured with saved-tensor hooks on transformers' Llama, GPT-2 and BERT (CPU) and read from
+    PyTorch's autocast and SDPA kernel rules (CUDA):
+
+    - SDPA / FlashAttention: none; except with attention dropout on a CPU, where SDPA falls back to its
+      math path in fp32 (softmax, dropout mask and output: 12 B);
+    - eager: the softmax output, fp32 when the model upcasts it (transformers' decoders:
+      `softmax(dtype=float32)`) or when CUDA autocast runs softmax in fp32 (not CPU autocast, not a model
+      whose weights are 16-bit: DeepSpeed, FSDP's mixed precision), else in the compute dtype (Korthikanti's
+      2as); the compute-dtype copy the second matmul saves when they differ. With dropout on CUDA (fused
+      `native_dropout`) a 1-byte mask and the dropout output take the copy's place; on a CPU the unfused
+      dropout keeps a mask and an output in the softmax's dtype (3 x the softmax bytes)."""
+    a_s = shape.heads * shape.tokens
+    if shape.flash_attention:
+        return 12.0 * a_s if shape.dropout and cpu else 0.0
+    upcast = shape.family == "decoder" or (autocast and not cpu and compute < 4)
+    softmax = 4 if upcast else compute
+    if not shape.dropout:
+        return float((softmax + (compute if softmax != compute else 0)) * a_s)
+    if cpu:
+        return float(3 * softmax * a_s)
+    return float((softmax + DROPOUT_MASK_BYTES + compute) * a_s)
+
+
+def _attention_core(shape: Shape, compute: int, copies: int = 1, *, cpu: bool = False,
+                    autocast: bool = False) -> float:
+    """Bytes per token of the attention sub-block after its norm: QKV input, Q/K/V, output, masks, and
+    the scores where they are materialised (`scores_bytes`). Eager attention also saves K and V repeated
+    to every query head (transformers' `repeat_kv`), where SDPA keeps them at their grouped width."""
+    h = shape.hidden
+    kv = shape.kv_hidden if shape.flash_attention else h
+    core = compute * h * copies + compute * (h + 2 * kv) + compute * h
     if shape.dropout:
         core += DROPOUT_MASK_BYTES * h
-    if not shape.flash_attention:
-        core += compute * a * s  # softmax output
-        if shape.dropout:
-            core += (DROPOUT_MASK_BYTES + compute) * a * s
-    return core
+    return core + scores_bytes(shape, compute, cpu=cpu, autocast=autocast)
 
 
 def _mlp(shape: Shape, compute: int, copies: int = 1) -> float:
@@ -130,13 +155,14 @@ def activation_terms(shape: Shape, strategy: Strategy) -> ActivationTerms:
     norm = _norm(shape, residual)
     qkv_copies = _input_copies(shape, strategy, projections=3)
     mlp_copies = _input_copies(shape, strategy, projections=2 if shape.gated_mlp else 1)
-    attn = norm + _attention_core(shape, compute, qkv_copies)
+    cpu, autocast = strategy.device == Device.CPU, strategy.mixed_precision and strategy.config.engine == Engine.DDP
+    attn = norm + _attention_core(shape, compute, qkv_copies, cpu=cpu, autocast=autocast)
     mlp = norm + _mlp(shape, compute, mlp_copies)
     if strategy.config.activation_checkpointing == Checkpointing.FULL:
         per_layer, recompute = float(residual * h), attn + mlp
     elif strategy.config.activation_checkpointing == Checkpointing.SELECTIVE:
         per_layer = norm + residual * h + mlp
-        recompute = _attention_core(shape, compute, qkv_copies)
+        recompute = _attention_core(shape, compute, qkv_copies, cpu=cpu, autocast=autocast)
     else:
         per_layer, recompute = attn + mlp, 0.0
     # Outside the blocks: embedding dropout, final norm and head input.

@@ -157,7 +157,8 @@ def peft_activation_terms(shape: Shape, strategy: Strategy, layout: AdapterLayou
     norm = _norm(shape, dtype)
     # The full fine-tune's block (one saved copy per shared input), less the inputs no adapter reads,
     # plus the A outputs and the adapters' dropout (its output and mask; the undropped input goes).
-    attn = norm + _attention_core(shape, dtype)
+    cpu, autocast = strategy.device == Device.CPU, strategy.mixed_precision and strategy.config.engine == Engine.DDP
+    attn = norm + _attention_core(shape, dtype, cpu=cpu, autocast=autocast)
     mlp = norm + _mlp(shape, dtype)
     adapter = dtype * (layout.adapter_output_width - layout.unsaved_input_width)
     # torch's CPU dropout keeps its mask at the input's dtype; CUDA's native_dropout a bool mask.
@@ -169,7 +170,7 @@ def peft_activation_terms(shape: Shape, strategy: Strategy, layout: AdapterLayou
     if ckpt == Checkpointing.FULL:
         per_layer, recompute = float(dtype * h), block
     elif ckpt == Checkpointing.SELECTIVE:
-        recompute = _attention_core(shape, dtype)
+        recompute = _attention_core(shape, dtype, cpu=cpu, autocast=autocast)
         per_layer = block - recompute + dtype * h
     else:
         per_layer, recompute = block, 0.0

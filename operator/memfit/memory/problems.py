@@ -9,8 +9,9 @@ tests pin them to the published sizes (GPT-2 124,439,808; Llama-2-7B 6,738,415,6
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import NoReturn
 
-from memfit.api.problem import BuiltinProblem, HuggingFaceProblem, ModelKind, Problem
+from memfit.api.problem import TASKS_OF, Attention, BuiltinProblem, HuggingFaceProblem, ModelKind, Problem, Task
 from memfit.api.profile import ModelShape
 
 GATED_DECODERS = ("llama", "mistral", "qwen2", "qwen3")
@@ -79,23 +80,47 @@ def shape_from_huggingface(spec: HuggingFaceProblem) -> ModelShape:
             f"problem.huggingface.config: {spec.model!r} has no inline config; memfit does not download. "
             "Paste the model's config.json under config (or profile the job)"
         )
-    return shape_from_hf_config(spec.config, sequence_length=spec.sequence_length)
+    return shape_from_hf_config(spec.config, sequence_length=spec.sequence_length, attention=spec.attention_kind,
+                                task=spec.task_kind)
 
 
-def shape_from_hf_config(config: Mapping[str, object], *, sequence_length: int) -> ModelShape:
+def shape_from_hf_config(config: Mapping[str, object], *, sequence_length: int, attention: Attention = Attention.SDPA,
+                         task: Task = Task.AUTO) -> ModelShape:
     """Shape from a config.json mapping: llama/mistral/qwen2 (gated MLP, GQA, tied embeddings),
-    gpt2, bert and vit."""
+    gpt2, bert and vit; with the head `task` asks for (a classifier instead of the LM head) and eager
+    attention's materialised scores (`attention` eager)."""
     model_type = config.get("model_type")
     if not isinstance(model_type, str):
         raise ShapeError('problem.huggingface.config.model_type: missing (e.g. "llama")')
+    allowed = TASKS_OF.get(model_type)
+    if allowed is not None and task != Task.AUTO and task not in allowed:
+        raise ShapeError(f"problem.huggingface.task: {model_type} has no {task.value} head in transformers "
+                         f"(allowed: auto, {', '.join(t.value for t in allowed)})")
+    classify = task == Task.SEQUENCE_CLASSIFICATION
     if model_type in GATED_DECODERS:
-        return _gated_decoder(config, sequence_length)
-    if model_type == "gpt2":
-        return _gpt2(config, sequence_length)
-    if model_type == "bert":
-        return _bert(config, sequence_length)
-    if model_type == "vit":
-        return _vit(config)
+        shape = _gated_decoder(config, sequence_length, classify=classify)
+    elif model_type == "gpt2":
+        shape = _gpt2(config, sequence_length, classify=classify)
+    elif model_type == "bert":
+        shape = _bert(config, sequence_length, classify=classify)
+    elif model_type == "vit":
+        shape = _vit(config)
+    else:
+        _unmodelled(model_type)
+    if attention == Attention.EAGER:
+        shape = shape.model_copy(update={"flash_attention": False})
+    return shape
+
+
+def _labels(config: Mapping[str, object]) -> int:
+    """Classes of a classification head: `id2label`'s entries, else `num_labels` (transformers' default 2)."""
+    labels_map = config.get("id2label")
+    if isinstance(labels_map, Mapping) and labels_map:
+        return len(labels_map)
+    return _int(config, "num_labels", 2)
+
+
+def _unmodelled(model_type: str) -> NoReturn:
     raise ShapeError(
         f"problem.huggingface.config.model_type: {model_type!r} is not modelled analytically "
         f"(supported: {', '.join(SUPPORTED_HF)}); profile the job to plan it"
@@ -130,7 +155,7 @@ def _heads(config: Mapping[str, object], hidden: int, key: str, default: int | N
     return heads
 
 
-def _gated_decoder(config: Mapping[str, object], seq: int) -> ModelShape:
+def _gated_decoder(config: Mapping[str, object], seq: int, *, classify: bool = False) -> ModelShape:
     """LlamaForCausalLM and relatives: RMSNorm, Q/K/V/O (GQA), SwiGLU MLP, optional tied head."""
     h = _int(config, "hidden_size")
     layers = _int(config, "num_hidden_layers")
@@ -152,16 +177,18 @@ def _gated_decoder(config: Mapping[str, object], seq: int) -> ModelShape:
         attn += 2 * head_dim  # q_norm and k_norm
     block = attn + 3 * h * f + 2 * h
     tied = _flag(config, "tie_word_embeddings", False)
-    params = v * h + layers * block + h + (0 if tied else v * h)
+    # ...ForSequenceClassification: the bare model and a `score` matrix to the labels (no LM head).
+    head = h * _labels(config) if classify else (0 if tied else v * h)
+    params = v * h + layers * block + h + head
     return ModelShape(
         family="decoder", parameters=params, largest_layer_parameters=max(v * h, h * f, h * q_dim),
-        layers=layers, hidden=h, heads=heads, kv_heads=kv_heads, ffn_hidden=f, vocab=v,
+        layers=layers, hidden=h, heads=heads, kv_heads=kv_heads, ffn_hidden=f, vocab=0 if classify else v,
         tokens_per_sample=seq, gated_mlp=True, dropout=_prob(config, "attention_dropout", 0.0) > 0,
         separate_qkv=True,
     )
 
 
-def _gpt2(config: Mapping[str, object], seq: int) -> ModelShape:
+def _gpt2(config: Mapping[str, object], seq: int, *, classify: bool = False) -> ModelShape:
     """GPT2LMHeadModel: Conv1D with biases, learned positions, head tied to the token embedding."""
     h = _int(config, "n_embd", 768)
     layers = _int(config, "n_layer", 12)
@@ -172,16 +199,18 @@ def _gpt2(config: Mapping[str, object], seq: int) -> ModelShape:
     if seq > positions:
         raise ShapeError(f"problem.huggingface.sequenceLength: {seq} exceeds n_positions {positions}")
     block = 4 * h + (3 * h * h + 3 * h) + (h * h + h) + (h * f + f) + (f * h + h)
-    params = v * h + positions * h + layers * block + 2 * h
+    params = v * h + positions * h + layers * block + 2 * h + (h * _labels(config) if classify else 0)
     dropout = max(_prob(config, k, 0.1) for k in ("resid_pdrop", "embd_pdrop", "attn_pdrop")) > 0
     return ModelShape(
         family="decoder", parameters=params, largest_layer_parameters=max(v * h, h * f, 3 * h * h),
-        layers=layers, hidden=h, heads=heads, ffn_hidden=f, vocab=v, tokens_per_sample=seq, dropout=dropout,
+        layers=layers, hidden=h, heads=heads, ffn_hidden=f, vocab=0 if classify else v, tokens_per_sample=seq,
+        dropout=dropout,
     )
 
 
-def _bert(config: Mapping[str, object], seq: int) -> ModelShape:
-    """BertForMaskedLM: word/position/type embeddings, post-LN blocks, tied MLM head with a transform."""
+def _bert(config: Mapping[str, object], seq: int, *, classify: bool = False) -> ModelShape:
+    """BertForMaskedLM: word/position/type embeddings, post-LN blocks, tied MLM head with a transform;
+    BertForSequenceClassification: the pooler (dense on the first token) and a classifier instead."""
     h = _int(config, "hidden_size", 768)
     layers = _int(config, "num_hidden_layers", 12)
     heads = _heads(config, h, "num_attention_heads", 12)
@@ -196,11 +225,15 @@ def _bert(config: Mapping[str, object], seq: int) -> ModelShape:
     block = (3 * h * h + 3 * h) + (h * h + h) + 2 * h + (h * f + f) + (f * h + h) + 2 * h
     embeddings = (v + positions + types) * h + 2 * h
     head = (h * h + h) + 2 * h + v  # transform dense + LayerNorm + decoder bias (weight tied)
+    if classify:
+        labels = _labels(config)
+        head = (h * h + h) + h * labels + labels  # pooler dense + classifier
     params = embeddings + layers * block + head
     dropout = _prob(config, "hidden_dropout_prob", 0.1) > 0
     return ModelShape(
         family="encoder", parameters=params, largest_layer_parameters=max(v * h, h * f),
-        layers=layers, hidden=h, heads=heads, ffn_hidden=f, vocab=v, tokens_per_sample=seq, dropout=dropout,
+        layers=layers, hidden=h, heads=heads, ffn_hidden=f, vocab=0 if classify else v, tokens_per_sample=seq,
+        dropout=dropout,
         separate_qkv=True,
     )
 
@@ -215,10 +248,7 @@ def _vit(config: Mapping[str, object]) -> ModelShape:
     channels = _int(config, "num_channels", 3)
     if image % patch:
         raise ShapeError(f"problem.huggingface.config.patch_size: {patch} does not divide image_size {image}")
-    labels_map = config.get("id2label")
-    classes = len(labels_map) if isinstance(labels_map, Mapping) and labels_map else _int(
-        config, "num_labels", 2
-    )
+    classes = _labels(config)
     tokens = (image // patch) ** 2 + 1
     block = (3 * h * h + 3 * h) + (h * h + h) + 2 * h + (h * f + f) + (f * h + h) + 2 * h
     params = h + tokens * h + (channels * patch * patch * h + h) + layers * block + 2 * h + h * classes + classes

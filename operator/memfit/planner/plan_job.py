@@ -14,6 +14,7 @@ from memfit.api.job import MemoryOptimizedTrainingJobSpec
 from memfit.api.peft import adapter_settings
 from memfit.api.plan import BaselineCost, FullFinetuneComparison, Plan, round_cost
 from memfit.api.pool import GPUNodePool
+from memfit.api.problem import Task
 from memfit.api.profile import ModelShape, Profile
 from memfit.catalog import GpuCatalog
 from memfit.memory.adapter import AdapterLayout, adapter_layout
@@ -254,7 +255,7 @@ def plan(
         return _no_fit([shape])
     ctx = shared_search_context(spec, shape, profile=profile, measured_peaks=measured_peaks,
                                 measured_devices=measured_devices, pools=pools)
-    choices, pin_problems = strategy_choices(spec.strategy, lm_head=has_lm_head(spec, ctx.shape.vocab))
+    choices, pin_problems = strategy_choices(spec.strategy, lm_head=has_lm_head(spec, ctx.shape.vocab, ctx.shape.family))
     peft_reasons: list[str] = []
     choices = _peft_choices(ctx, choices, peft_reasons)
     if not choices:
@@ -326,10 +327,14 @@ def _with_learned(notes: list[str], learned: list[str]) -> list[str]:
     return [*notes[: NOTES_MAX - len(learned)], *learned]
 
 
-def has_lm_head(spec: MemoryOptimizedTrainingJobSpec, vocab: int) -> bool:
+def has_lm_head(spec: MemoryOptimizedTrainingJobSpec, vocab: int, family: str = "decoder") -> bool:
     """Whether memfit_trainer can chunk this job's loss: a language-model head (vocabulary) on a model it
-    builds itself (builtin or Hugging Face), not a user's entrypoint or container."""
-    return vocab > 0 and spec.problem.entrypoint is None and spec.container is None
+    builds itself (builtin, or a Hugging Face causal LM: not a masked-LM, classification or encoder-decoder
+    task), not a user's entrypoint or container."""
+    hf = spec.problem.huggingface
+    causal = hf is None or hf.task_kind in (Task.AUTO, Task.CAUSAL_LM)
+    return (vocab > 0 and causal and family != "encoder-decoder" and spec.problem.entrypoint is None
+            and spec.container is None)
 
 
 def _full_finetune(ctx: SearchContext, spec: MemoryOptimizedTrainingJobSpec,
@@ -338,7 +343,7 @@ def _full_finetune(ctx: SearchContext, spec: MemoryOptimizedTrainingJobSpec,
     (shown, never chosen: the job did not allow it, or it cost more)."""
     pins = spec.strategy.model_copy(update={"peft": spec.strategy.peft.model_copy(
         update={"method": PeftMethod.NONE, "allowed": []})})
-    choices, problems = strategy_choices(pins, lm_head=has_lm_head(spec, ctx.shape.vocab))
+    choices, problems = strategy_choices(pins, lm_head=has_lm_head(spec, ctx.shape.vocab, ctx.shape.family))
     if not choices:
         return FullFinetuneComparison(description=f"no full fine-tune under the pins: {'; '.join(problems)}"[:256])
     # Another list of choices: its ranks and memory ids mean other configurations than the plan's, so it

@@ -65,7 +65,7 @@ def best_objective(spec: MemoryOptimizedTrainingJobSpec, pools: Sequence[GPUNode
     shape = resolve_shape(spec, None)
     if isinstance(shape, str):
         return None
-    lm_head = has_lm_head(spec, shape.vocab)
+    lm_head = has_lm_head(spec, shape.vocab, shape.family)
     if spec.strategy.chunked_loss == Toggle.ENABLED and not lm_head:
         return None  # the planner refuses the pin (planner.space)
     ranks = {_preference(c.config): c.rank for c in strategy_choices(spec.strategy, lm_head=lm_head)[0]}

@@ -124,6 +124,28 @@ CASES: dict[str, tuple[dict[str, Any], str, str]] = {
         "spec.strategy.chunkedLoss",
         "no language-model head",
     ),
+    "masked-lm head on a llama": (
+        {"problem": {"huggingface": {"model": "m/llama", "task": "masked-lm", "config": {"model_type": "llama"}}}},
+        "spec.problem.huggingface.task",
+        "llama has no masked-lm head in transformers (allowed: auto, causal-lm, sequence-classification)",
+    ),
+    "chunked loss on a classifier": (
+        {"problem": {"huggingface": {"model": "m/bert", "task": "sequence-classification"}},
+         "strategy": {"chunkedLoss": "enabled"}},
+        "spec.strategy.chunkedLoss",
+        "spec.problem.huggingface.task is sequence-classification: set it to auto or disabled",
+    ),
+    "classification on unlabelled data": (
+        {"problem": {"huggingface": {"model": "m/bert", "task": "sequence-classification"}},
+         "data": {"files": {"volumeClaim": "data", "path": "train.jsonl"}}},
+        "spec.problem.huggingface.task",
+        "synthetic labels only",
+    ),
+    "unknown attention": (
+        {"problem": {"huggingface": {"model": "m/bert", "attention": "fast"}}},
+        "spec.problem.huggingface.attention",
+        "'auto', 'eager', 'sdpa' or 'flash'",
+    ),
     "ddp with zero-3": (
         {"strategy": {"engine": "ddp", "zeroStage": 3}},
         "spec.strategy.zeroStage",

@@ -9,6 +9,7 @@ from memfit.api.common import Checkpointing, Engine, Offload, Precision
 from memfit.api.job import OptimizerKind
 from memfit.api.profile import ModelShape
 from memfit.memory import Shape, Strategy, shape_from_hf_config
+from memfit.memory.strategy import Device
 
 GIB = 1024**3
 
@@ -105,6 +106,9 @@ class S:
 
     def sgd(self) -> S:
         return self._set(optimizer=OptimizerKind.SGD)
+
+    def device(self, name: str) -> S:
+        return self._set(device=Device(name))
 
     def world(self, n: int, per_node: int | None = None) -> S:
         return self._set(world_size=n, gpus_per_node=per_node or min(n, 8))

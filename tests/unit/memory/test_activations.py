@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 from memfit.memory import Shape
-from memfit.memory.activations import activation_terms
+from memfit.memory.activations import activation_terms, scores_bytes
+from memfit.memory.strategy import Device
 from memory_factories import LLAMA32_1B, S, hf_shape, model_shape
 
 S_, H, A = 2048, 4096, 32  # sequence, hidden, heads
@@ -12,8 +13,10 @@ S_, H, A = 2048, 4096, 32  # sequence, hidden, heads
 
 def per_layer_bytes(*, flash: bool, strategy: object) -> float:
     """Activation bytes of one transformer layer per sample (two shapes differing by one layer)."""
-    common = {"hidden": H, "heads": A, "ffn_hidden": 4 * H, "vocab": 0, "tokens_per_sample": S_,
-              "dropout": True, "flash_attention": flash}
+    # Korthikanti's count is for a model whose softmax runs at the compute dtype (Megatron's fused kernel;
+    # not transformers' decoders, which upcast it to fp32: test_eager_attention_scores).
+    common = {"family": "encoder", "hidden": H, "heads": A, "ffn_hidden": 4 * H, "vocab": 0,
+              "tokens_per_sample": S_, "dropout": True, "flash_attention": flash}
     one, two = (Shape.of(model_shape(layers=n, **common)) for n in (1, 2))
     return (activation_terms(two, strategy).activation_bytes_per_sample  # type: ignore[arg-type]
             - activation_terms(one, strategy).activation_bytes_per_sample)  # type: ignore[arg-type]
@@ -32,6 +35,52 @@ def test_flash_attention_removes_the_5as_term() -> None:
 def test_fp32_doubles_everything_but_the_dropout_masks() -> None:
     # 34 = 32 bytes of 16-bit tensors + 2 one-byte masks; fp32 doubles the 32.
     assert per_layer_bytes(flash=True, strategy=S().deepspeed(2).fp32().build()) == S_ * H * (64 + 2)
+
+
+def _scores(family: str, strategy: object, *, dropout: bool, flash: bool = False) -> float:
+    """Saved score bytes per token of one layer, in units of a·s."""
+    shape = Shape.of(model_shape(family=family, hidden=H, heads=A, ffn_hidden=4 * H, vocab=0, tokens_per_sample=S_,
+                                 dropout=dropout, flash_attention=flash))
+    compute = 4 if strategy.config.precision == "fp32" else 2  # type: ignore[attr-defined]
+    autocast = strategy.mixed_precision and strategy.config.engine == "ddp"  # type: ignore[attr-defined]
+    return scores_bytes(shape, compute, cpu=strategy.device == Device.CPU, autocast=autocast) / (A * S_)  # type: ignore[attr-defined]
+
+
+EAGER_SCORES = {
+    # transformers' decoders: softmax(dtype=float32) saved, and its 16-bit copy for the second matmul.
+    "decoder, DDP bf16 (CUDA)": ("decoder", S().bf16().build(), False, 6.0),
+    "decoder, DDP fp32": ("decoder", S().fp32().build(), False, 4.0),
+    "decoder, DeepSpeed bf16": ("decoder", S().deepspeed(2).bf16().build(), False, 6.0),
+    # BERT: softmax at the input's dtype, except that CUDA autocast runs softmax in fp32.
+    "encoder, DDP bf16 (CUDA)": ("encoder", S().bf16().build(), False, 6.0),
+    "encoder, DDP bf16 (CPU)": ("encoder", S().bf16().device("cpu").build(), False, 2.0),
+    "encoder, DeepSpeed bf16": ("encoder", S().deepspeed(2).bf16().build(), False, 2.0),
+    # Dropout: CUDA's fused native_dropout keeps a bool mask and its 16-bit output (Korthikanti's 5as at
+    # 16-bit softmax); a CPU's unfused dropout keeps a mask and an output at the softmax's dtype.
+    "decoder, DDP bf16, dropout (CUDA)": ("decoder", S().bf16().build(), True, 7.0),
+    "encoder, DeepSpeed bf16, dropout": ("encoder", S().deepspeed(2).bf16().build(), True, 5.0),
+    "encoder, DDP fp32, dropout (CPU)": ("encoder", S().fp32().device("cpu").build(), True, 12.0),
+}
+
+
+@pytest.mark.parametrize(("family", "strategy", "dropout", "units"), list(EAGER_SCORES.values()), ids=list(EAGER_SCORES))
+def test_eager_attention_scores(family: str, strategy: object, dropout: bool, units: float) -> None:
+    assert _scores(family, strategy, dropout=dropout) == units
+
+
+def test_sdpa_saves_no_scores_except_its_cpu_math_path_under_dropout() -> None:
+    assert _scores("decoder", S().bf16().build(), dropout=True, flash=True) == 0.0
+    assert _scores("decoder", S().bf16().device("cpu").build(), dropout=False, flash=True) == 0.0
+    assert _scores("decoder", S().bf16().device("cpu").build(), dropout=True, flash=True) == 12.0
+
+
+def test_eager_attention_saves_k_and_v_at_every_query_head() -> None:
+    def block(flash: bool) -> float:
+        shape = Shape.of(model_shape(hidden=H, heads=A, kv_heads=8, ffn_hidden=4 * H, vocab=0, tokens_per_sample=S_,
+                                     flash_attention=flash))
+        return activation_terms(shape, S().fp32().build()).activation_bytes_per_sample
+    widened = 24 * 2 * 4 * (H - H * 8 // A) * S_  # 24 layers, K and V, fp32, from the grouped width to h
+    assert block(False) - block(True) == pytest.approx(24 * 4 * A * S_ * S_ + widened)
 
 
 CKPT = {

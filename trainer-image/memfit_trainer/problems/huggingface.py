@@ -4,6 +4,7 @@ from a config (`AutoConfig.for_model` on the inline config), trained on syntheti
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
 import types
 from collections.abc import Mapping
@@ -14,7 +15,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from memfit.api.data import DataSpec
-from memfit.api.problem import HuggingFaceProblem, Initialize
+from memfit.api.problem import Attention, HuggingFaceProblem, Initialize, Task
 from torch import nn
 
 from memfit_trainer.chunked_loss import chunked_cross_entropy
@@ -109,6 +110,9 @@ def _config(spec: HuggingFaceProblem, transformers: Any, environ: Mapping[str, s
 
 
 def _reduce_depth(config: Any, depth: int, model: str) -> None:
+    if getattr(config, "is_encoder_decoder", False):
+        raise DepthNotSupported(f"problem.huggingface: {model!r} is an encoder-decoder (two stacks of blocks); "
+                                "its depth cannot be reduced")
     layers = getattr(config, "num_hidden_layers", None)
     if not isinstance(layers, int):
         raise DepthNotSupported(f"problem.huggingface: config of {model!r} has no num_hidden_layers; "
@@ -127,6 +131,56 @@ def _largest_module_list(model: nn.Module) -> list[nn.Module]:
     if not lists:
         return []
     return list(max(lists, key=len))
+
+
+def _seq2seq_blocks(model: Any) -> list[nn.Module]:
+    """An encoder-decoder's repeated units: the encoder's blocks, then the decoder's (both are checkpointed
+    and sharded like a decoder's layers)."""
+    return _uniform_blocks(model.get_encoder()) + _uniform_blocks(model.get_decoder())
+
+
+def _uniform_blocks(stack: nn.Module) -> list[nn.Module]:
+    """The longest layer list of one class (a T5 decoder block's own list of self-attention, cross-attention
+    and MLP sub-layers is longer than a two-block stack, but mixed)."""
+    lists = [m for m in stack.modules() if isinstance(m, nn.ModuleList) and len({type(x) for x in m}) == 1]
+    return list(max(lists, key=len)) if lists else []
+
+
+def shift_right(labels: torch.Tensor, config: Any) -> torch.Tensor:
+    """The decoder's inputs for teacher forcing: the labels one step late, after the start token
+    (`decoder_start_token_id`, else the pad token, else 0), as T5's and BART's `_shift_right` build them
+    (done here: a config without `decoder_start_token_id` makes theirs raise)."""
+    start = getattr(config, "decoder_start_token_id", None)
+    if start is None:
+        start = getattr(config, "pad_token_id", None) or 0
+    shifted = labels.new_full(labels.shape, int(start))
+    shifted[:, 1:] = labels[:, :-1]
+    pad = getattr(config, "pad_token_id", None) or 0
+    return shifted.masked_fill(shifted == -100, int(pad))
+
+
+def _seq2seq_loss(config: Any) -> Any:
+    """Encoder-decoder: the encoder reads the sample, the decoder predicts the labels (teacher forcing);
+    cross-entropy over upcast logits, as `_logits_loss`. `config` is the model's (a wrapper hides it)."""
+
+    def loss(model: nn.Module, batch: Batch) -> torch.Tensor:
+        labels = batch["labels"]
+        logits = model(input_ids=batch["input_ids"], decoder_input_ids=shift_right(labels, config)).logits
+        return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
+
+    return loss
+
+
+def _classification_loss(config: Any) -> Any:
+    """Sequence classification on synthetic labels: each sample's class is its first token modulo the
+    labels (deterministic in the batch), cross-entropy over the pooled logits."""
+    labels = int(getattr(config, "num_labels", 2) or 2)
+
+    def loss(model: nn.Module, batch: Batch) -> torch.Tensor:
+        logits = model(input_ids=batch["input_ids"]).logits
+        return F.cross_entropy(logits.float(), batch["input_ids"][:, 0] % labels)
+
+    return loss
 
 
 def _logits_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
@@ -203,11 +257,13 @@ def _tokenizer(spec: HuggingFaceProblem, transformers: Any, environ: Mapping[str
 
 
 def _pretrained(spec: HuggingFaceProblem, transformers: Any, config: Any, finetune: Finetune) -> Any:
+    auto = _auto_class(transformers, spec, config)
+    attn = attention_implementation(spec, training=True)
     if finetune.load_on_rank0 and finetune.rank != 0:
         # The shapes only: no memory for weights on this rank until its shards arrive from rank 0.
         with torch.device("meta"):
-            return transformers.AutoModelForCausalLM.from_config(
-                config, dtype=finetune.dtype, attn_implementation="sdpa", trust_remote_code=spec.trust_remote_code)
+            return auto.from_config(
+                config, dtype=finetune.dtype, attn_implementation=attn, trust_remote_code=spec.trust_remote_code)
     source, kwargs = model_source(spec, finetune.environ)
     keep_alive = None
     if finetune.zero3_config is not None:
@@ -220,13 +276,56 @@ def _pretrained(spec: HuggingFaceProblem, transformers: Any, config: Any, finetu
         deepspeed.init_distributed(auto_mpi_discovery=False)
         keep_alive = HfDeepSpeedConfig(dict(finetune.zero3_config))
     try:
-        return transformers.AutoModelForCausalLM.from_pretrained(
-            source, config=config, dtype=finetune.dtype, low_cpu_mem_usage=True, attn_implementation="sdpa",
+        return auto.from_pretrained(
+            source, config=config, dtype=finetune.dtype, low_cpu_mem_usage=True, attn_implementation=attn,
             trust_remote_code=spec.trust_remote_code, **kwargs)
     except (OSError, ValueError) as exc:
         raise _load_error(spec, source, exc, what="cannot load pretrained weights") from exc
     finally:
         del keep_alive
+
+
+AUTO_CLASSES = {
+    Task.CAUSAL_LM: "AutoModelForCausalLM",
+    Task.MASKED_LM: "AutoModelForMaskedLM",
+    Task.SEQ2SEQ_LM: "AutoModelForSeq2SeqLM",
+    Task.SEQUENCE_CLASSIFICATION: "AutoModelForSequenceClassification",
+}
+ATTENTION = {Attention.EAGER: "eager", Attention.SDPA: "sdpa", Attention.FLASH: "flash_attention_2"}
+
+
+def task_of(spec: HuggingFaceProblem, config: Any) -> Task:
+    """The task trained: `spec.task`, auto = seq2seq-lm for an encoder-decoder (T5, BART), else causal-lm.
+    A task the architecture cannot train is refused naming the field."""
+    seq2seq = bool(getattr(config, "is_encoder_decoder", False))
+    task = spec.task_kind
+    if task == Task.AUTO:
+        return Task.SEQ2SEQ_LM if seq2seq else Task.CAUSAL_LM
+    if (task == Task.SEQ2SEQ_LM) != seq2seq and task in (Task.SEQ2SEQ_LM, Task.CAUSAL_LM):
+        kind = "an encoder-decoder" if seq2seq else "not an encoder-decoder"
+        raise ProblemError(f"{BASE}.task: {spec.name!r} is {kind}; {task.value} needs "
+                           f"{'none' if task == Task.CAUSAL_LM else 'one'} (use auto)")
+    return task
+
+
+def _auto_class(transformers: Any, spec: HuggingFaceProblem, config: Any) -> Any:
+    """The transformers Auto class of the job's task."""
+    return getattr(transformers, AUTO_CLASSES[task_of(spec, config)])
+
+
+def attention_implementation(spec: HuggingFaceProblem, *, training: bool) -> str:
+    """transformers' `attn_implementation` for `spec.attention`. flash needs the flash-attn package and a
+    GPU: the profiler measures sdpa without them (the same memory: the scores are never materialised);
+    the trainer refuses to train without them."""
+    attention = spec.attention_kind
+    if attention != Attention.FLASH:
+        return ATTENTION[attention]
+    if importlib.util.find_spec("flash_attn") is not None and torch.cuda.is_available():
+        return ATTENTION[attention]
+    if not training:
+        return ATTENTION[Attention.SDPA]
+    raise ProblemError(f"{BASE}.attention: flash needs the flash-attn package and a CUDA GPU in the trainer "
+                       "image; use sdpa (the same memory) or a trainer image with flash-attn")
 
 
 def _eval_source(samples: Any, limit: int) -> Any:
@@ -250,6 +349,10 @@ def build_huggingface(spec: HuggingFaceProblem, *, depth: int | None = None,
     environ: Mapping[str, str] = finetune.environ if finetune is not None else os.environ
     config = _config(spec, transformers, environ, training=finetune is not None)
     config.use_cache = False
+    if spec.task_kind == Task.SEQUENCE_CLASSIFICATION and not isinstance(getattr(config, "pad_token_id", None), int):
+        # A decoder pools each sample's last non-pad token and needs a pad id for batches over one sample.
+        eos = getattr(config, "eos_token_id", None)
+        config.pad_token_id = eos if isinstance(eos, int) else 0
     _check_positions(spec, config)
     if finetune is not None and (spec.volume_claim is not None or spec.initialization == Initialize.PRETRAINED):
         _check_against_inline(spec, config)
@@ -265,12 +368,23 @@ def build_huggingface(spec: HuggingFaceProblem, *, depth: int | None = None,
         assert finetune is not None
         model = _pretrained(spec, transformers, config, finetune)
     else:
+        attn = attention_implementation(spec, training=finetune is not None)
+        auto = _auto_class(transformers, spec, config)
         try:
-            model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
+            model = auto.from_config(config, attn_implementation=attn)
         except ValueError:
-            model = transformers.AutoModel.from_config(config)
+            if spec.task_kind != Task.AUTO:
+                raise ProblemError(f"{BASE}.task: transformers has no {spec.task_kind.value} head for "
+                                   f"{type(config).__name__}") from None
+            model = transformers.AutoModel.from_config(config, attn_implementation=attn)
             loss_fn = _hidden_loss
-    blocks = _largest_module_list(model)
+    task = task_of(spec, config)
+    seq2seq = task == Task.SEQ2SEQ_LM and loss_fn is _logits_loss
+    if seq2seq:
+        loss_fn = _seq2seq_loss(model.config)
+    elif task == Task.SEQUENCE_CLASSIFICATION:
+        loss_fn = _classification_loss(model.config)
+    blocks = _seq2seq_blocks(model) if seq2seq else _largest_module_list(model)
     if not blocks:
         raise ProblemError(
             f"problem.huggingface: found no layer list (nn.ModuleList) in {type(model).__name__}"
@@ -304,7 +418,7 @@ def build_huggingface(spec: HuggingFaceProblem, *, depth: int | None = None,
         eval_batches=eval_batches,
         saved_dtype=saved_dtype if pretrained else None,
         after_shard=_rank0_loader(model, finetune) if pretrained and finetune is not None else None,
-        enable_chunked_loss=_with_chunked_loss if loss_fn is _logits_loss else None,
+        enable_chunked_loss=_with_chunked_loss if loss_fn is _logits_loss and task == Task.CAUSAL_LM else None,
     )
 
 

@@ -87,8 +87,9 @@ def _introspect(problem: TrainingProblem) -> dict[str, Any]:
     outside = [m for m in model.modules() if isinstance(m, nn.Linear) and id(m) not in block_ids]
     vocab = max((m.out_features for m in outside if m.in_features == hidden), default=0)
     vision = any(isinstance(m, nn.Conv2d) for m in model.modules())
+    seq2seq = bool(getattr(getattr(model, "config", None), "is_encoder_decoder", False))
     return {
-        "family": "vision" if vision else "decoder",
+        "family": "vision" if vision else ("encoder-decoder" if seq2seq else "decoder"),
         "layers": max(1, len(blocks)),
         "hidden": hidden,
         "heads": _heads(first, hidden),
