@@ -255,6 +255,9 @@ def build_report(
         "technique-bf16-pure": [c for c in measured if case_section(c) == "techniques" and c.precision == "bf16-pure"],
         "technique-optimizer-in-backward": [c for c in measured if case_section(c) == "techniques" and c.in_backward],
         "technique-chunked-loss": [c for c in measured if case_section(c) == "techniques" and c.chunked],
+        "huggingface": [c for c in measured if case_section(c) == "huggingface"],
+        "huggingface-in-sample": [c for c in measured if case_section(c) == "huggingface" and not held_out(c.family)],
+        "huggingface-held-out": [c for c in measured if case_section(c) == "huggingface" and held_out(c.family)],
     }
     for section, members in groups.items():
         pairs = [(truth[c.id]["truth_bytes"], predictions["memfit"][c.id].bytes) for c in members
@@ -388,7 +391,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="8 single-rank cases, under a minute")
     parser.add_argument("--json", type=Path, default=None, help="output JSON (default: benchmarks/results/)")
     parser.add_argument("--cases", default="", help="comma-separated case ids to run (default: all)")
-    parser.add_argument("--section", choices=("all", "transformer", "entrypoint", "depth", "peft", "techniques"),
+    parser.add_argument("--section", choices=("all", "transformer", "entrypoint", "depth", "peft", "techniques", "huggingface"),
                         default="all",
                         help="run only one section's cases (peft writes memory_accuracy_peft.json)")
     args = parser.parse_args(argv)

@@ -17,7 +17,8 @@ each saved tensor is counted with its real dtype and size per token:
   copy of its input; one fused QKV matmul saves one;
 - a SwiGLU MLP saves its input, gate output, SiLU output, up output and their product (h + 4f);
 - Hugging Face RMSNorm upcasts to fp32 and saves the fp32 input as well (LlamaRMSNorm);
-- dropout masks are 1 byte per element (bool), only when the model trains with dropout;
+- dropout masks are 1 byte per element (CUDA's bool mask; a CPU's unfused dropout keeps a mask of the
+  input's dtype), only when the model trains with dropout;
 - the LM head saves the fp32 log-softmax of the logits (4 B x vocab per token, the loss upcasts
   logits with `.float()`); its backward briefly holds two more fp32 logit-sized gradients
   (8 B x vocab per token, reported as temporaries).
@@ -135,15 +136,21 @@ def _attention_core(shape: Shape, compute: int, copies: int = 1, *, cpu: bool = 
     kv = shape.kv_hidden if shape.flash_attention else h
     core = compute * h * copies + compute * (h + 2 * kv) + compute * h
     if shape.dropout:
-        core += DROPOUT_MASK_BYTES * h
+        core += mask_bytes(compute, cpu=cpu) * h
     return core + scores_bytes(shape, compute, cpu=cpu, autocast=autocast)
 
 
-def _mlp(shape: Shape, compute: int, copies: int = 1) -> float:
+def mask_bytes(dtype: int, *, cpu: bool) -> int:
+    """A dropout mask's bytes per element: CUDA's fused native_dropout keeps a bool mask; a CPU's unfused
+    dropout multiplies by a mask of the input's dtype (`dtype` bytes) and keeps that."""
+    return dtype if cpu else DROPOUT_MASK_BYTES
+
+
+def _mlp(shape: Shape, compute: int, copies: int = 1, *, cpu: bool = False) -> float:
     h, f = shape.hidden, shape.ffn
     mlp = compute * (h * copies + 4 * f) if shape.gated_mlp else compute * (h * copies + 2 * f)
     if shape.dropout:
-        mlp += DROPOUT_MASK_BYTES * h
+        mlp += mask_bytes(compute, cpu=cpu) * h
     return mlp
 
 
@@ -157,7 +164,7 @@ def activation_terms(shape: Shape, strategy: Strategy) -> ActivationTerms:
     mlp_copies = _input_copies(shape, strategy, projections=2 if shape.gated_mlp else 1)
     cpu, autocast = strategy.device == Device.CPU, strategy.mixed_precision and strategy.config.engine == Engine.DDP
     attn = norm + _attention_core(shape, compute, qkv_copies, cpu=cpu, autocast=autocast)
-    mlp = norm + _mlp(shape, compute, mlp_copies)
+    mlp = norm + _mlp(shape, compute, mlp_copies, cpu=cpu)
     if strategy.config.activation_checkpointing == Checkpointing.FULL:
         per_layer, recompute = float(residual * h), attn + mlp
     elif strategy.config.activation_checkpointing == Checkpointing.SELECTIVE:
@@ -166,7 +173,7 @@ def activation_terms(shape: Shape, strategy: Strategy) -> ActivationTerms:
     else:
         per_layer, recompute = attn + mlp, 0.0
     # Outside the blocks: embedding dropout, final norm and head input.
-    outside = (DROPOUT_MASK_BYTES * h if shape.dropout else 0) + norm + compute * h
+    outside = (mask_bytes(residual, cpu=cpu) * h if shape.dropout else 0) + norm + compute * h
     stored = layers * per_layer + outside
     head_kept = LOGPROB_BYTES * shape.vocab
     # LM head: two fp32 logit-sized gradients; first-token classifier: the hidden state's gradient.

@@ -159,7 +159,7 @@ def peft_activation_terms(shape: Shape, strategy: Strategy, layout: AdapterLayou
     # plus the A outputs and the adapters' dropout (its output and mask; the undropped input goes).
     cpu, autocast = strategy.device == Device.CPU, strategy.mixed_precision and strategy.config.engine == Engine.DDP
     attn = norm + _attention_core(shape, dtype, cpu=cpu, autocast=autocast)
-    mlp = norm + _mlp(shape, dtype)
+    mlp = norm + _mlp(shape, dtype, cpu=cpu)
     adapter = dtype * (layout.adapter_output_width - layout.unsaved_input_width)
     # torch's CPU dropout keeps its mask at the input's dtype; CUDA's native_dropout a bool mask.
     mask = DROPOUT_MASK_BYTES if strategy.device == Device.CUDA else dtype
