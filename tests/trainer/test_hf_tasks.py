@@ -100,7 +100,7 @@ def test_flash_attention_is_profiled_as_sdpa_and_refused_for_training_without_fl
 
     if torch.cuda.is_available():
         pytest.skip("a GPU: flash-attn may be installed")
-    with pytest.raises(ProblemError, match="spec.problem.huggingface.attention: flash needs the flash-attn package"):
+    with pytest.raises(ProblemError, match=r"spec\.problem\.huggingface\.attention: flash needs the flash-attn package"):
         attention_implementation(spec(LLAMA, attention="flash"), training=True)
 
 

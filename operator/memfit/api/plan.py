@@ -51,7 +51,13 @@ class MemoryBreakdown(ApiModel):
     activations_bytes: int = Field(ge=0)
     temporaries_bytes: int = Field(ge=0)
     overhead_bytes: int = Field(ge=0)
-    peak_bytes: int = Field(ge=0)
+    peak_bytes: int = Field(ge=0, description="Device memory used at the peak: what nvidia-smi shows (reserved "
+                            "plus the CUDA context, cuBLAS workspace and NCCL buffers).")
+    allocated_bytes: int | None = Field(
+        default=None, ge=0, description="The tensors alone: what torch.cuda.max_memory_allocated reports.")
+    reserved_bytes: int | None = Field(
+        default=None, ge=0, description="Allocated plus the caching allocator's rounding and fragmentation: what "
+        "torch.cuda.max_memory_reserved reports.")
     host_bytes: int = Field(default=0, ge=0, description="Host RAM per GPU for offload.")
     nvme_bytes: int = Field(default=0, ge=0, description="NVMe per GPU for offload.")
 

@@ -17,7 +17,7 @@ from pydantic import ValidationError
 from memfit.api.common import Checkpointing, Engine, Offload, PeftMethod, Precision, Toggle
 from memfit.api.job import MemoryOptimizedTrainingJob, OptimizerKind, StrategySpec
 from memfit.api.peft import adapter_settings
-from memfit.api.problem import BuiltinProblem, HuggingFaceProblem
+from memfit.api.problem import Attention, BuiltinProblem, HuggingFaceProblem, Task
 from memfit.api.profile import ModelShape
 from memfit.api.validation import violations_from
 from memfit.catalog import CATALOG
@@ -80,7 +80,8 @@ def _estimate_shape(args: argparse.Namespace) -> tuple[ModelShape | None, Memory
         except (OSError, json.JSONDecodeError) as error:
             raise InputError([f"{path}: cannot read JSON: {error}"]) from None
         try:
-            spec = HuggingFaceProblem(model="local/config", config=config, sequence_length=args.seq)
+            spec = HuggingFaceProblem(model="local/config", config=config, sequence_length=args.seq,
+                                      attention=Attention(args.attention), task=Task(args.task))
             return shape_from_problem(spec), None
         except ValidationError as error:
             raise InputError([str(v) for v in violations_from(error, str(path))]) from None
@@ -139,7 +140,8 @@ def _problem_wire(args: argparse.Namespace, job: MemoryOptimizedTrainingJob | No
         return job.spec.problem.to_wire()
     if args.hf_config:
         config = json.loads(Path(args.hf_config).read_text(encoding="utf-8"))
-        return {"huggingface": {"model": "local/config", "config": config}}
+        return {"huggingface": {"model": "local/config", "config": config, "attention": args.attention,
+                                "task": args.task}}
     return {"builtin": parse_builtin(args.builtin).to_wire()}
 
 
@@ -203,6 +205,10 @@ def register(subparsers: Any) -> None:
     source.add_argument("--hf-config", help="Hugging Face config.json (nothing is downloaded)")
     source.add_argument("--builtin", help="e.g. gpt:layers=24,hidden=2048,heads=16,vocab=32000,seq=2048")
     e.add_argument("--seq", type=int, default=2048, help="tokens per sample for --hf-config (default 2048)")
+    e.add_argument("--attention", choices=[a.value for a in Attention], default="auto",
+                   help="--hf-config: attention implementation (eager materialises the scores; auto = sdpa)")
+    e.add_argument("--task", choices=[t.value for t in Task], default="auto",
+                   help="--hf-config: the head trained (sequence-classification replaces the LM head)")
     e.add_argument("--engine", choices=[x.value for x in (Engine.DDP, Engine.FSDP, Engine.DEEPSPEED)])
     e.add_argument("--stage", type=int, choices=[0, 1, 2, 3], help="ZeRO stage (FSDP: 2 or 3)")
     e.add_argument("--world-size", type=int, default=1)

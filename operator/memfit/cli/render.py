@@ -56,6 +56,10 @@ def breakdown_table(memory: MemoryEstimate, *, usable_bytes: int | None = None) 
         ("temporaries", memory.temporaries_bytes),
         ("framework overhead", memory.overhead_bytes),
         ("peak per GPU", memory.peak_bytes),
+        # The peak at the three levels a user can compare with what they see on the GPU.
+        ("  allocated (max_memory_allocated)", memory.allocated_bytes),
+        ("  reserved (max_memory_reserved)", memory.reserved_bytes),
+        ("  device used (nvidia-smi)", memory.peak_bytes),
     ]
     if usable_bytes is not None:
         rows.append(("usable on the GPU", usable_bytes))

@@ -54,6 +54,7 @@ class MemoryEstimate:
     host_bytes: int  # host RAM per GPU for offload
     nvme_bytes: int  # NVMe per GPU for offload
     phase: str  # backward | backward-end | step
+    reserved_bytes: int = 0  # allocated x fragmentation: what torch.cuda.max_memory_reserved would report
 
     def to_breakdown(self) -> MemoryBreakdown:
         """The API's MemoryBreakdown (the Plan contract)."""
@@ -65,6 +66,8 @@ class MemoryEstimate:
             temporaries_bytes=self.temporaries_bytes,
             overhead_bytes=self.overhead_bytes,
             peak_bytes=self.peak_bytes,
+            allocated_bytes=self.allocated_bytes,
+            reserved_bytes=self.reserved_bytes,
             host_bytes=self.host_bytes,
             nvme_bytes=self.nvme_bytes,
         )
@@ -259,6 +262,7 @@ class MemoryTerms:
             host_bytes=math.ceil(self.host_bytes),
             nvme_bytes=math.ceil(self.nvme_bytes),
             phase=phase,
+            reserved_bytes=min(peak_int, math.ceil(self.fragmentation * allocated * self.scale)),
         )
 
     def scaled(self, scale: float) -> MemoryTerms:

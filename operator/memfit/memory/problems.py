@@ -11,7 +11,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import NoReturn
 
-from memfit.api.problem import TASKS_OF, Attention, BuiltinProblem, HuggingFaceProblem, ModelKind, Problem, Task
+from memfit.api.problem import (
+    TASKS_OF,
+    Attention,
+    BuiltinProblem,
+    HuggingFaceProblem,
+    ModelKind,
+    Problem,
+    Task,
+)
 from memfit.api.profile import ModelShape
 
 GATED_DECODERS = ("llama", "mistral", "qwen2", "qwen3")

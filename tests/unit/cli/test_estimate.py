@@ -47,6 +47,30 @@ def test_estimate_json_is_a_memory_breakdown(capsys: pytest.CaptureFixture[str])
         "parametersBytes", "gradientsBytes", "optimizerBytes", "activationsBytes", "temporariesBytes", "overheadBytes"))
 
 
+def test_estimate_reports_the_peak_at_three_levels_and_expresses_attention_and_task(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    def estimate(*extra: str) -> dict[str, int]:
+        assert main(["estimate", "--hf-config", str(FIXTURES / "gpt2-config.json"), "--seq", "512", "--json",
+                     "--micro-batch", "4", *extra]) == 0
+        return json.loads(capsys.readouterr().out)  # type: ignore[no-any-return]
+
+    sdpa = estimate()
+    assert sdpa["allocatedBytes"] < sdpa["reservedBytes"] < sdpa["peakBytes"]
+    # GPT-2 small, 12 layers x 12 heads x 512 positions, 4 samples: on a GPU, eager keeps its fp32 softmax,
+    # a 1-byte dropout mask and the 16-bit dropout output (7 B) per score (attn_pdrop 0.1).
+    assert estimate("--attention", "eager")["activationsBytes"] - sdpa["activationsBytes"] == 4 * 12 * 12 * 512 * 512 * 7
+    classifier = estimate("--task", "sequence-classification")
+    # GPT-2's LM head is tied to its embedding: the classifier adds its score matrix (768 x 2, fp32) and drops
+    # the fp32 log-probabilities over the 50,257-token vocabulary.
+    assert classifier["parametersBytes"] - sdpa["parametersBytes"] == 768 * 2 * 4
+    assert classifier["activationsBytes"] < sdpa["activationsBytes"] - 4 * 512 * 50257 * 4
+    assert main(["estimate", "--hf-config", str(FIXTURES / "gpt2-config.json"), "--seq", "512", "--task", "masked-lm"]) == 2
+    assert "problem.huggingface.task: gpt2 has no masked-lm head" in capsys.readouterr().err
+    assert main(["estimate", "--hf-config", str(FIXTURES / "gpt2-config.json"), "--seq", "512"]) == 0
+    table = capsys.readouterr().out
+    assert "allocated (max_memory_allocated)" in table and "device used (nvidia-smi)" in table
+
+
 BAD_ESTIMATES = {
     "impossible strategy": (["--builtin", "gpt:layers=2,hidden=64,heads=4", "--engine", "ddp", "--stage", "3"],
                             "strategy: DDP does not shard"),
