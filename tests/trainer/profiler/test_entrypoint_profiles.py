@@ -156,3 +156,20 @@ def test_a_precision_the_device_refuses_is_skipped_and_the_rest_of_the_profile_s
                                                device=Device.CPU))["activations"]
                for p in (Precision.FP32, Precision.BF16)}
     assert sources == {Precision.FP32: "measured", Precision.BF16: "analytic"}
+
+
+def test_the_skipped_list_survives_the_4_kib_termination_message() -> None:
+    """A full Profile is shortened by dropping measurements, never what the device refused (the planner's
+    only way to know), even with six skipped entries at their longest."""
+    from memfit.api.profile import Measurement, SkippedRun
+    from memfit_trainer.profiler.emit import MAX_MESSAGE_BYTES, compact_json
+
+    measurements = [Measurement(precision="fp32", checkpointing="none", micro_batch_size=b, peak_allocated_bytes=10**9,
+                                peak_backward_bytes=10**9, peak_step_bytes=10**9, step_seconds=1.25) for b in range(1, 17)]
+    skipped = [SkippedRun(kind=kind, precision=p, checkpointing=c, micro_batch_size=1, reason="E" * 120)
+               for kind in ("configuration", "curve") for p, c in (("bf16", "none"), ("bf16", "full"), ("fp16", "none"))]
+    profile = Profile(problem_hash="x" * 16, device="cuda:t4", measurements=measurements, skipped=skipped)
+    assert len(profile.to_json()) > MAX_MESSAGE_BYTES
+    kept = Profile.model_validate_json(compact_json(profile))
+    assert len(compact_json(profile).encode()) <= MAX_MESSAGE_BYTES
+    assert kept.skipped == skipped and kept.measurements

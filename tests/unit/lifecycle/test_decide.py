@@ -96,6 +96,17 @@ def test_a_profile_that_skipped_what_its_gpu_refused_says_so_and_plans_around_it
     assert plan.precision == "fp16"
 
 
+def test_a_cpu_profiles_skips_are_words_only() -> None:
+    """A CPU kernel's gap says nothing about a GPU's: the condition says the terms are analytic."""
+    from memfit.lifecycle.profiling import skipped_words
+
+    profile = Profile(problem_hash="x", device="cpu", skipped=[
+        SkippedRun(kind="curve", precision=Precision.BF16, checkpointing=Checkpointing.FULL,
+                   reason="TypeError: Got unsupported ScalarType BFloat16")])
+    assert skipped_words(profile) == ("cpu could not run bf16/full (TypeError: Got unsupported ScalarType BFloat16): "
+                                      "skipped, planned from the analytic terms")
+
+
 FAILED_PROFILING: dict[str, tuple[Callable[[Harness], None], str]] = {
     "profiler reports an error": (
         lambda h: (
