@@ -255,6 +255,8 @@ def build_report(
         "technique-bf16-pure": [c for c in measured if case_section(c) == "techniques" and c.precision == "bf16-pure"],
         "technique-optimizer-in-backward": [c for c in measured if case_section(c) == "techniques" and c.in_backward],
         "technique-chunked-loss": [c for c in measured if case_section(c) == "techniques" and c.chunked],
+        "technique-optimizer-implementation": [c for c in measured if case_section(c) == "techniques"
+                                               and c.implementation],
         "huggingface": [c for c in measured if case_section(c) == "huggingface"],
         "huggingface-in-sample": [c for c in measured if case_section(c) == "huggingface" and not held_out(c.family)],
         "huggingface-held-out": [c for c in measured if case_section(c) == "huggingface" and held_out(c.family)],

@@ -167,11 +167,12 @@ def section_of(family: str) -> str:
 
 
 def case_section(case: Case) -> str:
-    """`peft` for LoRA/QLoRA cases, `techniques` for bf16-pure, the optimizer step in backward or the
-    chunked loss, else the family's section."""
+    """`peft` for LoRA/QLoRA cases, `techniques` for bf16-pure, the optimizer step in backward, the
+    chunked loss or a chosen optimizer implementation, else the family's section."""
     if case.peft != "none":
         return "peft"
-    if case.precision == "bf16-pure" or case.in_backward or case.chunked or case.family in TECHNIQUES_HELD_OUT:
+    if (case.precision == "bf16-pure" or case.in_backward or case.chunked or case.implementation
+            or case.family in TECHNIQUES_HELD_OUT):
         return "techniques"
     if case.family in HUGGINGFACE_FAMILIES:
         return "huggingface"
@@ -209,6 +210,7 @@ class Case:
     offload: str = "none"  # none | cpu (DeepSpeed optimizer offload, FSDP CPUOffloadPolicy)
     in_backward: bool = False  # the optimizer step in backward (the techniques section)
     chunked: bool = False  # the chunked loss (the techniques section)
+    implementation: str = ""  # optimizerImplementation fused | foreach | for-loop; empty: unset (the techniques section)
 
     @property
     def id(self) -> str:
@@ -223,6 +225,7 @@ class Case:
             peft += "-" if self.double_quant else "-nodq-"
         offload = f"-offload{self.offload}" if self.offload != "none" else ""
         techniques = ("-inbwd" if self.in_backward else "") + ("-chunked" if self.chunked else "")
+        techniques += f"-{self.implementation}" if self.implementation else ""
         return (
             f"{peft}{self.family}-{engine}{offload}-w{self.world_size}-{self.precision}-{self.checkpointing}"
             f"-mbs{self.micro_batch_size}-{opt}{techniques}"
@@ -254,6 +257,7 @@ class Case:
             "optimizer8bit": self.eight_bit,
             "optimizerInBackward": self.in_backward,
             "chunkedLoss": self.chunked,
+            **({"optimizerImplementation": self.implementation} if self.implementation else {}),
             "microBatchSize": self.micro_batch_size,
             "gradientAccumulationSteps": 1,
             "nodes": 1,
@@ -457,6 +461,28 @@ def technique_cases() -> list[Case]:
         c("llama", precision="bf16", micro_batch_size=4),
         c("llama", precision="fp32", checkpointing="full", micro_batch_size=4),
     ]
+    return cases + implementation_cases()
+
+
+def implementation_cases() -> list[Case]:
+    """optimizerImplementation (fused, foreach, the per-tensor loop) on gpt, bert and the held-out llama: all
+    three at one sample with full checkpointing (the optimizer step is the peak there), foreach without
+    checkpointing, and world size 2 on DDP, FSDP2 full shard and DeepSpeed ZeRO-2 (torch's AdamW on a CPU)."""
+    c = Case
+    cases = []
+    for family in ("gpt", "bert", "llama"):
+        step_peak = {"precision": "fp32", "checkpointing": "full", "micro_batch_size": 1}
+        cases += [
+            c(family, **step_peak, implementation="fused"),
+            c(family, **step_peak, implementation="foreach"),
+            c(family, **step_peak, implementation="for-loop"),
+            c(family, precision="bf16", micro_batch_size=4, implementation="foreach"),
+            c(family, precision="bf16", world_size=2, micro_batch_size=2, implementation="fused"),
+            c(family, engine="fsdp", zero_stage=3, world_size=2, precision="fp32", checkpointing="full",
+              micro_batch_size=2, implementation="foreach"),
+            c(family, engine="deepspeed", zero_stage=2, world_size=2, precision="bf16", micro_batch_size=2,
+              implementation="fused"),
+        ]
     return cases
 
 
@@ -485,7 +511,7 @@ def huggingface_cases() -> list[Case]:
 def full_cases() -> list[Case]:
     """The full benchmark: 30 single-rank DDP cases over three families and 19 sharded ones (the
     transformer section), the 36 cases of the entrypoint section, the 24 of the depth section, the 56
-    of the PEFT section, the 35 of the techniques section and the 14 of the Hugging Face section."""
+    of the PEFT section, the 56 of the techniques section and the 14 of the Hugging Face section."""
     return [*_ddp_cases("gpt"), *_ddp_cases("bert"), *_ddp_cases("vit"), *_sharded_cases(), *entrypoint_cases(),
             *depth_cases(), *peft_cases(), *technique_cases(), *huggingface_cases()]
 

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from memfit.api.common import Checkpointing, Engine, Offload, PeftMethod, Precision
+from memfit.api.common import Checkpointing, Engine, Offload, OptimizerImplementation, PeftMethod, Precision
 from memfit.api.job import OptimizerKind
 from memfit.api.problem import Problem
 from memfit.api.profile import Profile
@@ -60,6 +60,7 @@ def _strategy(case: Case) -> Any:
         peft=PeftMethod(case.peft),
         optimizer_in_backward=case.in_backward,
         chunked_loss=case.chunked,
+        optimizer_implementation=OptimizerImplementation(case.implementation) if case.implementation else None,
     )
     layout = None
     if case.peft != "none":  # the adapters' layout, from the plan the truth worker ran

@@ -65,6 +65,10 @@ class PlanBuilder:
     def optimizer(self, kind: str) -> PlanBuilder:
         return self._with(optimizer=kind)
 
+    def implementation(self, name: str) -> PlanBuilder:
+        """plan.optimizerImplementation: fused, foreach or for-loop."""
+        return self._with(optimizerImplementation=name)
+
     def world(self, gpus: int, nodes: int = 1) -> PlanBuilder:
         return self._with(gpusPerNode=gpus, nodes=nodes)
 
@@ -152,7 +156,7 @@ class PlanBuilder:
             "training": training,
         }  # fmt: skip
         for optional in ("checkpointDir", "nvmePath", "peft", "adapter", "data", "checkpointEverySteps",
-                         "optimizerInBackward", "chunkedLoss"):
+                         "optimizerInBackward", "chunkedLoss", "optimizerImplementation"):
             if optional in f:
                 plan[optional] = f[optional]
         return plan

@@ -7,12 +7,13 @@ from collections.abc import Iterable
 from typing import Any
 
 import torch
-from memfit.api.common import Precision
+from memfit.api.common import OptimizerImplementation, Precision
 from memfit.api.job import OptimizerKind, TrainingSpec
 from memfit.api.plan import Plan
 from torch import nn
 
 from memfit_trainer.optim_in_backward import OptimizerInBackward
+from memfit_trainer.optim_kwargs import implementation_kwargs
 from memfit_trainer.stochastic_rounding import Bf16AdamW, Bf16SGD
 
 # Momentum for SGD (torch default is 0, which keeps no state and leaves nothing for 8-bit to save).
@@ -21,14 +22,17 @@ SGD_MOMENTUM = 0.9
 ADAMW_WEIGHT_DECAY = 0.01
 
 
-def torch_optimizer(params: Iterable[nn.Parameter], training: TrainingSpec) -> torch.optim.Optimizer:
-    """A 32-bit torch optimizer for the training spec."""
+def torch_optimizer(
+    params: Iterable[nn.Parameter], training: TrainingSpec, implementation: OptimizerImplementation | None = None
+) -> torch.optim.Optimizer:
+    """A 32-bit torch optimizer for the training spec, stepping the way `implementation` says."""
     lr = training.learning_rate
+    how = implementation_kwargs(implementation)
     if training.optimizer == OptimizerKind.ADAMW:
-        return torch.optim.AdamW(params, lr=lr, weight_decay=ADAMW_WEIGHT_DECAY)
+        return torch.optim.AdamW(params, lr=lr, weight_decay=ADAMW_WEIGHT_DECAY, **how)
     if training.optimizer == OptimizerKind.ADAM:
-        return torch.optim.Adam(params, lr=lr)
-    return torch.optim.SGD(params, lr=lr, momentum=SGD_MOMENTUM)
+        return torch.optim.Adam(params, lr=lr, **how)
+    return torch.optim.SGD(params, lr=lr, momentum=SGD_MOMENTUM, **how)
 
 
 def bnb_optimizer(params: Iterable[torch.Tensor], training: TrainingSpec) -> torch.optim.Optimizer:
@@ -69,7 +73,7 @@ def replicated_optimizer(
         return bnb_optimizer(params, plan.training)
     if plan.precision == Precision.BF16_PURE:
         return bf16_pure_optimizer(params, plan.training, seed=seed, first_index=first_index)
-    return torch_optimizer(params, plan.training)
+    return torch_optimizer(params, plan.training, plan.optimizer_implementation)
 
 
 def optimizer_in_backward(model: nn.Module, plan: Plan, *, seed: int = 0) -> OptimizerInBackward:

@@ -110,6 +110,18 @@ class Toggle(StrEnum):
     DISABLED = "disabled"
 
 
+class OptimizerImplementation(StrEnum):
+    """How a 32-bit torch optimizer's step runs (torch.optim `fused=` / `foreach=`): one fused kernel per
+    tensor group, updating in place; `foreach` ops over the whole tensor list (one fp32 temporary the size
+    of the list); or a loop over the tensors (temporaries of one or two tensors, one launch per op and
+    tensor). `auto` lets the planner choose."""
+
+    AUTO = "auto"
+    FUSED = "fused"
+    FOREACH = "foreach"
+    FOR_LOOP = "for-loop"
+
+
 class ConditionStatus(StrEnum):
     TRUE = "True"
     FALSE = "False"

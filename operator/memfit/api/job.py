@@ -20,6 +20,7 @@ from memfit.api.common import (
     DNSLabel,
     Engine,
     Offload,
+    OptimizerImplementation,
     Precision,
     Toggle,
 )
@@ -135,6 +136,12 @@ class StrategySpec(ApiModel):
     )
     activation_checkpointing: Checkpointing = Field(
         default=Checkpointing.AUTO, description="auto, none, selective or full."
+    )
+    optimizer_implementation: OptimizerImplementation = Field(
+        default=OptimizerImplementation.AUTO,
+        description="auto, fused, foreach or for-loop: how memfit's 32-bit torch optimizer steps (fused kernels in "
+        "place; foreach, one fp32 temporary of all local parameters; a per-tensor loop). auto: fused on GPUs. "
+        "Not with optimizer8bit, bf16-pure or offload (they have their own kernels).",
     )
     zero_stage: ZeroStage = Field(
         default="auto",

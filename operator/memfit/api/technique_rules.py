@@ -85,6 +85,29 @@ def _chunked_loss(spec: Mapping[str, Any], strategy: Mapping[str, Any]) -> list[
              f"gpt or bert, a Hugging Face causal LM); {why}: set it to auto or disabled")]
 
 
+def _optimizer_implementation(spec: Mapping[str, Any], strategy: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """A pinned implementation for an optimizer that runs its own kernels, or a script's own optimizer."""
+    chosen = strategy.get("optimizerImplementation", "auto")
+    if chosen == "auto":
+        return []
+    field = f"{_BASE}.optimizerImplementation"
+    found: list[tuple[str, str]] = []
+    if strategy.get("optimizer8bit") == "enabled":
+        found.append((field, f"optimizerImplementation {chosen} picks torch's 32-bit step; optimizer8bit is enabled "
+                             "(bitsandbytes' own kernels): set one of them to auto"))
+    if strategy.get("precision") == "bf16-pure":
+        found.append((field, f"optimizerImplementation {chosen} picks torch's 32-bit step; precision is bf16-pure "
+                             "(memfit's stochastically rounded step): set optimizerImplementation to auto"))
+    offload = strategy.get("offload", "auto")
+    if offload in ("cpu", "nvme"):
+        found.append((field, f"optimizerImplementation {chosen} picks the GPU's step; offload is {offload} (the "
+                             "optimizer steps on the host with its own kernels): set one of them to auto or none"))
+    if spec.get("container") is not None:
+        found.append((field, f"optimizerImplementation {chosen} is applied by memfit's trainer; a job's own "
+                             "container builds its own optimizer: set it to auto"))
+    return found
+
+
 def _hf_task(spec: Mapping[str, Any]) -> list[tuple[str, str]]:
     """A task the inline config's architecture has no head for; sequence classification on real data (memfit's
     loader packs text, it has no labels)."""
@@ -113,4 +136,4 @@ def check_techniques(spec: Mapping[str, Any]) -> list[tuple[str, str]]:
     if not isinstance(strategy, Mapping):
         return _hf_task(spec)
     return (_pure_bf16(strategy) + _optimizer_in_backward(spec, strategy) + _chunked_loss(spec, strategy)
-            + _hf_task(spec))
+            + _optimizer_implementation(spec, strategy) + _hf_task(spec))

@@ -9,11 +9,20 @@ and nowhere else.
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
-from memfit.api.common import ApiModel, Checkpointing, Engine, Offload, PeftMethod, Precision
+from memfit.api.common import (
+    ApiModel,
+    Checkpointing,
+    Engine,
+    Offload,
+    OptimizerImplementation,
+    PeftMethod,
+    Precision,
+)
 
-ConfigKey = tuple[Engine, int, Precision, Checkpointing, Offload, bool, PeftMethod, bool, bool]
+ConfigKey = tuple[Engine, int, Precision, Checkpointing, Offload, bool, PeftMethod, bool, bool,
+                  OptimizerImplementation | None]
 
 _OFFLOAD_WORDS = {Offload.CPU: "CPU offload", Offload.NVME: "NVMe offload"}
 _PEFT_WORDS = {PeftMethod.LORA: "LoRA", PeftMethod.QLORA: "QLoRA"}
@@ -38,6 +47,19 @@ def accumulation_steps(global_batch_size: int, *, world_size: int, micro_batch_s
     if per_gpu is None or per_gpu % micro_batch_size:
         return None
     return per_gpu // micro_batch_size
+
+
+def optimizer_implementation_problem(*, precision: Precision, offload: Offload, optimizer8bit: bool) -> str | None:
+    """Why `optimizerImplementation` cannot be chosen for this optimizer (None when it can): it picks how
+    torch's (and DeepSpeed's GPU) Adam/AdamW/SGD step; bitsandbytes' 8-bit step, bf16-pure's stochastic
+    rounding and an offloaded optimizer (DeepSpeedCPUAdam, the host's torch step) run their own kernels."""
+    if optimizer8bit:
+        return "optimizer8bit is enabled (bitsandbytes steps with its own kernels)"
+    if precision == Precision.BF16_PURE:
+        return "precision is bf16-pure (memfit's stochastically rounded step loops over slices of each tensor)"
+    if offload in (Offload.CPU, Offload.NVME):
+        return f"offload is {offload.value} (the offloaded optimizer steps on the host with its own kernels)"
+    return None
 
 
 class TrainingConfig(ApiModel):
@@ -67,6 +89,20 @@ class TrainingConfig(ApiModel):
     chunked_loss: bool = Field(
         default=False, description="Head and cross-entropy over chunks of tokens, recomputed in backward.",
     )
+    optimizer_implementation: OptimizerImplementation | None = Field(
+        default=None,
+        description="fused, foreach or for-loop: how the 32-bit torch optimizer steps. Unset: the library's "
+        "default (torch: foreach on CUDA, the per-tensor loop on a CPU; DeepSpeed: FusedAdam on CUDA), and "
+        "always for 8-bit, bf16-pure and offloaded optimizers, which have their own kernels.",
+    )
+
+    @field_validator("optimizer_implementation")
+    @classmethod
+    def _concrete_implementation(cls, value: OptimizerImplementation | None) -> OptimizerImplementation | None:
+        if value == OptimizerImplementation.AUTO:
+            raise ValueError("optimizerImplementation must be fused, foreach or for-loop in a concrete "
+                             "configuration (or unset), not auto")
+        return value
 
     def global_batch(self, world_size: int) -> int:
         """The global batch this split gives on `world_size` data-parallel ranks (`global_batch`)."""
@@ -83,7 +119,8 @@ class TrainingConfig(ApiModel):
         """The configuration without its batch split: what two runs must share for the memory of one to
         speak for the other (measured peaks, caches)."""
         return (self.engine, self.zero_stage, self.precision, self.activation_checkpointing, self.offload,
-                self.optimizer8bit, self.peft, self.optimizer_in_backward, self.chunked_loss)
+                self.optimizer8bit, self.peft, self.optimizer_in_backward, self.chunked_loss,
+                self.optimizer_implementation)
 
     def describe(self, *, words: bool = False, batch: bool = True) -> str:
         """`ZeRO-2 bf16 ckpt-full offload-cpu 8-bit-optim mbs 2x4`; with `words`, for sentences:
@@ -111,6 +148,11 @@ class TrainingConfig(ApiModel):
             parts.append("optimizer step in backward" if words else "optim-in-bwd")
         if self.chunked_loss:
             parts.append("chunked loss" if words else "chunked-loss")
+        implementation = self.optimizer_implementation
+        if implementation in (OptimizerImplementation.FOREACH, OptimizerImplementation.FOR_LOOP):
+            # fused is what the planner picks wherever it applies: only the slower choices are named.
+            assert implementation is not None
+            parts.append(f"{implementation.value} optimizer" if words else f"optim-{implementation.value}")
         if words:
             return ", ".join(parts)
         if batch:

@@ -14,7 +14,15 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from memfit.api.common import Checkpointing, Engine, Offload, PeftMethod, Precision, Toggle
+from memfit.api.common import (
+    Checkpointing,
+    Engine,
+    Offload,
+    OptimizerImplementation,
+    PeftMethod,
+    Precision,
+    Toggle,
+)
 from memfit.api.job import MemoryOptimizedTrainingJob, OptimizerKind, StrategySpec
 from memfit.api.peft import adapter_settings
 from memfit.api.problem import Attention, BuiltinProblem, HuggingFaceProblem, Task
@@ -105,6 +113,8 @@ def _estimate_strategy(args: argparse.Namespace, job: MemoryOptimizedTrainingJob
         "optimizer8bit": Toggle.ENABLED if args.optimizer8bit else None,
         "optimizer_in_backward": Toggle.ENABLED if args.optimizer_in_backward else None,
         "chunked_loss": Toggle.ENABLED if args.chunked_loss else None,
+        "optimizer_implementation": (OptimizerImplementation(args.optimizer_implementation)
+                                     if args.optimizer_implementation else None),
         "micro_batch_size": args.micro_batch or None,
     }
     pins = job.spec.strategy if job is not None else StrategySpec()
@@ -222,6 +232,9 @@ def register(subparsers: Any) -> None:
                    help="each parameter steps in backward, no gradient kept (DDP, one GPU, no accumulation)")
     e.add_argument("--chunked-loss", action="store_true",
                    help="head and cross-entropy over chunks of tokens: never the full fp32 logits")
+    e.add_argument("--optimizer-implementation", choices=["fused", "foreach", "for-loop"],
+                   help="how the 32-bit optimizer steps: fused kernels (no temporaries), foreach (one fp32 "
+                        "temporary of the parameters), a per-tensor loop; default: torch's for the device")
     e.add_argument("--optimizer", choices=[k.value for k in OptimizerKind])
     e.add_argument("--micro-batch", type=int)
     e.add_argument("--accumulation", type=int)

@@ -6,7 +6,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from memfit.api import pod as contract
-from memfit.api.common import Checkpointing, Engine, Offload, PeftMethod, Precision
+from memfit.api.common import Checkpointing, Engine, Offload, OptimizerImplementation, PeftMethod, Precision
 from memfit.api.job import MemoryOptimizedTrainingJobSpec, PlanSummary
 from memfit.api.peft import adapter_settings
 from memfit.api.plan import Plan
@@ -46,10 +46,12 @@ def config_key(p: Plan) -> str:
     A LoRA/QLoRA run adds an 11th part, `<method>:<rank>:<targets joined by +>`: its peak speaks only
     for the same adapters (the profile cache, and so its observations, is shared by every job of the
     problem), and must never be read as a full fine-tune's. The optimizer step in backward and the
-    chunked loss follow the precision (`bf16~optim-in-bwd~chunked-loss`), so keys stored before them parse
-    as they were.
+    chunked loss follow the precision (`bf16~optim-in-bwd~chunked-loss`), and so does a chosen optimizer
+    implementation (`bf16~impl-fused`), so keys stored before them parse as they were.
     """
     techniques = [tag for tag, on in ((_IN_BACKWARD, p.optimizer_in_backward), (_CHUNKED, p.chunked_loss)) if on]
+    if p.optimizer_implementation is not None:
+        techniques.append(_IMPLEMENTATION + p.optimizer_implementation.value)
     parts = [
         str(x)
         for x in (
@@ -70,7 +72,7 @@ def config_key(p: Plan) -> str:
     return "/".join(parts)
 
 
-_IN_BACKWARD, _CHUNKED = "optim-in-bwd", "chunked-loss"
+_IN_BACKWARD, _CHUNKED, _IMPLEMENTATION = "optim-in-bwd", "chunked-loss", "impl-"
 
 
 def _adapter_tag(method: PeftMethod, rank: int, targets: Sequence[str]) -> str:
@@ -96,6 +98,7 @@ def strategy_of(key: str, spec: MemoryOptimizedTrainingJobSpec) -> Strategy | No
         if adapter is None:
             return None
     precision, *techniques = parts[2].split("~")
+    implementations = [t.removeprefix(_IMPLEMENTATION) for t in techniques if t.startswith(_IMPLEMENTATION)]
     try:
         config = TrainingConfig(
             engine=Engine(parts[0]),
@@ -103,6 +106,7 @@ def strategy_of(key: str, spec: MemoryOptimizedTrainingJobSpec) -> Strategy | No
             precision=Precision(precision),
             optimizer_in_backward=_IN_BACKWARD in techniques,
             chunked_loss=_CHUNKED in techniques,
+            optimizer_implementation=OptimizerImplementation(implementations[0]) if implementations else None,
             activation_checkpointing=Checkpointing(parts[3]),
             offload=Offload(parts[4]),
             optimizer8bit=parts[5] == "1",

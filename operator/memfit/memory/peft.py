@@ -43,7 +43,7 @@ from memfit.memory.peft_fsdp import fsdp_peft_phases, fsdp_peft_states
 from memfit.memory.shape import Shape
 from memfit.memory.states import ModelStates, optimizer_state_bytes_per_param
 from memfit.memory.strategy import Device, Strategy
-from memfit.memory.temporaries import CPU_ADAM_TEMPORARIES, CPU_BNB_TEMPORARIES, PhaseBytes
+from memfit.memory.temporaries import CPU_BNB_TEMPORARIES, PhaseBytes, adam_scratch
 
 # bitsandbytes 4-bit: two values per byte; absmax per 64-value block (QLoRA §3, `blocksize=64`).
 NF4_BYTES = 0.5
@@ -142,12 +142,11 @@ def peft_phases(shape: Shape, strategy: Strategy, layout: AdapterLayout) -> Phas
 def _step_scratch(strategy: Strategy, layout: AdapterLayout, adapters: float) -> float:
     from memfit.api.job import OptimizerKind
 
-    if strategy.optimizer == OptimizerKind.SGD:
-        return 0.0
-    if strategy.device == Device.CUDA:
-        return 0.0 if strategy.config.optimizer8bit else 4.0 * adapters
-    per = CPU_BNB_TEMPORARIES if strategy.config.optimizer8bit else CPU_ADAM_TEMPORARIES
-    return per * 4.0 * layout.largest_adapter_tensor
+    if strategy.config.optimizer8bit:
+        if strategy.optimizer == OptimizerKind.SGD or strategy.device == Device.CUDA:
+            return 0.0
+        return CPU_BNB_TEMPORARIES * 4.0 * layout.largest_adapter_tensor
+    return adam_scratch(strategy, elements=adapters, largest=layout.largest_adapter_tensor)
 
 
 def peft_activation_terms(shape: Shape, strategy: Strategy, layout: AdapterLayout) -> ActivationTerms:

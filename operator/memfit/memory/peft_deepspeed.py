@@ -29,12 +29,11 @@ QLoRA does not run on DeepSpeed (its Params4bit base is cast and partitioned as 
 from __future__ import annotations
 
 from memfit.api.common import Offload
-from memfit.api.job import OptimizerKind
 from memfit.memory.adapter import AdapterLayout
 from memfit.memory.shape import Shape
 from memfit.memory.states import FP32_GRAD_PARTITION_BYTES, FP32_MASTER_BYTES, HOST_BUFFER_FACTOR, ModelStates
 from memfit.memory.strategy import Device, Strategy
-from memfit.memory.temporaries import CPU_ADAM_TEMPORARIES, DS_MAX_LIVE_PARAMETERS, PhaseBytes
+from memfit.memory.temporaries import DS_MAX_LIVE_PARAMETERS, PhaseBytes, adam_scratch
 
 
 def _weight_bytes(strategy: Strategy) -> float:
@@ -78,8 +77,9 @@ def deepspeed_peft_phases(shape: Shape, strategy: Strategy, layout: AdapterLayou
                                       + adapters + head)
     unit = weight_bytes * (shape.block_parameters + layout.adapter_parameters_per_block)
     scratch = 0.0
-    if not offloaded and strategy.optimizer != OptimizerKind.SGD:
-        scratch = 4.0 * adapters / n if strategy.device == Device.CUDA else CPU_ADAM_TEMPORARIES * 4.0 * adapters / n
+    if not offloaded:
+        # DeepSpeed's flat fp32 partition of the adapters is one tensor.
+        scratch = adam_scratch(strategy, elements=adapters / n, largest=adapters / n)
     return PhaseBytes(
         persistent_bytes=persistent,
         with_activations_bytes=gathered,

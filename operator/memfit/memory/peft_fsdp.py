@@ -21,7 +21,7 @@ from memfit.memory.adapter import AdapterLayout
 from memfit.memory.shape import Shape
 from memfit.memory.states import ModelStates
 from memfit.memory.strategy import Device, Strategy
-from memfit.memory.temporaries import CPU_ADAM_TEMPORARIES, CPU_BNB_TEMPORARIES, FSDP_LIVE_UNITS, PhaseBytes
+from memfit.memory.temporaries import CPU_BNB_TEMPORARIES, FSDP_LIVE_UNITS, PhaseBytes, adam_scratch
 
 ADAPTER_BYTES = 4.0
 NF4_BYTES = 0.5  # a packed 4-bit weight (peft.py)
@@ -92,10 +92,11 @@ def fsdp_peft_phases(shape: Shape, strategy: Strategy, layout: AdapterLayout) ->
 
 
 def _step_scratch(strategy: Strategy, layout: AdapterLayout, *, local_adapters: float) -> float:
-    if strategy.optimizer == OptimizerKind.SGD or strategy.config.offload != Offload.NONE:
+    if strategy.config.offload != Offload.NONE:
         return 0.0
     largest = layout.largest_adapter_tensor / strategy.world_size  # the local shard of the largest
-    if strategy.device == Device.CUDA:
-        return 0.0 if strategy.config.optimizer8bit else 4.0 * local_adapters
-    per = CPU_BNB_TEMPORARIES if strategy.config.optimizer8bit else CPU_ADAM_TEMPORARIES
-    return per * 4.0 * largest
+    if strategy.config.optimizer8bit:
+        if strategy.optimizer == OptimizerKind.SGD or strategy.device == Device.CUDA:
+            return 0.0
+        return CPU_BNB_TEMPORARIES * 4.0 * largest
+    return adam_scratch(strategy, elements=local_adapters, largest=largest)

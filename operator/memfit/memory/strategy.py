@@ -5,7 +5,15 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
-from memfit.api.common import Checkpointing, Engine, Offload, PeftMethod, Precision, Toggle
+from memfit.api.common import (
+    Checkpointing,
+    Engine,
+    Offload,
+    OptimizerImplementation,
+    PeftMethod,
+    Precision,
+    Toggle,
+)
 from memfit.api.job import OptimizerKind, StrategySpec
 from memfit.api.peft_rules import peft_engine_problem
 from memfit.api.training_config import PLAIN_FP32_DDP, TrainingConfig
@@ -84,7 +92,7 @@ def strategy_from_pins(pins: StrategySpec, *, optimizer: OptimizerKind, world_si
     """One concrete Strategy from a job's strategy fields, `auto` read as the usual setup: DDP (ZeRO-2
     for DeepSpeed, full shard for FSDP), bf16, no checkpointing, no offload, a 32-bit optimizer,
     micro-batch 1, the accumulation that keeps `global_batch_size` (1 without one), and a full
-    fine-tune unless LoRA/QLoRA is pinned. Not checked: `strategy_problem` says whether it can run."""
+    fine-tune unless LoRA/QLoRA is pinned, the optimizer's default implementation for the device. Not checked: `strategy_problem` says whether it can run."""
     engine = Engine.DDP if pins.engine == Engine.AUTO else pins.engine
     micro = pins.micro_batch_size if isinstance(pins.micro_batch_size, int) else 1
     if accumulation_steps is None:
@@ -107,6 +115,9 @@ def strategy_from_pins(pins: StrategySpec, *, optimizer: OptimizerKind, world_si
         peft=pins.peft.method if pins.peft.method in (PeftMethod.LORA, PeftMethod.QLORA) else PeftMethod.NONE,
         optimizer_in_backward=pins.optimizer_in_backward == Toggle.ENABLED,
         chunked_loss=pins.chunked_loss == Toggle.ENABLED,
+        # auto: the library's default for the device (temporaries.implementation), as a job without memfit.
+        optimizer_implementation=(None if pins.optimizer_implementation == OptimizerImplementation.AUTO
+                                  else pins.optimizer_implementation),
     )
     return Strategy(config=config, optimizer=optimizer, world_size=world_size,
                     gpus_per_node=gpus_per_node or min(world_size, 8), device=device)

@@ -11,6 +11,9 @@
   to clip or unscale (no fp16 loss scaling), and a data-parallel all-reduce would have to finish before
   the hook (memfit runs it on one GPU, like torchtune's single-device recipe).
 - Chunked loss needs a language-model head (checked against the model's shape by the planner).
+- The optimizer implementation (fused, foreach, for-loop) picks how torch's (and DeepSpeed's GPU)
+  32-bit step runs; 8-bit, bf16-pure and offloaded optimizers run their own kernels
+  (`memfit.api.training_config.optimizer_implementation_problem`).
 
 Pure checks on the configuration; `memfit.memory.strategy.strategy_problem` calls them.
 """
@@ -20,6 +23,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from memfit.api.common import Engine, Offload, PeftMethod, Precision
+from memfit.api.training_config import optimizer_implementation_problem
 
 if TYPE_CHECKING:
     from memfit.memory.strategy import Strategy
@@ -44,4 +48,9 @@ def technique_problem(strategy: Strategy) -> str | None:
             return "the optimizer step in backward cannot unscale fp16 gradients (use bf16, bf16-pure or fp32)"
         if config.peft != PeftMethod.NONE:
             return "the optimizer step in backward trains a full fine-tune, not LoRA/QLoRA"
+    if config.optimizer_implementation is not None:
+        why = optimizer_implementation_problem(precision=config.precision, offload=config.offload,
+                                               optimizer8bit=config.optimizer8bit)
+        if why is not None:
+            return f"the optimizer implementation cannot be chosen: {why}"
     return None

@@ -22,13 +22,18 @@ from the sources cited per rule:
   `stage3_max_reuse_distance`/`stage3_max_live_parameters` at their 1e9 defaults, keeps parameters
   gathered between forward and backward (up to `max_live` elements). On CUDA, `overlap_comm` holds two
   reduce buckets (`reduce_bucket_size = h²`, the Hugging Face "auto" value).
-- Optimizer step. CUDA: torch's foreach AdamW allocates one fp32 temporary of the (local) parameter
-  group for `exp_avg_sq.sqrt()` (torch/optim/adamw.py `_multi_tensor_adamw`); DeepSpeed's FusedAdam and
-  bitsandbytes' CUDA kernels update in place. CPU: torch picks foreach only for CUDA tensors
-  (`_default_to_fused_or_foreach`), so the per-tensor loop (`_single_tensor_adamw`) holds `sqrt` and the
-  division of one tensor at a time (2 x 4 B x the largest tensor; DeepSpeed's flat fp32 partition is
-  one tensor); bitsandbytes' CPU 8-bit step dequantises both states and its update (5 x 4 B). SGD with
-  momentum updates in place everywhere. gloo has no native reduce-scatter: FSDP2 on CPU keeps one
+- Optimizer step, by implementation (`optimizerImplementation`; unset: the library's default, torch's
+  `_default_to_fused_or_foreach` -- foreach for CUDA tensors, the per-tensor loop on a CPU -- and
+  DeepSpeed's FusedAdam on CUDA). Adam/AdamW: `fused` (torch `_fused_adamw_`, DeepSpeed FusedAdam)
+  updates in place; `foreach` (torch/optim/adam.py `_multi_tensor_adam`) allocates one fp32 temporary of
+  the (local) parameter list for `exp_avg_sq.sqrt()` and divides it in place; the per-tensor loop
+  (`_single_tensor_adam`) computes `denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)`: the
+  square root and the quotient of one tensor (2 x 4 B x its size), while `denom` still holds the previous
+  tensor's quotient -- three tensors' worth where equal matrices are adjacent (a gated MLP's gate, up and
+  down projections have no bias between them); DeepSpeed's flat fp32 partition is one tensor. Measured
+  on this CPU with the allocator meter (docs/techniques.md). bitsandbytes' CUDA kernels update in place;
+  its CPU 8-bit step dequantises both states and its update (5 x 4 B). SGD with momentum (no weight
+  decay) updates in place in every implementation. gloo has no native reduce-scatter: FSDP2 on CPU keeps one
   unsharded fp32 gradient copy of a unit into the step.
 """
 
@@ -36,7 +41,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from memfit.api.common import Checkpointing, Engine, Offload
+from memfit.api.common import Checkpointing, Engine, Offload, OptimizerImplementation
 from memfit.api.job import OptimizerKind
 from memfit.memory.shape import Shape
 from memfit.memory.strategy import Device, Strategy
@@ -46,12 +51,15 @@ from memfit.memory.strategy import Device, Strategy
 DS_BUCKETS_IN_FLIGHT = 2
 # ZeRO-3 prefetch bucket relative to h² (Hugging Face "auto": 0.9 h²).
 DS_PREFETCH_BUCKET_FACTOR = 0.9
+# DeepSpeed ZeRO-1/2 step prologue: bytes per local element alive beside the fp32 gradient partition.
+DS_STEP_PROLOGUE_BYTES = 4.0
 # DeepSpeed ZeRO-3 `stage3_max_live_parameters` (elements gathered at once).
 DS_MAX_LIVE_PARAMETERS = 1_000_000_000
 # FSDP2 all-gathers the next unit while the current one computes (implicit prefetch): two units live.
 FSDP_LIVE_UNITS = 2
-# CPU torch Adam(W) per-tensor loop: sqrt and division of one fp32 tensor alive together.
-CPU_ADAM_TEMPORARIES = 2
+# torch Adam(W) per-tensor loop: sqrt and division of one fp32 tensor alive together (the previous
+# tensor's quotient too, `adam_scratch`).
+LOOP_ADAM_TEMPORARIES = 2
 # bitsandbytes' CPU 8-bit step: both states dequantised, the update and two scratch buffers (fp32).
 CPU_BNB_TEMPORARIES = 5
 # memfit_trainer's stochastically rounded bf16 step (memfit_trainer.stochastic_rounding), one slice of at
@@ -106,20 +114,53 @@ def _largest_tensor(shape: Shape) -> float:
     return float(shape.largest_layer or shape.block_parameters)
 
 
+def implementation(strategy: Strategy) -> OptimizerImplementation:
+    """How the 32-bit step runs: the configuration's choice, else the library's default on the device."""
+    chosen = strategy.config.optimizer_implementation
+    if chosen is not None:
+        return chosen
+    if strategy.device == Device.CUDA:
+        return OptimizerImplementation.FUSED if strategy.config.engine == Engine.DEEPSPEED else OptimizerImplementation.FOREACH
+    return OptimizerImplementation.FOR_LOOP
+
+
+def adam_scratch(strategy: Strategy, *, elements: float, largest: float, adjacent: float = 0.0) -> float:
+    """Temporaries of a 32-bit torch/DeepSpeed step over `elements` local parameters whose largest tensor
+    has `largest` elements; `adjacent`: elements of the largest previous-plus-current pair the loop meets
+    (the previous quotient alive with the current one's two). SGD with momentum: none."""
+    if strategy.optimizer == OptimizerKind.SGD:
+        return 0.0
+    chosen = implementation(strategy)
+    if chosen == OptimizerImplementation.FUSED:
+        return 0.0
+    if chosen == OptimizerImplementation.FOREACH:
+        return 4.0 * elements
+    return 4.0 * min(elements * LOOP_ADAM_TEMPORARIES, max(LOOP_ADAM_TEMPORARIES * largest, adjacent))
+
+
+def _adjacent_matrices(shape: Shape) -> float:
+    """The per-tensor loop's worst adjacent pair: a gated MLP's matrices follow one another with no bias
+    between them (the previous quotient and the current square root and quotient: 3 matrices)."""
+    return 3.0 * shape.hidden * shape.ffn if shape.gated_mlp else 0.0
+
+
 def _step_scratch(shape: Shape, strategy: Strategy, *, elements: float, flat: bool) -> float:
     """Optimizer-step temporaries over `elements` local parameters held as one flat tensor or many."""
     if strategy.pure_bf16 and not strategy.config.optimizer8bit:
         # A per-tensor loop on every device; SGD keeps the weight, gradient and momentum copies.
         per = PURE_BF16_STEP_TEMPORARIES if strategy.optimizer != OptimizerKind.SGD else PURE_BF16_STEP_TEMPORARIES - 1
         return per * 4.0 * min(elements, _largest_tensor(shape), PURE_BF16_STEP_SLICE)
-    if strategy.optimizer == OptimizerKind.SGD:
-        return 0.0
-    if strategy.device == Device.CUDA:
-        # foreach AdamW: one fp32 temporary of the group; bitsandbytes updates in place.
-        return 0.0 if strategy.config.optimizer8bit else 4.0 * elements
-    largest = elements if flat else min(elements, _largest_tensor(shape))
-    per = CPU_BNB_TEMPORARIES if strategy.config.optimizer8bit else CPU_ADAM_TEMPORARIES
-    return per * 4.0 * largest
+    if strategy.config.optimizer8bit:
+        if strategy.optimizer == OptimizerKind.SGD or strategy.device == Device.CUDA:
+            return 0.0  # bitsandbytes' CUDA kernels update in place
+        largest = elements if flat else min(elements, _largest_tensor(shape))
+        return CPU_BNB_TEMPORARIES * 4.0 * largest
+    if flat:
+        return adam_scratch(strategy, elements=elements, largest=elements)
+    # Sharded (FSDP2's DTensors), each tensor is its local part: the adjacent pair shrinks with the share.
+    share = min(1.0, elements / shape.trainable) if shape.trainable else 1.0
+    return adam_scratch(strategy, elements=elements, largest=min(elements, _largest_tensor(shape)),
+                        adjacent=_adjacent_matrices(shape) * share)
 
 
 def phase_bytes(shape: Shape, strategy: Strategy) -> PhaseBytes:
@@ -272,6 +313,12 @@ def _deepspeed(shape: Shape, strategy: Strategy) -> PhaseBytes:
     if not offloaded:
         step_scratch = _step_scratch(shape, strategy, elements=t / (n if stage >= 1 else 1),
                                      flat=stage >= 1 and fp32_master)
+        if stage in (1, 2):
+            # The step's prologue (stage_1_and_2.py `step`): the partition's gradients, flattened into one
+            # copy and cast to the fp32 partition gradient, are alive with it until the cast is done -- 4 B
+            # per local element beyond the fp32 gradient whether 16-bit (2 + 2) or fp32 (the flat copy is
+            # the fp32 gradient; the per-parameter ones, 4). A fused step adds nothing after it.
+            step_scratch = max(step_scratch, DS_STEP_PROLOGUE_BYTES * t / n)
     persistent = 0.0
     with_activations = 0.0
     if stage == 3:

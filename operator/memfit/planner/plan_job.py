@@ -255,7 +255,8 @@ def plan(
         return _no_fit([shape])
     ctx = shared_search_context(spec, shape, profile=profile, measured_peaks=measured_peaks,
                                 measured_devices=measured_devices, pools=pools)
-    choices, pin_problems = strategy_choices(spec.strategy, lm_head=has_lm_head(spec, ctx.shape.vocab, ctx.shape.family))
+    choices, pin_problems = strategy_choices(spec.strategy, lm_head=has_lm_head(spec, ctx.shape.vocab, ctx.shape.family),
+                                             own_optimizer=spec.container is not None)
     peft_reasons: list[str] = []
     choices = _peft_choices(ctx, choices, peft_reasons)
     if not choices:
@@ -343,7 +344,8 @@ def _full_finetune(ctx: SearchContext, spec: MemoryOptimizedTrainingJobSpec,
     (shown, never chosen: the job did not allow it, or it cost more)."""
     pins = spec.strategy.model_copy(update={"peft": spec.strategy.peft.model_copy(
         update={"method": PeftMethod.NONE, "allowed": []})})
-    choices, problems = strategy_choices(pins, lm_head=has_lm_head(spec, ctx.shape.vocab, ctx.shape.family))
+    choices, problems = strategy_choices(pins, lm_head=has_lm_head(spec, ctx.shape.vocab, ctx.shape.family),
+                                         own_optimizer=spec.container is not None)
     if not choices:
         return FullFinetuneComparison(description=f"no full fine-tune under the pins: {'; '.join(problems)}"[:256])
     # Another list of choices: its ranks and memory ids mean other configurations than the plan's, so it

@@ -33,7 +33,15 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 
-from memfit.api.common import Checkpointing, Engine, Offload, PeftMethod, Precision, Toggle
+from memfit.api.common import (
+    Checkpointing,
+    Engine,
+    Offload,
+    OptimizerImplementation,
+    PeftMethod,
+    Precision,
+    Toggle,
+)
 from memfit.api.job import OptimizerKind, StrategySpec
 from memfit.api.training_config import PLAIN_FP32_DDP, TrainingConfig
 from memfit.memory.states import optimizer_state_bytes_per_param
@@ -200,6 +208,9 @@ def with_pins(template: TrainingConfig, pins: StrategySpec, *, offer: Offer,
         # What the user pinned on, the practitioner runs too (its rungs where it cannot run are left out).
         "optimizer_in_backward": pins.optimizer_in_backward == Toggle.ENABLED,
         "chunked_loss": pins.chunked_loss == Toggle.ENABLED,
+        # The library's default step unless pinned (a pin the optimizer cannot take leaves the rung out).
+        "optimizer_implementation": None if pins.optimizer_implementation == OptimizerImplementation.AUTO
+        else pins.optimizer_implementation,
     })
     return config if strategy_problem(Strategy(config=config, optimizer=OptimizerKind.ADAMW)) is None else None
 

@@ -11,10 +11,18 @@ import itertools
 from collections.abc import Iterator, Sequence
 from typing import TypeVar
 
-from memfit.api.common import Checkpointing, Engine, Offload, PeftMethod, Precision, Toggle
+from memfit.api.common import (
+    Checkpointing,
+    Engine,
+    Offload,
+    OptimizerImplementation,
+    PeftMethod,
+    Precision,
+    Toggle,
+)
 from memfit.api.job import MemoryOptimizedTrainingJobSpec, Minimize
 from memfit.api.pool import GPUNodePool
-from memfit.api.training_config import TrainingConfig
+from memfit.api.training_config import TrainingConfig, optimizer_implementation_problem
 from memfit.catalog import GpuCatalog
 from memfit.memory import Strategy, predict_memory, strategy_problem
 from memfit.planner.checkpoint_writes import write_seconds
@@ -51,6 +59,24 @@ def _methods(spec: MemoryOptimizedTrainingJobSpec, known_layout: bool) -> tuple[
     return methods if known_layout else tuple(m for m in methods if m == PeftMethod.NONE)
 
 
+def _implementations(pin: OptimizerImplementation) -> tuple[OptimizerImplementation, ...]:
+    """Every implementation a pin leaves: the planner takes fused for auto without searching; here each is
+    tried, so the claim that fused is never worse is checked, not assumed."""
+    if pin != OptimizerImplementation.AUTO:
+        return (pin,)
+    return (OptimizerImplementation.FUSED, OptimizerImplementation.FOREACH, OptimizerImplementation.FOR_LOOP)
+
+
+def _implementation(impl: OptimizerImplementation | None, pin: OptimizerImplementation, precision: Precision,
+                    offload: Offload, eight: bool) -> OptimizerImplementation | None:
+    """`impl` where the optimizer lets it be chosen, else unset under auto (8-bit, bf16-pure, offload); a
+    pin stays, for `strategy_problem` to refuse."""
+    if impl is None:
+        return None  # a job's own script: its library's default
+    why = optimizer_implementation_problem(precision=precision, offload=offload, optimizer8bit=eight)
+    return impl if why is None or pin != OptimizerImplementation.AUTO else None
+
+
 def _preference(config: TrainingConfig) -> tuple[object, ...]:
     return (config.peft, config.engine, config.zero_stage, config.precision, config.activation_checkpointing,
             config.offload, config.optimizer8bit, config.optimizer_in_backward, config.chunked_loss)
@@ -68,7 +94,9 @@ def best_objective(spec: MemoryOptimizedTrainingJobSpec, pools: Sequence[GPUNode
     lm_head = has_lm_head(spec, shape.vocab, shape.family)
     if spec.strategy.chunked_loss == Toggle.ENABLED and not lm_head:
         return None  # the planner refuses the pin (planner.space)
-    ranks = {_preference(c.config): c.rank for c in strategy_choices(spec.strategy, lm_head=lm_head)[0]}
+    own = spec.container is not None
+    ranks = {_preference(c.config): c.rank
+             for c in strategy_choices(spec.strategy, lm_head=lm_head, own_optimizer=own)[0]}
     ctx = search_context(spec, shape, pools=pools)
     offers, _ = resolve_offers(pools, catalog=catalog, allowed=spec.placement.node_pools)
     pins, objective = spec.strategy, spec.objective
@@ -96,15 +124,18 @@ def best_objective(spec: MemoryOptimizedTrainingJobSpec, pools: Sequence[GPUNode
                             for offload in _pinned(pins.offload, OFFLOADS, Offload.AUTO):
                                 if offload == Offload.CPU and offer.host_bytes_per_node is None:
                                     continue
-                                for eight, in_bwd, chunked, b in itertools.product(
+                                for eight, in_bwd, chunked, impl, b in itertools.product(
                                         _eight_bit(pins.optimizer8bit), toggles(pins.optimizer_in_backward),
                                         toggles(pins.chunked_loss) if lm_head else (False,),
+                                        (None,) if own else _implementations(pins.optimizer_implementation),
                                         _micro_batches(per_gpu, pins.micro_batch_size)):
                                         config = TrainingConfig.model_construct(
                                             engine=engine, zero_stage=stage, precision=precision,
                                             activation_checkpointing=ckpt, offload=offload, optimizer8bit=eight,
                                             micro_batch_size=b, gradient_accumulation_steps=per_gpu // b,
-                                            peft=method, optimizer_in_backward=in_bwd, chunked_loss=chunked)
+                                            peft=method, optimizer_in_backward=in_bwd, chunked_loss=chunked,
+                                            optimizer_implementation=_implementation(
+                                                impl, pins.optimizer_implementation, precision, offload, eight))
                                         s = Strategy(config, spec.training.optimizer, n, g, adapter=ctx.adapter)
                                         if strategy_problem(s) is not None:
                                             continue

@@ -1,6 +1,11 @@
 """The search space: every valid (engine, stage, precision, checkpointing, offload, 8-bit, optimizer in
 backward, chunked loss) choice that honours the job's pinned strategy fields, in a fixed preference
 order used to break ties. bf16-pure is in it only when the job allows it (`allowPureBf16`) or pins it.
+
+The optimizer implementation is not searched: where it can be chosen (a 32-bit torch or DeepSpeed GPU
+step), `fused` needs no temporaries and moves the fewest bytes, so it is never worse than foreach or the
+per-tensor loop in memory or time (tests/unit/planner/test_optimizer_implementation.py); `auto` is
+`fused` there, a pin is taken as it is.
 """
 
 from __future__ import annotations
@@ -10,9 +15,17 @@ import itertools
 from dataclasses import dataclass, replace
 from typing import NamedTuple
 
-from memfit.api.common import Checkpointing, Engine, Offload, PeftMethod, Precision, Toggle
+from memfit.api.common import (
+    Checkpointing,
+    Engine,
+    Offload,
+    OptimizerImplementation,
+    PeftMethod,
+    Precision,
+    Toggle,
+)
 from memfit.api.job import OptimizerKind, StrategySpec
-from memfit.api.training_config import PLAIN_FP32_DDP, TrainingConfig
+from memfit.api.training_config import PLAIN_FP32_DDP, TrainingConfig, optimizer_implementation_problem
 from memfit.memory.adapter import AdapterLayout
 from memfit.memory.strategy import Strategy, strategy_problem
 
@@ -55,27 +68,41 @@ class Choice:
 def choice(engine: Engine, zero_stage: int, precision: Precision, checkpointing: Checkpointing,
            offload: Offload, optimizer8bit: bool, *, rank: int, memory_id: int = -1, twin_id: int = -1,
            peft: PeftMethod = PeftMethod.NONE, optimizer_in_backward: bool = False,
-           chunked_loss: bool = False) -> Choice:
+           chunked_loss: bool = False, optimizer_implementation: OptimizerImplementation | None = None) -> Choice:
     """A Choice from its configuration fields (micro-batch and accumulation 1)."""
     config = PLAIN_FP32_DDP.model_copy(update={
         "engine": engine, "zero_stage": zero_stage, "precision": precision,
         "activation_checkpointing": checkpointing, "offload": offload, "optimizer8bit": optimizer8bit,
         "peft": peft, "optimizer_in_backward": optimizer_in_backward, "chunked_loss": chunked_loss,
+        "optimizer_implementation": optimizer_implementation,
     })
     return Choice(config, rank, memory_id, twin_id)
+
+
+def implementation_for(pin: OptimizerImplementation | None, *, precision: Precision, offload: Offload,
+                       optimizer8bit: bool) -> OptimizerImplementation | None:
+    """The implementation a choice runs: a pin as it is (`strategy_problem` refuses it where the optimizer
+    has its own kernels); `auto`: fused where it can be chosen, else unset; None (a job's own optimizer):
+    unset."""
+    if pin is None or pin != OptimizerImplementation.AUTO:
+        return pin
+    why = optimizer_implementation_problem(precision=precision, offload=offload, optimizer8bit=optimizer8bit)
+    return OptimizerImplementation.FUSED if why is None else None
 
 
 def _allowed(pin: object, values: tuple[object, ...], auto: object) -> tuple[object, ...]:
     return values if pin == auto else tuple(v for v in values if v == pin)
 
 
-def strategy_choices(pins: StrategySpec, *, lm_head: bool = True) -> tuple[list[Choice], list[str]]:
+def strategy_choices(pins: StrategySpec, *, lm_head: bool = True,
+                     own_optimizer: bool = False) -> tuple[list[Choice], list[str]]:
     """Valid choices under the pins, in preference order, and why none exist when the list is empty.
 
     Only the PEFT methods the job allows (`strategy.peft`) are in the space: a full fine-tune is never
     turned into LoRA/QLoRA, nor the reverse, unless the user allowed it. QLoRA's `computeDtype` pins
     the precision of its choices. Chunked loss is in it only for a model with a language-model head
-    (`lm_head`).
+    (`lm_head`). A job's own script steps its own optimizer (`own_optimizer`): its implementation is left
+    unset, the library's default (a pin is refused at validation, memfit.api.own_code_rules).
     """
     if not lm_head and pins.chunked_loss == Toggle.ENABLED:
         return [], ["the pinned strategy cannot run: strategy.chunkedLoss enabled needs a language-model head "
@@ -84,7 +111,7 @@ def strategy_choices(pins: StrategySpec, *, lm_head: bool = True) -> tuple[list[
     chunked = pins.chunked_loss if lm_head else Toggle.DISABLED
     pinned = Pins(pins.engine, pins.precision, pins.activation_checkpointing, pins.zero_stage, pins.offload,
                   pins.optimizer8bit, pins.peft.methods(), pins.peft.qlora.compute_dtype, pins.allow_pure_bf16,
-                  pins.optimizer_in_backward, chunked)
+                  pins.optimizer_in_backward, chunked, None if own_optimizer else pins.optimizer_implementation)
     choices, problems = _choices(pinned)
     return list(choices), list(problems)
 
@@ -96,7 +123,7 @@ def pinned_fields(pins: StrategySpec) -> dict[str, str]:
     fields = {"engine": pins.engine, "precision": pins.precision, "activationCheckpointing":
               pins.activation_checkpointing, "zeroStage": pins.zero_stage, "offload": pins.offload,
               "optimizer8bit": pins.optimizer8bit, "optimizerInBackward": pins.optimizer_in_backward,
-              "chunkedLoss": pins.chunked_loss}
+              "chunkedLoss": pins.chunked_loss, "optimizerImplementation": pins.optimizer_implementation}
     out = {f"strategy.{key}": str(value) for key, value in fields.items() if value != "auto"}
     compute = pins.peft.qlora.compute_dtype
     if pins.peft.methods() == (PeftMethod.QLORA,) and compute != Precision.AUTO:
@@ -118,6 +145,7 @@ class Pins(NamedTuple):
     allow_pure_bf16: bool
     optimizer_in_backward: Toggle
     chunked_loss: Toggle
+    optimizer_implementation: OptimizerImplementation | None = OptimizerImplementation.AUTO  # None: library's
 
 
 def toggles(pin: Toggle) -> tuple[bool, ...]:
@@ -165,7 +193,10 @@ def _choices(pins: Pins) -> tuple[tuple[Choice, ...], tuple[str, ...]]:
                                           len(twin_ids))
             candidate = choice(engine, int(stage), precision, ckpt, offload, eight, rank=len(choices),
                                memory_id=memory_id, twin_id=twin_id, peft=method,
-                               optimizer_in_backward=in_backward, chunked_loss=chunked)
+                               optimizer_in_backward=in_backward, chunked_loss=chunked,
+                               optimizer_implementation=implementation_for(
+                                   pins.optimizer_implementation, precision=precision, offload=offload,
+                                   optimizer8bit=eight))
             problem = strategy_problem(candidate.strategy(optimizer=OptimizerKind.ADAMW))
             if problem is None:
                 if chunked:

@@ -36,10 +36,12 @@ import statistics
 from dataclasses import dataclass, field, fields
 from functools import lru_cache
 
-from memfit.api.common import Checkpointing, Engine, Offload, PeftMethod, Precision
+from memfit.api.common import Checkpointing, Engine, Offload, OptimizerImplementation, PeftMethod, Precision
+from memfit.api.job import OptimizerKind
 from memfit.memory.shape import Shape
 from memfit.memory.states import optimizer_state_bytes_per_param
 from memfit.memory.strategy import Strategy
+from memfit.memory.temporaries import implementation
 from memfit.timing.block_work import arithmetic_flops_per_token, block_work, counted_flops_per_sample
 from memfit.timing.roofline import (
     FLASH_EFFICIENCY,
@@ -342,9 +344,18 @@ def _param_bytes_per_micro(strategy: Strategy, p: float, t: float) -> float:
     return gathered + grads
 
 
+# Adam/AdamW's step as separate ops (torch foreach or the per-tensor loop) moves more than one fused pass:
+# the denominator temporary written by sqrt, read and written by the division and the eps add, read by
+# addcdiv (24 B); the second moment's extra pass (mul_ then addcmul_: 8 B), the gradient read again (4 B)
+# and the decoupled decay's own pass over the weight (8 B). The loop's launch overhead (a few µs per op and
+# tensor) is not modelled: the planner never picks the loop.
+UNFUSED_ADAM_EXTRA_BYTES = 44.0
+
+
 def _optimizer_bytes(strategy: Strategy, t: float) -> float:
     """HBM bytes of the optimizer step on one GPU: fp32 parameters read and written, the gradient read
-    twice (clipping norm and update), the states read and written, the 16-bit copy written back."""
+    twice (clipping norm and update), the states read and written, the 16-bit copy written back; one op
+    per pass without a fused kernel (`UNFUSED_ADAM_EXTRA_BYTES`)."""
     config, n = strategy.config, strategy.world_size
     if config.offload != Offload.NONE:
         return 0.0  # the step runs on the CPU (offload terms)
@@ -355,7 +366,11 @@ def _optimizer_bytes(strategy: Strategy, t: float) -> float:
         # 4-byte noise written and read (memfit_trainer.stochastic_rounding)
         return shard * (2.0 + 2.0 + 2.0 + states + 8.0)
     copy = 2.0 if (strategy.mixed_precision and config.engine != Engine.DDP) else 0.0
-    return shard * (8.0 + 8.0 + 2.0 * states + copy)
+    passes = 0.0
+    if strategy.optimizer != OptimizerKind.SGD and not config.optimizer8bit and \
+            implementation(strategy) != OptimizerImplementation.FUSED:
+        passes = UNFUSED_ADAM_EXTRA_BYTES
+    return shard * (8.0 + 8.0 + 2.0 * states + copy + passes)
 
 
 def _wire_bytes(strategy: Strategy) -> tuple[float, float]:

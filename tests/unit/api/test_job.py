@@ -146,6 +146,26 @@ CASES: dict[str, tuple[dict[str, Any], str, str]] = {
         "spec.problem.huggingface.attention",
         "'auto', 'eager', 'sdpa' or 'flash'",
     ),
+    "optimizer implementation with 8-bit": (
+        {"strategy": {"optimizerImplementation": "foreach", "optimizer8bit": "enabled"}},
+        "spec.strategy.optimizerImplementation",
+        "optimizerImplementation foreach picks torch's 32-bit step; optimizer8bit is enabled",
+    ),
+    "optimizer implementation with bf16-pure": (
+        {"strategy": {"optimizerImplementation": "fused", "precision": "bf16-pure"}},
+        "spec.strategy.optimizerImplementation",
+        "precision is bf16-pure",
+    ),
+    "optimizer implementation with offload": (
+        {"strategy": {"optimizerImplementation": "for-loop", "engine": "deepspeed", "offload": "cpu"}},
+        "spec.strategy.optimizerImplementation",
+        "offload is cpu",
+    ),
+    "unknown optimizer implementation": (
+        {"strategy": {"optimizerImplementation": "apex"}},
+        "spec.strategy.optimizerImplementation",
+        "'auto', 'fused', 'foreach' or 'for-loop'",
+    ),
     "ddp with zero-3": (
         {"strategy": {"engine": "ddp", "zeroStage": 3}},
         "spec.strategy.zeroStage",

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 from cluster_manifests import gfd_node, inference_pod
-from memfit.api.common import Precision
+from memfit.api.common import Offload, OptimizerImplementation, Precision
 from memfit.api.job import MemoryOptimizedTrainingJobSpec
 from memfit.api.plan import Plan
 from memfit.api.pool import GPUNodePool
@@ -126,6 +126,19 @@ def test_config_key_round_trip_keeps_the_techniques_and_reads_old_keys() -> None
     old = strategy_of(config_key(plain), spec(24))
     assert "~" not in config_key(plain)
     assert old is not None and not old.config.optimizer_in_backward and not old.config.chunked_loss
+
+
+def test_config_key_keeps_the_optimizer_implementation() -> None:
+    plan = run(spec(24)).plan
+    assert plan is not None
+    for chosen in OptimizerImplementation.FUSED, OptimizerImplementation.FOR_LOOP, None:
+        variant = plan.model_copy(update={"optimizer_implementation": chosen, "optimizer8bit": False,
+                                          "offload": Offload.NONE, "precision": Precision.BF16,
+                                          "chunked_loss": False, "optimizer_in_backward": False})
+        key = config_key(variant)
+        assert key.split("/")[2] == ("bf16" if chosen is None else f"bf16~impl-{chosen.value}")
+        strategy = strategy_of(key, spec(24))
+        assert strategy is not None and strategy.config.optimizer_implementation == chosen
 
 
 def test_free_gpus_counts_whole_free_nodes_room_to_grow_and_shared_nodes() -> None:

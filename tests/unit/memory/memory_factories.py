@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from memfit.api.common import Checkpointing, Engine, Offload, Precision
+from memfit.api.common import Checkpointing, Engine, Offload, OptimizerImplementation, Precision
 from memfit.api.job import OptimizerKind
 from memfit.api.profile import ModelShape
 from memfit.memory import Shape, Strategy, shape_from_hf_config
@@ -103,6 +103,9 @@ class S:
 
     def chunked(self) -> S:
         return self._config(chunked_loss=True)
+
+    def implementation(self, name: str) -> S:
+        return self._config(optimizer_implementation=OptimizerImplementation(name))
 
     def sgd(self) -> S:
         return self._set(optimizer=OptimizerKind.SGD)

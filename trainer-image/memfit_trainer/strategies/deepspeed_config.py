@@ -9,9 +9,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from memfit.api.common import Offload, Precision
+from memfit.api.common import Offload, OptimizerImplementation, Precision
 from memfit.api.job import OptimizerKind
 from memfit.api.plan import Plan
+
+from memfit_trainer.optim_kwargs import implementation_kwargs
 
 # Dynamic fp16 loss scaling as in DeepSpeed's docs ("fp16" section): scale 2**16, halve on overflow,
 # double after 1000 clean steps, tolerate 2 overflows before lowering (hysteresis).
@@ -104,14 +106,19 @@ def _optimizer_section(plan: Plan, *, cuda: bool) -> dict[str, Any] | None:
         return None
     lr = plan.training.learning_rate
     kind = plan.training.optimizer
+    how: dict[str, Any] = dict(implementation_kwargs(plan.optimizer_implementation))
     if kind == OptimizerKind.SGD:
-        # Not a DeepSpeed optimizer name: DeepSpeed falls back to torch.optim.SGD.
-        return {"type": "SGD", "params": {"lr": lr, "momentum": SGD_MOMENTUM}}
+        # Not a DeepSpeed optimizer name: DeepSpeed falls back to torch.optim.SGD (which takes `how`).
+        return {"type": "SGD", "params": {"lr": lr, "momentum": SGD_MOMENTUM, **how}}
     params: dict[str, Any] = {"lr": lr, "betas": [0.9, 0.999], "eps": 1e-8}
     if kind == OptimizerKind.ADAMW:
         params["weight_decay"] = ADAMW_WEIGHT_DECAY
-    if not cuda and plan.offload == Offload.NONE:
+    fused_on_gpu = cuda and plan.optimizer_implementation == OptimizerImplementation.FUSED
+    if plan.offload == Offload.NONE and (not cuda or (how and not fused_on_gpu)):
+        # torch's AdamW: DeepSpeed passes `foreach` and any other key (`fused`) through; on a GPU, fused (or
+        # unset) is DeepSpeed's own FusedAdam, which updates in place.
         params["torch_adam"] = True
+        params.update(how)
     if kind == OptimizerKind.ADAM:
         params["adam_w_mode"] = False  # DeepSpeed's "Adam" type runs AdamW unless this is off
     return {"type": "AdamW" if kind == OptimizerKind.ADAMW else "Adam", "params": params}

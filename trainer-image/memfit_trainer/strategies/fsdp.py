@@ -91,7 +91,7 @@ class FsdpRunner(DcpRunnerSteps):
             if plan.optimizer8bit
             else bf16_pure_optimizer(params, plan.training, seed=seed)
             if pure
-            else torch_optimizer(params, plan.training)
+            else torch_optimizer(params, plan.training, plan.optimizer_implementation)
         )
         self.scaler = self._fp16_scaler() if plan.precision == Precision.FP16 else None
         # bf16-pure: floating inputs (images) in the weights' dtype (a plain MixedPrecisionPolicy casts none).
