@@ -257,6 +257,8 @@ def build_report(
         "technique-chunked-loss": [c for c in measured if case_section(c) == "techniques" and c.chunked],
         "technique-optimizer-implementation": [c for c in measured if case_section(c) == "techniques"
                                                and c.implementation],
+        "technique-selective-op": [c for c in measured if case_section(c) == "techniques"
+                                   and c.checkpointing == "selective-op"],
         "huggingface": [c for c in measured if case_section(c) == "huggingface"],
         "huggingface-in-sample": [c for c in measured if case_section(c) == "huggingface" and not held_out(c.family)],
         "huggingface-held-out": [c for c in measured if case_section(c) == "huggingface" and held_out(c.family)],

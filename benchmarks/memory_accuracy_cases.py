@@ -168,11 +168,11 @@ def section_of(family: str) -> str:
 
 def case_section(case: Case) -> str:
     """`peft` for LoRA/QLoRA cases, `techniques` for bf16-pure, the optimizer step in backward, the
-    chunked loss or a chosen optimizer implementation, else the family's section."""
+    chunked loss, a chosen optimizer implementation or selective-op checkpointing, else the family's section."""
     if case.peft != "none":
         return "peft"
     if (case.precision == "bf16-pure" or case.in_backward or case.chunked or case.implementation
-            or case.family in TECHNIQUES_HELD_OUT):
+            or case.checkpointing == "selective-op" or case.family in TECHNIQUES_HELD_OUT):
         return "techniques"
     if case.family in HUGGINGFACE_FAMILIES:
         return "huggingface"
@@ -461,7 +461,23 @@ def technique_cases() -> list[Case]:
         c("llama", precision="bf16", micro_batch_size=4),
         c("llama", precision="fp32", checkpointing="full", micro_batch_size=4),
     ]
-    return cases + implementation_cases()
+    return cases + implementation_cases() + selective_op_cases()
+
+
+def selective_op_cases() -> list[Case]:
+    """selective-op checkpointing (matmul and attention outputs kept, the rest recomputed) on gpt, bert and the
+    held-out llama: fp32 and bf16 at one rank, DDP, FSDP2 full shard and DeepSpeed ZeRO-2 at two."""
+    c, op = Case, {"checkpointing": "selective-op"}
+    cases = []
+    for family in ("gpt", "bert", "llama"):
+        cases += [
+            c(family, precision="fp32", **op, micro_batch_size=4),
+            c(family, precision="bf16", **op, micro_batch_size=8),
+            c(family, precision="bf16", **op, world_size=2, micro_batch_size=4),
+            c(family, engine="fsdp", zero_stage=3, precision="bf16", **op, world_size=2, micro_batch_size=4),
+            c(family, engine="deepspeed", zero_stage=2, precision="bf16", **op, world_size=2, micro_batch_size=4),
+        ]
+    return cases
 
 
 def implementation_cases() -> list[Case]:

@@ -149,7 +149,7 @@ def check_plan(plan: Plan, facts: RuntimeFacts) -> None:
 
 def checkpointing_enabled(plan: Plan) -> bool:
     """True when the plan asks for any activation checkpointing."""
-    return plan.activation_checkpointing in (Checkpointing.SELECTIVE, Checkpointing.FULL)
+    return plan.activation_checkpointing in (Checkpointing.SELECTIVE, Checkpointing.SELECTIVE_OP, Checkpointing.FULL)
 
 
 def load_plan(path: Path) -> Plan:

@@ -68,11 +68,13 @@ class Precision(StrEnum):
 
 
 class Checkpointing(StrEnum):
-    """Activation checkpointing: none, selective (attention recomputed) or full (every block)."""
+    """Activation checkpointing: none, selective (attention recomputed), selective-op (every block under a
+    per-op policy: matmul and attention outputs saved, the rest recomputed) or full (every block)."""
 
     AUTO = "auto"
     NONE = "none"
     SELECTIVE = "selective"
+    SELECTIVE_OP = "selective-op"
     FULL = "full"
 
 

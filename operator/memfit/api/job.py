@@ -135,7 +135,9 @@ class StrategySpec(ApiModel):
         "of tokens, recomputed in backward, so the full fp32 logits never exist (same loss value).",
     )
     activation_checkpointing: Checkpointing = Field(
-        default=Checkpointing.AUTO, description="auto, none, selective or full."
+        default=Checkpointing.AUTO,
+        description="auto, none, selective (each block's attention recomputed), selective-op (each block recomputed "
+        "but its matmul and attention outputs kept: torch's selective activation checkpointing) or full.",
     )
     optimizer_implementation: OptimizerImplementation = Field(
         default=OptimizerImplementation.AUTO,

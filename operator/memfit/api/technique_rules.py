@@ -108,6 +108,21 @@ def _optimizer_implementation(spec: Mapping[str, Any], strategy: Mapping[str, An
     return found
 
 
+def _selective_op(spec: Mapping[str, Any], strategy: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """selective-op is memfit_trainer's per-op policy over full fine-tunes."""
+    if strategy.get("activationCheckpointing") != "selective-op":
+        return []
+    field = f"{_BASE}.activationCheckpointing"
+    found: list[tuple[str, str]] = []
+    if "none" not in _peft_methods(strategy):
+        found.append((field, "activationCheckpointing selective-op trains a full fine-tune: peft must allow none "
+                             "(LoRA/QLoRA use selective or full)"))
+    if spec.get("container") is not None:
+        found.append((field, "activationCheckpointing selective-op is memfit's trainer's per-op policy; a job's own "
+                             "container checkpoints as it does: use none, selective, full or auto"))
+    return found
+
+
 def _hf_task(spec: Mapping[str, Any]) -> list[tuple[str, str]]:
     """A task the inline config's architecture has no head for; sequence classification on real data (memfit's
     loader packs text, it has no labels)."""
@@ -136,4 +151,4 @@ def check_techniques(spec: Mapping[str, Any]) -> list[tuple[str, str]]:
     if not isinstance(strategy, Mapping):
         return _hf_task(spec)
     return (_pure_bf16(strategy) + _optimizer_in_backward(spec, strategy) + _chunked_loss(spec, strategy)
-            + _optimizer_implementation(spec, strategy) + _hf_task(spec))
+            + _optimizer_implementation(spec, strategy) + _selective_op(spec, strategy) + _hf_task(spec))

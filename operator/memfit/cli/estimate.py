@@ -225,7 +225,8 @@ def register(subparsers: Any) -> None:
     e.add_argument("--gpus-per-node", type=int)
     e.add_argument("--precision", choices=["fp32", "bf16", "fp16", "bf16-pure"],
                    help="bf16-pure: bf16 weights, gradients and optimizer state, no fp32 master copy")
-    e.add_argument("--checkpointing", choices=["none", "selective", "full"])
+    e.add_argument("--checkpointing", choices=["none", "selective", "selective-op", "full"],
+                   help="selective-op: every block recomputed but its matmul and attention outputs kept")
     e.add_argument("--offload", choices=["none", "cpu", "nvme"])
     e.add_argument("--optimizer8bit", action="store_true", help="bitsandbytes 8-bit optimizer state")
     e.add_argument("--optimizer-in-backward", action="store_true",

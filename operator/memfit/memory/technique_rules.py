@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from memfit.api.common import Engine, Offload, PeftMethod, Precision
+from memfit.api.common import Checkpointing, Engine, Offload, PeftMethod, Precision
 from memfit.api.training_config import optimizer_implementation_problem
 
 if TYPE_CHECKING:
@@ -48,6 +48,8 @@ def technique_problem(strategy: Strategy) -> str | None:
             return "the optimizer step in backward cannot unscale fp16 gradients (use bf16, bf16-pure or fp32)"
         if config.peft != PeftMethod.NONE:
             return "the optimizer step in backward trains a full fine-tune, not LoRA/QLoRA"
+    if config.activation_checkpointing == Checkpointing.SELECTIVE_OP and config.peft != PeftMethod.NONE:
+        return "selective-op checkpointing trains a full fine-tune; LoRA/QLoRA use selective or full"
     if config.optimizer_implementation is not None:
         why = optimizer_implementation_problem(precision=config.precision, offload=config.offload,
                                                optimizer8bit=config.optimizer8bit)

@@ -51,6 +51,8 @@ from memfit.memory.strategy import Device, Strategy
 DS_BUCKETS_IN_FLIGHT = 2
 # ZeRO-3 prefetch bucket relative to h² (Hugging Face "auto": 0.9 h²).
 DS_PREFETCH_BUCKET_FACTOR = 0.9
+# Checkpointing that recomputes whole blocks: their matmuls' autocast weight copies are not saved.
+WHOLE_BLOCK = (Checkpointing.FULL, Checkpointing.SELECTIVE_OP)
 # DeepSpeed ZeRO-1/2 step prologue: bytes per local element alive beside the fp32 gradient partition.
 DS_STEP_PROLOGUE_BYTES = 4.0
 # DeepSpeed ZeRO-3 `stage3_max_live_parameters` (elements gathered at once).
@@ -200,7 +202,7 @@ def _ddp(shape: Shape, strategy: Strategy) -> PhaseBytes:
     if strategy.mixed_precision:
         # torch.autocast caches a 16-bit copy of each matmul weight; backward keeps the copies of
         # every block whose activations are saved (one block at a time under full checkpointing).
-        blocks = 1 if strategy.config.activation_checkpointing == Checkpointing.FULL else shape.layers
+        blocks = 1 if strategy.config.activation_checkpointing in WHOLE_BLOCK else shape.layers
         with_activations = 2.0 * (blocks * shape.block_parameters + _head_parameters(shape))
     late_copies = 2.0 * shape.block_parameters if strategy.mixed_precision else 0.0
     scratch = _step_scratch(shape, strategy, elements=t, flat=False)
@@ -246,7 +248,7 @@ def _step_in_backward(shape: Shape, strategy: Strategy, grad_bytes: float) -> Ph
     largest = working(_largest_tensor(shape))
     with_activations = 0.0
     if strategy.mixed_precision:
-        blocks = 1 if strategy.config.activation_checkpointing == Checkpointing.FULL else shape.layers
+        blocks = 1 if strategy.config.activation_checkpointing in WHOLE_BLOCK else shape.layers
         with_activations = 2.0 * (blocks * shape.block_parameters + _head_parameters(shape))
     late_copies = 2.0 * shape.block_parameters if strategy.mixed_precision else 0.0
     return PhaseBytes(

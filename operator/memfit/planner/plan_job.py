@@ -256,7 +256,7 @@ def plan(
     ctx = shared_search_context(spec, shape, profile=profile, measured_peaks=measured_peaks,
                                 measured_devices=measured_devices, pools=pools)
     choices, pin_problems = strategy_choices(spec.strategy, lm_head=has_lm_head(spec, ctx.shape.vocab, ctx.shape.family),
-                                             own_optimizer=spec.container is not None)
+                                             own_script=spec.container is not None)
     peft_reasons: list[str] = []
     choices = _peft_choices(ctx, choices, peft_reasons)
     if not choices:
@@ -345,7 +345,7 @@ def _full_finetune(ctx: SearchContext, spec: MemoryOptimizedTrainingJobSpec,
     pins = spec.strategy.model_copy(update={"peft": spec.strategy.peft.model_copy(
         update={"method": PeftMethod.NONE, "allowed": []})})
     choices, problems = strategy_choices(pins, lm_head=has_lm_head(spec, ctx.shape.vocab, ctx.shape.family),
-                                         own_optimizer=spec.container is not None)
+                                         own_script=spec.container is not None)
     if not choices:
         return FullFinetuneComparison(description=f"no full fine-tune under the pins: {'; '.join(problems)}"[:256])
     # Another list of choices: its ranks and memory ids mean other configurations than the plan's, so it

@@ -34,7 +34,7 @@ from memfit.timing import estimate_step_seconds
 
 ENGINES = (Engine.DDP, Engine.FSDP, Engine.DEEPSPEED)
 PRECISIONS = (Precision.BF16, Precision.FP16, Precision.FP32, Precision.BF16_PURE)
-CHECKPOINTING = (Checkpointing.NONE, Checkpointing.SELECTIVE, Checkpointing.FULL)
+CHECKPOINTING = (Checkpointing.NONE, Checkpointing.SELECTIVE, Checkpointing.SELECTIVE_OP, Checkpointing.FULL)
 OFFLOADS = (Offload.NONE, Offload.CPU, Offload.NVME)
 T = TypeVar("T")
 
@@ -96,7 +96,7 @@ def best_objective(spec: MemoryOptimizedTrainingJobSpec, pools: Sequence[GPUNode
         return None  # the planner refuses the pin (planner.space)
     own = spec.container is not None
     ranks = {_preference(c.config): c.rank
-             for c in strategy_choices(spec.strategy, lm_head=lm_head, own_optimizer=own)[0]}
+             for c in strategy_choices(spec.strategy, lm_head=lm_head, own_script=own)[0]}
     ctx = search_context(spec, shape, pools=pools)
     offers, _ = resolve_offers(pools, catalog=catalog, allowed=spec.placement.node_pools)
     pins, objective = spec.strategy, spec.objective
@@ -121,6 +121,8 @@ def best_objective(spec: MemoryOptimizedTrainingJobSpec, pools: Sequence[GPUNode
                         if method == PeftMethod.QLORA and qlora_compute not in (Precision.AUTO, precision):
                             continue
                         for ckpt in _pinned(pins.activation_checkpointing, CHECKPOINTING, Checkpointing.AUTO):
+                            if own and ckpt == Checkpointing.SELECTIVE_OP and pins.activation_checkpointing == Checkpointing.AUTO:
+                                continue  # a script is never asked for memfit's per-op policy (planner.space)
                             for offload in _pinned(pins.offload, OFFLOADS, Offload.AUTO):
                                 if offload == Offload.CPU and offer.host_bytes_per_node is None:
                                     continue

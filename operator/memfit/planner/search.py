@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 
 from memfit.api.common import Checkpointing, Offload, Precision
 from memfit.api.job import Minimize
+from memfit.api.training_config import TrainingConfig
 from memfit.memory.predict import MemoryTerms
 from memfit.planner.context import Group, SearchContext, peak_bytes_int
 from memfit.planner.explain import Lack, OfferFailures
@@ -98,12 +99,20 @@ def _refused_precision(precision: Precision) -> Precision:
     return Precision.BF16 if precision == Precision.BF16_PURE else precision
 
 
+def _is_refused(config: TrainingConfig, refused: frozenset[tuple[Precision, Checkpointing]]) -> bool:
+    """Whether the profile refused this (precision, checkpointing) on the GPU. selective-op (never profiled)
+    runs the ops of every mode: refused when its precision was refused with any."""
+    precision = _refused_precision(config.precision)
+    if config.activation_checkpointing == Checkpointing.SELECTIVE_OP:
+        return any(p == precision for p, _ in refused)
+    return (precision, config.activation_checkpointing) in refused
+
+
 def _lacks(offer: Offer, choice: Choice, refused: frozenset[tuple[Precision, Checkpointing]]) -> frozenset[Lack]:
     """What `offer` lacks that `choice` needs (`refused`: what the profile could not run on this GPU)."""
     config = choice.config
     return frozenset(lack for lack, missing in (
-        (Lack.REFUSED, bool(refused) and (_refused_precision(config.precision),
-                                          config.activation_checkpointing) in refused),
+        (Lack.REFUSED, bool(refused) and _is_refused(config, refused)),
         (Lack.BF16, config.precision in (Precision.BF16, Precision.BF16_PURE) and not offer.supports_bf16),
         (Lack.HOST_MEMORY, config.offload == Offload.CPU and offer.host_bytes_per_node is None),
         (Lack.NVME, config.offload == Offload.NVME and offer.nvme_bytes_per_node <= 0),

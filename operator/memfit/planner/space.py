@@ -33,7 +33,7 @@ from memfit.memory.strategy import Strategy, strategy_problem
 ENGINES = (Engine.DDP, Engine.DEEPSPEED, Engine.FSDP)
 STAGES = {Engine.DDP: (0,), Engine.FSDP: (2, 3), Engine.DEEPSPEED: (0, 1, 2, 3)}
 PRECISIONS = (Precision.BF16, Precision.FP16, Precision.FP32, Precision.BF16_PURE)
-CHECKPOINTING = (Checkpointing.NONE, Checkpointing.SELECTIVE, Checkpointing.FULL)
+CHECKPOINTING = (Checkpointing.NONE, Checkpointing.SELECTIVE, Checkpointing.SELECTIVE_OP, Checkpointing.FULL)
 OFFLOADS = (Offload.NONE, Offload.CPU, Offload.NVME)
 
 
@@ -95,14 +95,15 @@ def _allowed(pin: object, values: tuple[object, ...], auto: object) -> tuple[obj
 
 
 def strategy_choices(pins: StrategySpec, *, lm_head: bool = True,
-                     own_optimizer: bool = False) -> tuple[list[Choice], list[str]]:
+                     own_script: bool = False) -> tuple[list[Choice], list[str]]:
     """Valid choices under the pins, in preference order, and why none exist when the list is empty.
 
     Only the PEFT methods the job allows (`strategy.peft`) are in the space: a full fine-tune is never
     turned into LoRA/QLoRA, nor the reverse, unless the user allowed it. QLoRA's `computeDtype` pins
     the precision of its choices. Chunked loss is in it only for a model with a language-model head
-    (`lm_head`). A job's own script steps its own optimizer (`own_optimizer`): its implementation is left
-    unset, the library's default (a pin is refused at validation, memfit.api.own_code_rules).
+    (`lm_head`). A job's own script (`own_script`) steps its own optimizer: its implementation is left unset,
+    the library's default; and it is never asked for selective-op checkpointing, memfit_trainer's per-op
+    policy (pins of either are refused at validation, memfit.api.technique_rules).
     """
     if not lm_head and pins.chunked_loss == Toggle.ENABLED:
         return [], ["the pinned strategy cannot run: strategy.chunkedLoss enabled needs a language-model head "
@@ -111,8 +112,10 @@ def strategy_choices(pins: StrategySpec, *, lm_head: bool = True,
     chunked = pins.chunked_loss if lm_head else Toggle.DISABLED
     pinned = Pins(pins.engine, pins.precision, pins.activation_checkpointing, pins.zero_stage, pins.offload,
                   pins.optimizer8bit, pins.peft.methods(), pins.peft.qlora.compute_dtype, pins.allow_pure_bf16,
-                  pins.optimizer_in_backward, chunked, None if own_optimizer else pins.optimizer_implementation)
+                  pins.optimizer_in_backward, chunked, None if own_script else pins.optimizer_implementation)
     choices, problems = _choices(pinned)
+    if own_script and pins.activation_checkpointing == Checkpointing.AUTO:
+        choices = tuple(c for c in choices if c.config.activation_checkpointing != Checkpointing.SELECTIVE_OP)
     return list(choices), list(problems)
 
 

@@ -92,9 +92,11 @@ def _block_work(shape: Shape, precision: Precision, checkpointing: Checkpointing
     eager_flops = shape.layers * 4.0 * s * h * (1.0 + 2.0 + recompute)
     eager_bytes = shape.layers * shape.heads * s * eb * 12.0
     forward = _elementwise_forward_bytes(shape, eb)
-    elementwise = shape.layers * forward * (3.0 + (1.0 if full else 0.0))
+    # selective-op re-runs the element-wise ops (norms, activations, residual adds) of every block, no GEMM.
+    rerun = 1.0 if full or checkpointing == Checkpointing.SELECTIVE_OP else 0.0
+    elementwise = shape.layers * forward * (3.0 + rerun)
     kernels_forward = KERNELS_PER_BLOCK_FORWARD[shape.gated_mlp]
-    kernels = shape.layers * kernels_forward * (3.0 + (1.0 if full else 0.0)) + HEAD_KERNELS
+    kernels = shape.layers * kernels_forward * (3.0 + rerun) + HEAD_KERNELS
     if adapter is not None:
         targeted = adapter.targeted
         elementwise += shape.layers * 3.0 * sum((2 * k + 3 * n) * eb for k, n in targeted)

@@ -181,6 +181,8 @@ def recompute_factor(shape: Shape, checkpointing: Checkpointing) -> float:
     attention = 2.0 * (2 * h * h + 2 * h * shape.kv_hidden) + 4.0 * s * h  # forward, per token and layer
     mlp = 2.0 * (3 if shape.gated_mlp else 2) * h * f
     per_token_total = 6.0 * shape.parameters + 12.0 * shape.layers * s * h
+    if checkpointing == Checkpointing.SELECTIVE_OP:
+        return 1.0  # every matmul and the attention kernel's output is kept: only element-wise ops re-run
     extra = attention if checkpointing == Checkpointing.SELECTIVE else attention + mlp
     return 1.0 + shape.layers * extra / per_token_total
 

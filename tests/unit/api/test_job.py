@@ -161,6 +161,11 @@ CASES: dict[str, tuple[dict[str, Any], str, str]] = {
         "spec.strategy.optimizerImplementation",
         "offload is cpu",
     ),
+    "selective-op with LoRA only": (
+        {"strategy": {"activationCheckpointing": "selective-op", "peft": {"method": "lora"}}},
+        "spec.strategy.activationCheckpointing",
+        "activationCheckpointing selective-op trains a full fine-tune",
+    ),
     "unknown optimizer implementation": (
         {"strategy": {"optimizerImplementation": "apex"}},
         "spec.strategy.optimizerImplementation",

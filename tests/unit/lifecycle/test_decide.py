@@ -80,7 +80,7 @@ def test_a_profile_that_skipped_what_its_gpu_refused_says_so_and_plans_around_it
     problem = MemoryOptimizedTrainingJobSpec.model_validate(h.spec).problem
     # Unrefused, this job plans fp32 on t4-spot; the profile, taken on a T4, could not run fp32 there.
     skipped = [SkippedRun(kind="configuration", precision=Precision.FP32, checkpointing=ckpt, micro_batch_size=1,
-                          reason="NotImplementedError: no fp32 kernel") for ckpt in Checkpointing if ckpt != "auto"]
+                          reason="NotImplementedError: no fp32 kernel") for ckpt in (Checkpointing.NONE, Checkpointing.SELECTIVE, Checkpointing.FULL)]
     message = Profile(problem_hash="x", device="cuda:t4", shape=shape_from_problem(problem), seconds=3.0,
                       skipped=skipped).to_json()
     h.add_pod("j-profile", phase="Succeeded", **terminated(0, message, "Completed"))

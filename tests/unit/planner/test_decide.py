@@ -99,8 +99,8 @@ def test_too_big_for_every_pool_explains_each_pool() -> None:
                    "even with DDP, bf16, full checkpointing, 8-bit optimizer, optimizer step in backward, chunked loss "
                    "on 1 GPU; has 22.5 GiB")
     # With CPU offload it would fit the GPU, but a 16 GiB node cannot hold 16 B/param x 1.5 of 6.7B.
-    assert host == ("FSDP grad-op shard, bf16, full checkpointing, CPU offload on 1 GPU would fit the GPU memory but needs "
-                    "150.6 GiB host RAM per node; has 14.4 GiB usable")
+    assert host == ("FSDP full shard, bf16, selective-op checkpointing, CPU offload on 1 GPU would fit the GPU memory "
+                    "but needs 150.6 GiB host RAM per node; has 14.4 GiB usable")
     # No NVMe sentence: offload is auto, so the configurations without NVMe were searched (above).
     assert reasons["t4-spot"].startswith("without offload it needs ")
 

@@ -6,7 +6,7 @@ and against the exhaustive search (which tries every implementation) in test_sea
 from __future__ import annotations
 
 import pytest
-from memfit.api.common import Engine, OptimizerImplementation
+from memfit.api.common import Checkpointing, Engine, OptimizerImplementation
 from memfit.api.job import MemoryOptimizedTrainingJobSpec, StrategySpec
 from memfit.catalog import CATALOG
 from memfit.memory import predict_memory
@@ -38,8 +38,12 @@ def test_a_pin_is_kept_and_leaves_out_what_cannot_take_it() -> None:
 
 
 def test_a_jobs_own_script_keeps_its_librarys_default() -> None:
-    choices, _ = strategy_choices(StrategySpec(), own_optimizer=True)
+    choices, _ = strategy_choices(StrategySpec(), own_script=True)
     assert choices and all(c.config.optimizer_implementation is None for c in choices)
+    # Nor is a script asked for memfit's per-op checkpointing policy.
+    assert not any(c.config.activation_checkpointing == Checkpointing.SELECTIVE_OP for c in choices)
+    assert any(c.config.activation_checkpointing == Checkpointing.SELECTIVE_OP
+               for c in strategy_choices(StrategySpec())[0])
     spec = MemoryOptimizedTrainingJobSpec.model_validate(
         {**job_spec(LOOP), "training": {"globalBatchSize": 64, "maxSteps": 100}})
     chosen = plan(spec, pools=[make_pool("l4", "l4", per_node=4)], catalog=CATALOG).plan

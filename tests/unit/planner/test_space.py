@@ -12,10 +12,10 @@ def test_all_auto_space() -> None:
     choices, problems = strategy_choices(StrategySpec())
     assert problems == []
     # engine/stage/offload/8-bit combinations: DDP 2, FSDP 2x3, ZeRO-0 2, ZeRO-1/2 3 each, ZeRO-3 4 = 20,
-    # times 3 precisions, 3 checkpointing modes and the chunked loss on or off; plus the optimizer step in
-    # backward on DDP (2 optimizer widths) in bf16 and fp32 (never fp16), 3 checkpointing modes, chunked or not.
+    # times 3 precisions, 4 checkpointing modes and the chunked loss on or off; plus the optimizer step in
+    # backward on DDP (2 optimizer widths) in bf16 and fp32 (never fp16), 4 checkpointing modes, chunked or not.
     # bf16-pure is not in it unless allowed.
-    assert len(choices) == 20 * 9 * 2 + 2 * 2 * 3 * 2
+    assert len(choices) == 20 * 12 * 2 + 2 * 2 * 4 * 2
     assert not any(c.config.precision == Precision.BF16_PURE for c in choices)
     assert [c.rank for c in choices] == list(range(len(choices)))
     assert len(set(choices)) == len(choices)

@@ -1,7 +1,10 @@
 """Activation checkpointing with torch.utils.checkpoint (non-reentrant), for every engine.
 
 `full` recomputes each block; `selective` recomputes only each block's attention (Korthikanti et al.
-2023 recompute the attention core; here the whole attention sub-module). The module's `forward` is
+2023 recompute the attention core; here the whole attention sub-module); `selective-op` recomputes each
+block under torch's selective activation checkpointing (`create_selective_checkpoint_contexts`, torch >=
+2.4): the outputs of the matmuls and of the SDPA kernels are saved, every other op (norms, activations,
+rotary embeddings, residual adds) re-runs in backward -- the per-op policy of torchtitan's `op` mode. The module's `forward` is
 replaced in place, so parameter names (and checkpoints) do not change with the mode, and the engine's
 hooks on the module (FSDP2 all-gather, ZeRO-3 gather) still run around it. DeepSpeed's own reentrant
 `deepspeed.checkpointing` is not used: with ZeRO-3 it recomputes against released parameters
@@ -26,25 +29,50 @@ log = logging.getLogger(__name__)
 MARK = "_memfit_checkpointed"
 
 
-def checkpoint_module(module: nn.Module) -> None:
-    """Recompute this module's forward in backward instead of keeping its activations."""
+def _saved_ops() -> frozenset[Any]:
+    aten = torch.ops.aten
+    names = ("mm", "addmm", "bmm", "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
+             "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention_for_cpu")
+    return frozenset(getattr(aten, name).default for name in names if hasattr(aten, name))
+
+
+def _keep_matmuls(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> Any:
+    """selective-op's policy: save what the matmuls and attention kernels return, recompute the rest."""
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    return CheckpointPolicy.MUST_SAVE if op in SAVED_OPS else CheckpointPolicy.PREFER_RECOMPUTE
+
+
+SAVED_OPS = _saved_ops()
+
+
+def _selective_op_context() -> Any:
+    from torch.utils.checkpoint import create_selective_checkpoint_contexts
+
+    return create_selective_checkpoint_contexts(_keep_matmuls)
+
+
+def checkpoint_module(module: nn.Module, *, keep_matmuls: bool = False) -> None:
+    """Recompute this module's forward in backward instead of keeping its activations (`keep_matmuls`: but
+    keep the outputs of its matmuls and attention kernels, selective-op)."""
     if getattr(module, MARK, False):
         return
     forward: Callable[..., Any] = module.forward
+    extra: dict[str, Any] = {"context_fn": _selective_op_context} if keep_matmuls else {}
 
     @functools.wraps(forward)
     def checkpointed(*args: Any, **kwargs: Any) -> Any:
         if not torch.is_grad_enabled():
             return forward(*args, **kwargs)
-        return torch.utils.checkpoint.checkpoint(forward, *args, use_reentrant=False, **kwargs)
+        return torch.utils.checkpoint.checkpoint(forward, *args, use_reentrant=False, **extra, **kwargs)
 
     module.forward = checkpointed  # type: ignore[method-assign]
     setattr(module, MARK, True)
 
 
 def checkpoint_targets(problem: TrainingProblem, mode: Checkpointing) -> list[nn.Module]:
-    """The modules to recompute: every block (full) or every block's attention (selective)."""
-    if mode == Checkpointing.FULL:
+    """The modules to recompute: every block (full, selective-op) or every block's attention (selective)."""
+    if mode in (Checkpointing.FULL, Checkpointing.SELECTIVE_OP):
         return list(problem.blocks)
     if mode == Checkpointing.SELECTIVE:
         targets = [problem.attention_of(block) for block in problem.blocks]
@@ -64,7 +92,7 @@ def apply_activation_checkpointing(problem: TrainingProblem, mode: Checkpointing
     """Apply the plan's checkpointing to the problem's model; the number of modules recomputed."""
     targets = checkpoint_targets(problem, mode)
     for module in targets:
-        checkpoint_module(module)
+        checkpoint_module(module, keep_matmuls=mode == Checkpointing.SELECTIVE_OP)
     return len(targets)
 
 
