@@ -36,11 +36,12 @@ def operator(cluster: Any, kube: Kube, tmp_path_factory: pytest.TempPathFactory,
         yield log, port
 
 
-def _create(kube: Kube, namespace: str, name: str, container: dict[str, Any], **spec: Any) -> None:
+def _create(kube: Kube, namespace: str, name: str, container: dict[str, Any],
+            strategy: dict[str, Any] | None = None, **spec: Any) -> None:
     kube.core.create_namespaced_config_map(namespace, {"metadata": {"name": "own-loop"},
                                                        "data": {"train_loop.py": SCRIPT.read_text()}})
     create_job(kube, namespace, quickstart(name, container=container, podTemplate=WORKSPACE,
-                                           strategy=dict(LOOP_PINS), **spec))
+                                           strategy={**LOOP_PINS, **(strategy or {})}, **spec))
 
 
 def _run(kube: Kube, namespace: str, log: Path, name: str, container: dict[str, Any]) -> tuple[dict, list[dict]]:
@@ -94,11 +95,13 @@ def test_a_killed_pod_of_a_plain_loop_resumes_from_the_scripts_own_checkpoint(
     cluster: Any, kube: Kube, namespace: str, operator: tuple[Path, int]
 ) -> None:
     # The kill follows the first checkpoint (a thirtieth of the steps) by about a poll and a read: mid-run
-    # at 1 ms a step as at 10 ms (this machine's range for the tiny model), a minute at most to finish.
-    name, steps, every = "own-resume", 3000, 100
+    # at 1 ms a step as at 15 ms (this machine's range for the tiny model in fp32), under a minute to finish.
+    # fp32 is pinned: the planner's fp16 runs under CPU autocast at six times the step time (4 min a run).
+    name, steps, every = "own-resume", 1500, 50
     training = {"globalBatchSize": 8, "maxSteps": steps, "optimizer": "adamw", "learningRate": 0.001}
     one_node = {"maxNodes": 1, "baseline": {"nodePool": "a100-80", "nodes": 1}}  # one pod: killed, replaced
-    _create(kube, namespace, name, {**LOOP, "args": ["--save-every", str(every)]}, training=training, placement=one_node)
+    _create(kube, namespace, name, {**LOOP, "args": ["--save-every", str(every)]}, strategy={"precision": "fp32"},
+            training=training, placement=one_node)
     claim = cluster.workdir / "pod-runner" / "claims" / namespace / f"{name}-checkpoints"
     saved = kube.wait("the script's first checkpoint on the job's claim",
                       lambda: sorted(claim.rglob("step-*.pt")), timeout=TIMEOUT, interval=0.1)
