@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # `make test`: every tier this machine supports, without the `extended` tests (docs/testing.md).
 #
-# Two pytest processes side by side: the trainer tier (torch and DeepSpeed on the CPU, no cluster) and the
-# cluster tiers (integration, e2e, reliability, realnode: one local control plane, mostly waiting on it).
+# Two pytest processes side by side: the computing tiers (unit, then trainer: torch and DeepSpeed on the CPU,
+# no cluster) and the cluster tiers (integration, e2e, reliability, realnode: one local control plane, mostly
+# waiting on it).
 # Each has its own --basetemp (pytest's numbered temp folders are not safe across concurrent sessions)
-# and its own log; the trainer tier's log is printed when both are done, and the run fails when either
+# and its own log; the computing tiers' log is printed when both are done, and the run fails when either
 # fails. MEMFIT_TEST_SERIAL=1 runs the same selection as one process, as before.
 #
 # Usage: hack/run-tests.sh [-m MARKEXPR] [extra pytest args...]   (default -m "not extended")
@@ -24,13 +25,14 @@ if [ "${MEMFIT_TEST_SERIAL:-0}" = "1" ]; then
 fi
 
 start=$(date +%s)
-"$PY" -m pytest tests/trainer "${COMMON[@]}" --basetemp="$TMP/trainer" -p no:cacheprovider >"$TMP/trainer.log" 2>&1 &
+"$PY" -m pytest tests/unit tests/trainer "${COMMON[@]}" --basetemp="$TMP/trainer" -p no:cacheprovider \
+  >"$TMP/trainer.log" 2>&1 &
 trainer=$!
-"$PY" -m pytest tests --ignore=tests/trainer "${COMMON[@]}" --basetemp="$TMP/cluster"
+"$PY" -m pytest tests --ignore=tests/trainer --ignore=tests/unit "${COMMON[@]}" --basetemp="$TMP/cluster"
 cluster_rc=$?
-echo "== cluster tiers (integration, e2e, reliability, realnode, unit): exit $cluster_rc after $(( $(date +%s) - start )) s"
+echo "== cluster tiers (integration, e2e, reliability, realnode): exit $cluster_rc after $(( $(date +%s) - start )) s"
 wait "$trainer"
 trainer_rc=$?
-echo "== trainer tier (run beside them; its output follows): exit $trainer_rc after $(( $(date +%s) - start )) s"
+echo "== unit and trainer tiers (run beside them; their output follows): exit $trainer_rc after $(( $(date +%s) - start )) s"
 cat "$TMP/trainer.log"
 [ "$cluster_rc" -eq 0 ] && [ "$trainer_rc" -eq 0 ]
