@@ -483,7 +483,8 @@ def selective_op_cases() -> list[Case]:
 def implementation_cases() -> list[Case]:
     """optimizerImplementation (fused, foreach, the per-tensor loop) on gpt, bert and the held-out llama: all
     three at one sample with full checkpointing (the optimizer step is the peak there), foreach without
-    checkpointing, and world size 2 on DDP, FSDP2 full shard and DeepSpeed ZeRO-2 (torch's AdamW on a CPU)."""
+    checkpointing, and world size 2 on DDP, FSDP2 full shard and DeepSpeed ZeRO-2 and ZeRO-3 (torch's AdamW on a
+    CPU; ZeRO-3 in bf16 at one sample with full checkpointing, its step prologue the peak)."""
     c = Case
     cases = []
     for family in ("gpt", "bert", "llama"):
@@ -498,6 +499,8 @@ def implementation_cases() -> list[Case]:
               micro_batch_size=2, implementation="foreach"),
             c(family, engine="deepspeed", zero_stage=2, world_size=2, precision="bf16", micro_batch_size=2,
               implementation="fused"),
+            c(family, engine="deepspeed", zero_stage=3, world_size=2, precision="bf16", checkpointing="full",
+              micro_batch_size=1, implementation="fused"),
         ]
     return cases
 

@@ -55,6 +55,9 @@ DS_PREFETCH_BUCKET_FACTOR = 0.9
 WHOLE_BLOCK = (Checkpointing.FULL, Checkpointing.SELECTIVE_OP)
 # DeepSpeed ZeRO-1/2 step prologue: bytes per local element alive beside the fp32 gradient partition.
 DS_STEP_PROLOGUE_BYTES = 4.0
+# DeepSpeed ZeRO-3 `sub_group_size` (its default; memfit_trainer keeps it): the optimizer steps one sub-group
+# of local elements at a time, its fp32 gradient made just before and freed just after (stage3.py `step`).
+DS_SUB_GROUP_ELEMENTS = 1_000_000_000
 # DeepSpeed ZeRO-3 `stage3_max_live_parameters` (elements gathered at once).
 DS_MAX_LIVE_PARAMETERS = 1_000_000_000
 # FSDP2 all-gathers the next unit while the current one computes (implicit prefetch): two units live.
@@ -306,15 +309,24 @@ def _deepspeed(shape: Shape, strategy: Strategy) -> PhaseBytes:
     # 16-bit gradients as backward produces them (ZeRO-2/3 keep only the partition).
     low_grads = weight_bytes * t / (n if stage >= 2 else 1)
     fp32_master = strategy.mixed_precision or stage >= 1
+    # Elements stepped at once: ZeRO-3 steps one sub-group at a time (closed at the parameter that
+    # reaches `sub_group_size`), the other stages the whole local partition.
+    stepped = t / (n if stage >= 1 else 1)
+    if stage == 3:
+        stepped = min(stepped, DS_SUB_GROUP_ELEMENTS + _largest_tensor(shape) / n)
     if stage == 0:
         # fp32: the model's own gradients; bf16/fp16: 16-bit gradients and their fp32 copies.
         step_grads = 4.0 * t + (low_grads if strategy.mixed_precision else 0.0)
     else:
-        step_grads = 0.0 if offloaded else 4.0 * t / n  # fp32 gradient partition (on the host if offloaded)
+        step_grads = 0.0 if offloaded else 4.0 * stepped  # fp32 gradient partition (on the host if offloaded)
     step_scratch = 0.0
     if not offloaded:
-        step_scratch = _step_scratch(shape, strategy, elements=t / (n if stage >= 1 else 1),
-                                     flat=stage >= 1 and fp32_master)
+        step_scratch = _step_scratch(shape, strategy, elements=stepped, flat=stage >= 1 and fp32_master)
+        if stage == 3 and strategy.mixed_precision:
+            # The sub-group's prologue (stage3.py `_prepare_fp32_grad_for_sub_group`): its 16-bit gradients
+            # flattened into one copy, then cast to the fp32 gradient -- the flat copy is alive beside it
+            # until the cast is done (in fp32 the flat copy is the gradient itself).
+            step_scratch = max(step_scratch, weight_bytes * stepped)
         if stage in (1, 2):
             # The step's prologue (stage_1_and_2.py `step`): the partition's gradients, flattened into one
             # copy and cast to the fp32 partition gradient, are alive with it until the cast is done -- 4 B

@@ -1,6 +1,7 @@
 """optimizerImplementation's step temporaries (memory/temporaries.py): fused updates in place, foreach holds
 one fp32 temporary of the local parameters, the per-tensor loop two of one tensor plus the previous
-tensor's quotient; the library's default where none is chosen; DeepSpeed ZeRO-1/2's step prologue. The CPU
+tensor's quotient; the library's default where none is chosen; DeepSpeed's step prologues (ZeRO-1/2 the
+partition, ZeRO-3 one sub-group at a time). The CPU
 truth of each is the techniques section of benchmarks/memory_accuracy.py."""
 
 from __future__ import annotations
@@ -9,7 +10,12 @@ import pytest
 from memfit.api.common import OptimizerImplementation
 from memfit.memory import predict_memory
 from memfit.memory.strategy import strategy_problem
-from memfit.memory.temporaries import DS_STEP_PROLOGUE_BYTES, implementation, phase_bytes
+from memfit.memory.temporaries import (
+    DS_STEP_PROLOGUE_BYTES,
+    DS_SUB_GROUP_ELEMENTS,
+    implementation,
+    phase_bytes,
+)
 from memory_factories import LLAMA2_7B, S, hf_shape
 
 SHAPE = hf_shape(LLAMA2_7B, seq=1024)
@@ -50,8 +56,27 @@ def test_deepspeed_zero2_step_prologue_bounds_a_fused_step() -> None:
     assert _scratch(S().deepspeed(2).bf16().world(n).implementation("foreach")) == 4.0 * local
     # The flat fp32 partition is one tensor: the loop holds its square root and quotient.
     assert _scratch(S().deepspeed(2).bf16().world(n).implementation("for-loop")) == 8.0 * local
-    # ZeRO-3 has no such prologue: fused adds nothing.
-    assert _scratch(S().deepspeed(3).bf16().world(n).implementation("fused")) == 0.0
+
+
+def test_zero3_step_prologue_is_the_16_bit_flat_copy_of_a_sub_group() -> None:
+    n = 8
+    local = SHAPE.trainable / n  # under one sub-group
+    assert _scratch(S().deepspeed(3).bf16().world(n).implementation("fused")) == 2.0 * local
+    assert _scratch(S().deepspeed(3).bf16().world(n).implementation("foreach")) == 4.0 * local
+    # In fp32 the flat copy is the fp32 gradient itself: a fused step adds nothing.
+    assert _scratch(S().deepspeed(3).fp32().world(n).implementation("fused")) == 0.0
+
+
+def test_zero3_steps_one_sub_group_at_a_time() -> None:
+    big, n = SHAPE, 2
+    assert big.trainable / n > DS_SUB_GROUP_ELEMENTS  # 3.4 B local elements: four sub-groups
+    terms = phase_bytes(big, S().deepspeed(3).bf16().world(n).implementation("fused").build())
+    group = DS_SUB_GROUP_ELEMENTS + big.largest_layer / n  # closed at the tensor that reaches the size
+    assert terms.step_gradient_bytes == pytest.approx(4.0 * group)
+    assert terms.step_temporary_bytes == pytest.approx(2.0 * group)
+    # ZeRO-2 steps its whole partition at once.
+    zero2 = phase_bytes(big, S().deepspeed(2).bf16().world(n).implementation("fused").build())
+    assert zero2.step_gradient_bytes == pytest.approx(4.0 * big.trainable / n)
 
 
 def test_fsdp_shards_the_foreach_temporary() -> None:
