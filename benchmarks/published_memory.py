@@ -130,7 +130,8 @@ def predict_row(row: Mapping[str, Any], workdir: Path) -> dict[str, Any]:
     status, stdout, stderr = run_estimate(command)
     out["command"] = "memfit " + " ".join(command).replace(str(config), f"{row['id']}.json")
     if status != 0:
-        return {**out, "reason": f"memfit estimate exit {status}: {stderr.strip() or stdout.strip()}"}
+        said = (stderr.strip() or stdout.strip()).replace(str(config), config.name)
+        return {**out, "reason": f"memfit estimate exit {status}: {said}"}
     breakdown = json.loads(stdout)
     predicted = breakdown[LEVEL_KEY[level]] / GIB
     error = 100.0 * (predicted - row["published_gib"]) / row["published_gib"]
