@@ -111,7 +111,10 @@ def run_estimate(args: Sequence[str]) -> tuple[int, str, str]:
 
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        status = main(list(args))
+        try:
+            status = main(list(args))
+        except SystemExit as usage:  # argparse refusing a flag or a value: the row names what it was
+            status = usage.code if isinstance(usage.code, int) else 2
     return status, out.getvalue(), err.getvalue()
 
 
