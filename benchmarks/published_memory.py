@@ -50,7 +50,7 @@ PRECISIONS = {"fp32": "fp32", "tf32": "fp32", "fp16": "fp16", "bf16": "bf16", "b
 OPTIMIZERS = {"adamw": ("adamw", False), "adam": ("adam", False), "sgd": ("sgd", False),
               "adamw-8bit": ("adamw", True), "paged-adamw-8bit": ("adamw", True), "adam-8bit": ("adam", True)}
 # What a row may state that `memfit estimate` has no flag for (the row's field -> the reason).
-NOT_EXPRESSIBLE = {"compile": "torch.compile (profiled only, no analytic term)",
+NOT_EXPRESSIBLE = {"compile": "torch.compile (not built: memfit has no compile option)",
                    "activation_offload": "activation offload (not built)"}
 SPLITS = ("dev", "held_out", "all")
 
