@@ -258,7 +258,8 @@ def build_report(
         "technique-optimizer-implementation": [c for c in measured if case_section(c) == "techniques"
                                                and c.implementation],
         "technique-selective-op": [c for c in measured if case_section(c) == "techniques"
-                                   and c.checkpointing == "selective-op"],
+                                   and c.checkpointing == "selective-op" and not c.act_offload],
+        "technique-activation-offload": [c for c in measured if case_section(c) == "techniques" and c.act_offload],
         "huggingface": [c for c in measured if case_section(c) == "huggingface"],
         "huggingface-in-sample": [c for c in measured if case_section(c) == "huggingface" and not held_out(c.family)],
         "huggingface-held-out": [c for c in measured if case_section(c) == "huggingface" and held_out(c.family)],
@@ -270,6 +271,15 @@ def build_report(
             summary = summarise(pairs, [])
             sections[section] = {"mape": summary["mape"], "p95_abs_pct": summary["p95_abs_pct"],
                                  "max_under_pct": summary["max_under_pct"], "cases": len(pairs)}
+    # Activation offload's host side: the most the offload's host copies held (max over ranks) against the predicted
+    # host RAM per GPU (on a CPU the moved bytes themselves, no pinned-allocator rounding).
+    host_pairs = [(h, predictions["memfit"][c.id].detail["host_bytes"]) for c in groups["technique-activation-offload"]
+                  if (h := _host_truth(truth[c.id])) and predictions["memfit"][c.id].detail]
+    if host_pairs:
+        summary = summarise(host_pairs, [])
+        sections["technique-activation-offload-host"] = {
+            "mape": summary["mape"], "p95_abs_pct": summary["p95_abs_pct"], "max_under_pct": summary["max_under_pct"],
+            "cases": len(host_pairs)}
     versus: dict[str, Any] = {}
     for name in predictions:
         if name.startswith("memfit"):
@@ -312,12 +322,19 @@ def build_report(
                 "truth_rank_bytes": [r["peak_bytes"] for r in truth.get(c.id, {}).get("ranks", [])],
                 # Which phase the truth's peak is in: forward+backward vs the optimizer step (max over ranks).
                 "truth_phase_bytes": _phase_bytes(truth.get(c.id, {}).get("ranks", [])),
+                **({"truth_host_bytes": _host_truth(truth[c.id])} if c.act_offload and c.id in truth else {}),
                 "predictions": {name: predictions[name][c.id].bytes for name in predictions},
                 "memfit_breakdown": predictions["memfit"][c.id].detail,
             }
             for c in cases
         ],
     }
+
+
+def _host_truth(case_truth: dict[str, Any]) -> int | None:
+    """The most host memory activation offload's copies held on any rank (None when not measured)."""
+    found = [r["host_peak_bytes"] for r in case_truth.get("ranks", []) if r.get("host_peak_bytes") is not None]
+    return max(found) if found else None
 
 
 def _phase_bytes(ranks: list[dict[str, Any]]) -> dict[str, int] | None:

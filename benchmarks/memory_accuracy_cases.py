@@ -172,7 +172,7 @@ def case_section(case: Case) -> str:
     if case.peft != "none":
         return "peft"
     if (case.precision == "bf16-pure" or case.in_backward or case.chunked or case.implementation
-            or case.checkpointing == "selective-op" or case.family in TECHNIQUES_HELD_OUT):
+            or case.act_offload or case.checkpointing == "selective-op" or case.family in TECHNIQUES_HELD_OUT):
         return "techniques"
     if case.family in HUGGINGFACE_FAMILIES:
         return "huggingface"
@@ -211,6 +211,7 @@ class Case:
     in_backward: bool = False  # the optimizer step in backward (the techniques section)
     chunked: bool = False  # the chunked loss (the techniques section)
     implementation: str = ""  # optimizerImplementation fused | foreach | for-loop; empty: unset (the techniques section)
+    act_offload: bool = False  # activation offload (the techniques section)
 
     @property
     def id(self) -> str:
@@ -226,6 +227,7 @@ class Case:
         offload = f"-offload{self.offload}" if self.offload != "none" else ""
         techniques = ("-inbwd" if self.in_backward else "") + ("-chunked" if self.chunked else "")
         techniques += f"-{self.implementation}" if self.implementation else ""
+        techniques += "-actoffload" if self.act_offload else ""
         return (
             f"{peft}{self.family}-{engine}{offload}-w{self.world_size}-{self.precision}-{self.checkpointing}"
             f"-mbs{self.micro_batch_size}-{opt}{techniques}"
@@ -257,6 +259,7 @@ class Case:
             "optimizer8bit": self.eight_bit,
             "optimizerInBackward": self.in_backward,
             "chunkedLoss": self.chunked,
+            "activationOffload": self.act_offload,
             **({"optimizerImplementation": self.implementation} if self.implementation else {}),
             "microBatchSize": self.micro_batch_size,
             "gradientAccumulationSteps": 1,
@@ -461,7 +464,25 @@ def technique_cases() -> list[Case]:
         c("llama", precision="bf16", micro_batch_size=4),
         c("llama", precision="fp32", checkpointing="full", micro_batch_size=4),
     ]
-    return cases + implementation_cases() + selective_op_cases()
+    return cases + implementation_cases() + selective_op_cases() + activation_offload_cases()
+
+
+def activation_offload_cases() -> list[Case]:
+    """Activation offload (each block's saved tensors in host memory) on gpt, bert and the held-out llama: fp32 and
+    bf16 without checkpointing, bf16 with each checkpointing mode, and world size 2 on DDP and FSDP2 full shard."""
+    c, off = Case, {"act_offload": True}
+    cases = []
+    for family in ("gpt", "bert", "llama"):
+        cases += [
+            c(family, precision="fp32", micro_batch_size=4, **off),
+            c(family, precision="bf16", micro_batch_size=8, **off),
+            c(family, precision="bf16", checkpointing="full", micro_batch_size=8, **off),
+            c(family, precision="bf16", checkpointing="selective", micro_batch_size=4, **off),
+            c(family, precision="bf16", checkpointing="selective-op", micro_batch_size=4, **off),
+            c(family, precision="bf16", world_size=2, micro_batch_size=4, **off),
+            c(family, engine="fsdp", zero_stage=3, precision="bf16", world_size=2, micro_batch_size=4, **off),
+        ]
+    return cases
 
 
 def selective_op_cases() -> list[Case]:

@@ -60,6 +60,7 @@ def _strategy(case: Case) -> Any:
         peft=PeftMethod(case.peft),
         optimizer_in_backward=case.in_backward,
         chunked_loss=case.chunked,
+        activation_offload=case.act_offload,
         optimizer_implementation=OptimizerImplementation(case.implementation) if case.implementation else None,
     )
     layout = None
@@ -104,7 +105,7 @@ def _breakdown(estimate: Any) -> dict[str, Any]:
         "activations_bytes",
         "temporaries_bytes",
     )
-    return {"phase": estimate.phase, **{n: getattr(estimate, n) for n in names}}
+    return {"phase": estimate.phase, **{n: getattr(estimate, n) for n in names}, "host_bytes": estimate.host_bytes}
 
 
 def memfit_analytic(case: Case) -> Prediction:

@@ -29,6 +29,7 @@ def run_case(plan_wire: dict[str, Any], env: Any, device: Any) -> dict[str, Any]
     """Measure one plan on this rank."""
     import torch
     from memfit.api.plan import Plan
+    from memfit_trainer.activation_offload import activation_offload_of
     from memfit_trainer.meters import region_meter
     from memfit_trainer.problems import BatchKey, build_problem
     from memfit_trainer.strategies import make_runner
@@ -59,6 +60,8 @@ def run_case(plan_wire: dict[str, Any], env: Any, device: Any) -> dict[str, Any]
                 with meter.region(f"optimizer{step}"):
                     runner.optimizer_step()
             del batch
+        offload = activation_offload_of(problem.model)
+        host_peak = offload.peak_host_bytes if offload is not None else None
         if hasattr(runner, "close"):
             runner.close()
         runner = None
@@ -91,6 +94,7 @@ def run_case(plan_wire: dict[str, Any], env: Any, device: Any) -> dict[str, Any]
         "peak_reserved_bytes": _max_known([r.peak_reserved_bytes for r in steps[1:]]),
         "peak_device_bytes": _max_known([r.peak_device_bytes for r in steps[1:]]),
         "seconds": round(time.perf_counter() - started, 3),
+        "host_peak_bytes": host_peak,  # activation offload: the most its host copies held
     }
 
 

@@ -62,6 +62,10 @@ class PlanBuilder:
         """plan.chunkedLoss: the LM head and cross-entropy over chunks of tokens."""
         return self._with(chunkedLoss=enabled)
 
+    def activation_offload(self, enabled: bool = True) -> PlanBuilder:
+        """plan.activationOffload: each block's saved tensors in host memory between forward and backward."""
+        return self._with(activationOffload=enabled)
+
     def optimizer(self, kind: str) -> PlanBuilder:
         return self._with(optimizer=kind)
 
@@ -156,7 +160,7 @@ class PlanBuilder:
             "training": training,
         }  # fmt: skip
         for optional in ("checkpointDir", "nvmePath", "peft", "adapter", "data", "checkpointEverySteps",
-                         "optimizerInBackward", "chunkedLoss", "optimizerImplementation"):
+                         "optimizerInBackward", "chunkedLoss", "optimizerImplementation", "activationOffload"):
             if optional in f:
                 plan[optional] = f[optional]
         return plan

@@ -128,6 +128,8 @@ def _technique_problems(plan: Plan) -> list[str]:
             reasons.append(f"precision bf16-pure with offload {plan.offload.value}: bf16-pure runs without offload")
         if plan.peft.value != "none":
             reasons.append(f"precision bf16-pure with {plan.peft.value}: adapters train with precision bf16")
+    if plan.activation_offload and plan.peft.value != "none":
+        reasons.append(f"activationOffload with {plan.peft.value}: activation offload trains a full fine-tune")
     if plan.optimizer_in_backward:
         if plan.engine != Engine.DDP or plan.world_size != 1:
             reasons.append(f"optimizerInBackward with {plan.engine.value} at world size {plan.world_size}: "

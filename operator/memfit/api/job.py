@@ -134,6 +134,12 @@ class StrategySpec(ApiModel):
         description="auto, enabled or disabled: the language-model head and cross-entropy run over chunks "
         "of tokens, recomputed in backward, so the full fp32 logits never exist (same loss value).",
     )
+    activation_offload: Toggle = Field(
+        default=Toggle.AUTO,
+        description="auto, enabled or disabled: each transformer block's saved activations go to pinned host "
+        "memory in forward and come back in backward (saved-tensor hooks), counted against the pool's host RAM "
+        "and their copies against its PCIe bandwidth. Full fine-tunes on memfit's trainer, GPUs only.",
+    )
     activation_checkpointing: Checkpointing = Field(
         default=Checkpointing.AUTO,
         description="auto, none, selective (each block's attention recomputed), selective-op (each block recomputed "

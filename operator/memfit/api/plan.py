@@ -58,7 +58,9 @@ class MemoryBreakdown(ApiModel):
     reserved_bytes: int | None = Field(
         default=None, ge=0, description="Allocated plus the caching allocator's rounding and fragmentation: what "
         "torch.cuda.max_memory_reserved reports.")
-    host_bytes: int = Field(default=0, ge=0, description="Host RAM per GPU for offload.")
+    host_bytes: int = Field(default=0, ge=0, description="Host RAM per GPU for offload (states and activations).")
+    host_activation_bytes: int = Field(
+        default=0, ge=0, description="The part of hostBytes that is offloaded activations (activation offload).")
     nvme_bytes: int = Field(default=0, ge=0, description="NVMe per GPU for offload.")
 
 

@@ -85,6 +85,20 @@ def _chunked_loss(spec: Mapping[str, Any], strategy: Mapping[str, Any]) -> list[
              f"gpt or bert, a Hugging Face causal LM); {why}: set it to auto or disabled")]
 
 
+def _activation_offload(spec: Mapping[str, Any], strategy: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """Activation offload hooks memfit's trainer's blocks and is modelled for full fine-tunes."""
+    if strategy.get("activationOffload") != "enabled":
+        return []
+    field = f"{_BASE}.activationOffload"
+    found: list[tuple[str, str]] = []
+    if "none" not in _peft_methods(strategy):
+        found.append((field, "activationOffload enabled trains a full fine-tune: peft must allow none"))
+    if spec.get("container") is not None or _mapping(spec.get("problem")).get("entrypoint") is not None:
+        found.append((field, "activationOffload enabled hooks the blocks of a model memfit's trainer builds; a job's "
+                             "own code or entrypoint keeps its activations as it does: set it to auto or disabled"))
+    return found
+
+
 def _optimizer_implementation(spec: Mapping[str, Any], strategy: Mapping[str, Any]) -> list[tuple[str, str]]:
     """A pinned implementation for an optimizer that runs its own kernels, or a script's own optimizer."""
     chosen = strategy.get("optimizerImplementation", "auto")
@@ -151,4 +165,5 @@ def check_techniques(spec: Mapping[str, Any]) -> list[tuple[str, str]]:
     if not isinstance(strategy, Mapping):
         return _hf_task(spec)
     return (_pure_bf16(strategy) + _optimizer_in_backward(spec, strategy) + _chunked_loss(spec, strategy)
-            + _optimizer_implementation(spec, strategy) + _selective_op(spec, strategy) + _hf_task(spec))
+            + _activation_offload(spec, strategy) + _optimizer_implementation(spec, strategy)
+            + _selective_op(spec, strategy) + _hf_task(spec))

@@ -22,7 +22,7 @@ from memfit.api.common import (
 )
 
 ConfigKey = tuple[Engine, int, Precision, Checkpointing, Offload, bool, PeftMethod, bool, bool,
-                  OptimizerImplementation | None]
+                  OptimizerImplementation | None, bool]
 
 _OFFLOAD_WORDS = {Offload.CPU: "CPU offload", Offload.NVME: "NVMe offload"}
 _PEFT_WORDS = {PeftMethod.LORA: "LoRA", PeftMethod.QLORA: "QLoRA"}
@@ -89,6 +89,9 @@ class TrainingConfig(ApiModel):
     chunked_loss: bool = Field(
         default=False, description="Head and cross-entropy over chunks of tokens, recomputed in backward.",
     )
+    activation_offload: bool = Field(
+        default=False, description="Each block's saved activations kept in host memory between forward and backward.",
+    )
     optimizer_implementation: OptimizerImplementation | None = Field(
         default=None,
         description="fused, foreach or for-loop: how the 32-bit torch optimizer steps. Unset: the library's "
@@ -120,7 +123,7 @@ class TrainingConfig(ApiModel):
         speak for the other (measured peaks, caches)."""
         return (self.engine, self.zero_stage, self.precision, self.activation_checkpointing, self.offload,
                 self.optimizer8bit, self.peft, self.optimizer_in_backward, self.chunked_loss,
-                self.optimizer_implementation)
+                self.optimizer_implementation, self.activation_offload)
 
     def describe(self, *, words: bool = False, batch: bool = True) -> str:
         """`ZeRO-2 bf16 ckpt-full offload-cpu 8-bit-optim mbs 2x4`; with `words`, for sentences:
@@ -148,6 +151,8 @@ class TrainingConfig(ApiModel):
             parts.append("optimizer step in backward" if words else "optim-in-bwd")
         if self.chunked_loss:
             parts.append("chunked loss" if words else "chunked-loss")
+        if self.activation_offload:
+            parts.append("activation offload" if words else "act-offload")
         implementation = self.optimizer_implementation
         if implementation in (OptimizerImplementation.FOREACH, OptimizerImplementation.FOR_LOOP):
             # fused is what the planner picks wherever it applies: only the slower choices are named.

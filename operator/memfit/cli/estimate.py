@@ -113,6 +113,7 @@ def _estimate_strategy(args: argparse.Namespace, job: MemoryOptimizedTrainingJob
         "optimizer8bit": Toggle.ENABLED if args.optimizer8bit else None,
         "optimizer_in_backward": Toggle.ENABLED if args.optimizer_in_backward else None,
         "chunked_loss": Toggle.ENABLED if args.chunked_loss else None,
+        "activation_offload": Toggle.ENABLED if args.activation_offload else None,
         "optimizer_implementation": (OptimizerImplementation(args.optimizer_implementation)
                                      if args.optimizer_implementation else None),
         "micro_batch_size": args.micro_batch or None,
@@ -233,6 +234,8 @@ def register(subparsers: Any) -> None:
                    help="each parameter steps in backward, no gradient kept (DDP, one GPU, no accumulation)")
     e.add_argument("--chunked-loss", action="store_true",
                    help="head and cross-entropy over chunks of tokens: never the full fp32 logits")
+    e.add_argument("--activation-offload", action="store_true",
+                   help="each block's saved activations in host memory between forward and backward")
     e.add_argument("--optimizer-implementation", choices=["fused", "foreach", "for-loop"],
                    help="how the 32-bit optimizer steps: fused kernels (no temporaries), foreach (one fp32 "
                         "temporary of the parameters), a per-tensor loop; default: torch's for the device")

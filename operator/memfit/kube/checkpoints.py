@@ -85,7 +85,7 @@ def estimate_checkpoint_bytes(plan: Plan) -> int:
     replicated ones are saved once. Offloaded optimizer state (host RAM or NVMe) is saved too."""
     memory, ranks = plan.memory, plan.world_size
     weights = memory.parameters_bytes * (ranks if plan.zero_stage >= 3 else 1)
-    optimizer_per_rank = memory.optimizer_bytes + memory.host_bytes + memory.nvme_bytes
+    optimizer_per_rank = memory.optimizer_bytes + memory.host_bytes - memory.host_activation_bytes + memory.nvme_bytes
     optimizer = optimizer_per_rank * (ranks if plan.zero_stage >= 1 else 1)
     return int(weights + optimizer)
 

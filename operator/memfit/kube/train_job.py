@@ -229,7 +229,8 @@ def build_training_job(
     job_meta_labels = dict(labels)
     if spec.scheduling.kueue_queue:
         job_meta_labels[LABEL_QUEUE] = spec.scheduling.kueue_queue
-    shm_bytes = max(SHM_MIN_BYTES, plan.memory.host_bytes * plan.gpus_per_node // 4)
+    offloaded_states = plan.memory.host_bytes - plan.memory.host_activation_bytes
+    shm_bytes = max(SHM_MIN_BYTES, offloaded_states * plan.gpus_per_node // 4)
     mounts: list[Manifest] = [
         {"name": "plan", "mountPath": contract.PLAN_MOUNT, "readOnly": True},
         {"name": "shm", "mountPath": "/dev/shm"},
@@ -263,7 +264,8 @@ def build_training_job(
     resources: Manifest = {} if placement.dra else {"limits": {placement.gpu_resource: str(plan.gpus_per_node)}}
     host_bytes = plan.memory.host_bytes * plan.gpus_per_node
     if host_bytes:
-        # Offloaded optimizer state lives in host RAM (plus /dev/shm, which counts against the limit).
+        # Offloaded optimizer state and activations live in host RAM (plus /dev/shm, which counts against
+        # the limit).
         resources["requests"] = {"memory": str(host_bytes + shm_bytes)}
     container: Manifest = {
         "name": contract.TRAINER_CONTAINER,

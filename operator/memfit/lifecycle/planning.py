@@ -49,7 +49,8 @@ def config_key(p: Plan) -> str:
     chunked loss follow the precision (`bf16~optim-in-bwd~chunked-loss`), and so does a chosen optimizer
     implementation (`bf16~impl-fused`), so keys stored before them parse as they were.
     """
-    techniques = [tag for tag, on in ((_IN_BACKWARD, p.optimizer_in_backward), (_CHUNKED, p.chunked_loss)) if on]
+    techniques = [tag for tag, on in ((_IN_BACKWARD, p.optimizer_in_backward), (_CHUNKED, p.chunked_loss),
+                                      (_ACT_OFFLOAD, p.activation_offload)) if on]
     if p.optimizer_implementation is not None:
         techniques.append(_IMPLEMENTATION + p.optimizer_implementation.value)
     parts = [
@@ -73,6 +74,7 @@ def config_key(p: Plan) -> str:
 
 
 _IN_BACKWARD, _CHUNKED, _IMPLEMENTATION = "optim-in-bwd", "chunked-loss", "impl-"
+_ACT_OFFLOAD = "act-offload"
 
 
 def _adapter_tag(method: PeftMethod, rank: int, targets: Sequence[str]) -> str:
@@ -106,6 +108,7 @@ def strategy_of(key: str, spec: MemoryOptimizedTrainingJobSpec) -> Strategy | No
             precision=Precision(precision),
             optimizer_in_backward=_IN_BACKWARD in techniques,
             chunked_loss=_CHUNKED in techniques,
+            activation_offload=_ACT_OFFLOAD in techniques,
             optimizer_implementation=OptimizerImplementation(implementations[0]) if implementations else None,
             activation_checkpointing=Checkpointing(parts[3]),
             offload=Offload(parts[4]),

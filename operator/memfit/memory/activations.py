@@ -29,6 +29,15 @@ each saved tensor is counted with its real dtype and size per token:
   1/LOSS_CHUNKS of the tokens at a time (its 16-bit logits, fp32 log-probabilities and their two fp32
   gradients) and the head input's gradient (compute bytes x h) builds up over the chunks.
 
+- activation offload (memfit_trainer.activation_offload, torchtune's `enable_activation_offloading`): every
+  tensor a transformer block saves for backward leaves the device when it is saved (host memory) and comes
+  back when backward needs it, except parameters and 16-bit copies of them (autocast's) and tensors under
+  OFFLOAD_MIN_BYTES. What stays per block is what checkpointing keeps outside the saved-tensor hooks:
+  `selective-op`'s matmul outputs (torch's selective checkpointing caches them itself); under `full` and
+  `selective` the saved block (or attention) inputs go too. In backward a recomputed block's input is back
+  next to its recomputed working set; a block that is not recomputed brings back what each node saved, as the
+  node runs: at most one sub-block's saved tensors (attention's or the MLP's, the larger) are back at once. The head, the final norm and the loss are outside the blocks and stay.
+
 - a classifier on the first token (ViT) materialises the gradient of the whole final hidden state
   in backward (`select_backward` allocates zeros of b x s x h), alive at the start of backward.
 
@@ -60,6 +69,8 @@ LOGIT_GRAD_BYTES = 8
 RMSNORM_FP32_COPY_BYTES = 4
 # Chunked loss: chunks of the flattened tokens (torchtune's CEWithChunkedOutputLoss uses 8).
 LOSS_CHUNKS = 8
+# Activation offload: saved tensors smaller than this stay on the device (torchtune's `min_offload_size`).
+OFFLOAD_MIN_BYTES = 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +92,7 @@ class ActivationTerms:
     block_activation_bytes_per_sample: float = 0.0
     block_temporary_bytes_per_sample: float = 0.0
     last_block_activation_bytes_per_sample: float = 0.0
+    offloaded_bytes_per_sample: float = 0.0  # activation offload: saved in host memory at the loss
 
 
 def dtype_bytes(strategy: Strategy) -> tuple[int, int]:
@@ -192,9 +204,17 @@ def activation_terms(shape: Shape, strategy: Strategy) -> ActivationTerms:
         per_layer, recompute = residual * h + kept, max(0.0, attn + mlp - kept)
     else:
         per_layer, recompute = attn + mlp, 0.0
+    offloaded = back = 0.0
+    if strategy.config.activation_offload:
+        # selective-op's kept matmul outputs live in its own cache, outside the saved-tensor hooks.
+        offloaded = residual * h if strategy.config.activation_checkpointing == Checkpointing.SELECTIVE_OP else per_layer
+        # Back on the device in a block's backward: a recomputed block's saved input; else each node brings back
+        # only what it saved, so at most one sub-block's tensors (attention's or the MLP's) are back at once.
+        back = offloaded if strategy.config.activation_checkpointing in (
+            Checkpointing.FULL, Checkpointing.SELECTIVE_OP) else min(offloaded, max(attn, mlp))
     # Outside the blocks: embedding dropout, final norm and head input.
     outside = (mask_bytes(residual, cpu=cpu) * h if shape.dropout else 0) + norm + compute * h
-    stored = layers * per_layer + outside
+    stored = layers * (per_layer - offloaded) + outside
     head_kept = LOGPROB_BYTES * shape.vocab
     # LM head: two fp32 logit-sized gradients; first-token classifier: the hidden state's gradient.
     head_backward: float = LOGIT_GRAD_BYTES * shape.vocab if shape.vocab else residual * h
@@ -209,7 +229,8 @@ def activation_terms(shape: Shape, strategy: Strategy) -> ActivationTerms:
     return ActivationTerms(
         activation_bytes_per_sample=(stored + head_kept) * tokens,
         temporary_bytes_per_sample=float(head_backward * tokens),
-        block_activation_bytes_per_sample=(stored + recompute) * tokens,
+        block_activation_bytes_per_sample=(stored + back + recompute) * tokens,
         block_temporary_bytes_per_sample=float(block_gradients * tokens),
-        last_block_activation_bytes_per_sample=(per_layer + outside + recompute) * tokens,
+        last_block_activation_bytes_per_sample=(per_layer - offloaded + back + outside + recompute) * tokens,
+        offloaded_bytes_per_sample=layers * offloaded * tokens,
     )

@@ -32,8 +32,12 @@ from memfit.memory.peft import peft_activation_terms, peft_phases, peft_states
 from memfit.memory.peft_calibration import peft_fixed_residual
 from memfit.memory.shape import Shape
 from memfit.memory.states import model_states
-from memfit.memory.strategy import Strategy
+from memfit.memory.strategy import Device, Strategy
 from memfit.memory.temporaries import phase_bytes
+
+# Activation offload on CUDA: pinned buffers come from the caching host allocator, which rounds each block
+# up to a power of two (c10/cuda CachingHostAllocator), so host RAM is counted at its bound, twice the bytes.
+PINNED_HOST_ROUNDING = 2.0
 
 if TYPE_CHECKING:  # calibration.py builds on memory_terms; predict only calls a Calibration's methods
     from memfit.memory.calibration import Calibration
@@ -54,7 +58,8 @@ class MemoryEstimate:
     host_bytes: int  # host RAM per GPU for offload
     nvme_bytes: int  # NVMe per GPU for offload
     phase: str  # backward | backward-end | step
-    reserved_bytes: int = 0  # allocated x fragmentation: what torch.cuda.max_memory_reserved would report
+    reserved_bytes: int = 0
+    host_activation_bytes: int = 0  # the part of host_bytes that is offloaded activations  # allocated x fragmentation: what torch.cuda.max_memory_reserved would report
 
     def to_breakdown(self) -> MemoryBreakdown:
         """The API's MemoryBreakdown (the Plan contract)."""
@@ -70,6 +75,7 @@ class MemoryEstimate:
             reserved_bytes=self.reserved_bytes,
             host_bytes=self.host_bytes,
             nvme_bytes=self.nvme_bytes,
+            host_activation_bytes=self.host_activation_bytes,
         )
 
 
@@ -124,6 +130,8 @@ class MemoryTerms:
     head_step_bytes: float = 0.0
     block_step_bytes: float = 0.0
     loss_extra_bytes: float = 0.0  # the chunked loss's backward only (temporaries.py)
+    # Activation offload: host bytes per sample of micro-batch (activations.py), on top of `host_bytes`.
+    host_bytes_per_sample: float = 0.0
     # Correction of the tensor (allocated) part from measured allocator peaks (auto-downsizing); 1 = none.
     # The fixed overhead (CUDA context, NCCL) is device-specific and is not scaled by it.
     scale: float = 1.0
@@ -138,9 +146,24 @@ class MemoryTerms:
         if self.measured_lines is not None:
             object.__setattr__(self, "_lines", self.measured_lines)
             return
-        lines = tuple(tuple((other + grads, act + tmp) for other, grads, act, tmp in self.activation_moments(acc))
-                      for acc in (1, 2))
-        object.__setattr__(self, "_lines", lines)
+        object.__setattr__(self, "_lines", (self._line_pairs(False), self._line_pairs(True)))
+
+    def _line_pairs(self, accumulating: bool) -> tuple[tuple[float, float], ...]:
+        """(fixed, per-sample) of each of `activation_moments`, summed in the same order (the planner's hot
+        path: no moment objects)."""
+        w, held = self.with_activations_bytes, self.held_gradient_bytes
+        act, block_act = self.activation_bytes_per_sample, self.block_activation_bytes_per_sample
+        block_tmp = self.block_temporary_bytes_per_sample
+        moments = (
+            ((w + self.loss_extra_bytes) + (held if accumulating else 0.0), act + self.temporary_bytes_per_sample),
+            ((w + self.in_backward_bytes) + (held if accumulating else self.in_backward_gradient_bytes),
+             block_act + block_tmp),
+            (self.late_backward_bytes + (held if accumulating else self.late_gradient_bytes),
+             self.last_block_activation_bytes_per_sample + block_tmp),
+        )
+        if self.head_step_bytes or self.block_step_bytes:
+            return ((w + self.head_step_bytes) + 0.0, act + 0.0), ((w + self.block_step_bytes) + 0.0, block_act + 0.0), *moments
+        return moments
 
     @property
     def gradients_bytes(self) -> float:
@@ -259,11 +282,16 @@ class MemoryTerms:
             overhead_bytes=max(0, peak_int - sum(components)),
             peak_bytes=peak_int,
             allocated_bytes=math.ceil(allocated * self.scale),
-            host_bytes=math.ceil(self.host_bytes),
+            host_bytes=math.ceil(self.host_bytes_at(micro_batch)),
             nvme_bytes=math.ceil(self.nvme_bytes),
             phase=phase,
             reserved_bytes=min(peak_int, math.ceil(self.fragmentation * allocated * self.scale)),
+            host_activation_bytes=math.ceil(micro_batch * self.host_bytes_per_sample),
         )
+
+    def host_bytes_at(self, micro_batch: int) -> float:
+        """Host RAM per GPU at `micro_batch`: offloaded states plus offloaded activations."""
+        return self.host_bytes + micro_batch * self.host_bytes_per_sample
 
     def scaled(self, scale: float) -> MemoryTerms:
         """The same terms with a measured correction of the tensor (allocated) bytes."""
@@ -298,6 +326,7 @@ def memory_terms(shape: Shape, strategy: Strategy, *, calibration: Calibration |
     act_per_sample, tmp_per_sample = acts.activation_bytes_per_sample, acts.temporary_bytes_per_sample
     block_act, block_tmp = acts.block_activation_bytes_per_sample, acts.block_temporary_bytes_per_sample
     last_act = acts.last_block_activation_bytes_per_sample
+    offloaded = acts.offloaded_bytes_per_sample * (PINNED_HOST_ROUNDING if strategy.device == Device.CUDA else 1.0)
     with_activations = phases.with_activations_bytes + peft_residual
     step_temporary = phases.step_temporary_bytes
     fragmentation = None
@@ -305,13 +334,16 @@ def memory_terms(shape: Shape, strategy: Strategy, *, calibration: Calibration |
         scale = calibration.activation_scale(strategy)
         act_per_sample, tmp_per_sample = act_per_sample * scale, tmp_per_sample * scale
         block_act, block_tmp, last_act = block_act * scale, block_tmp * scale, last_act * scale
+        offloaded *= scale
         with_activations = max(0.0, with_activations + calibration.fixed_residual(strategy))
         step_temporary = max(0.0, step_temporary + calibration.step_residual(strategy))
         fragmentation = calibration.fragmentation
     overhead = (framework_overhead(strategy) if fragmentation is None
                 else framework_overhead(strategy, fragmentation=fragmentation))
     measured_lines = None
-    if calibration is not None:
+    # The profile's curves were measured with every saved activation on the device: an offloading strategy
+    # keeps the analytic moments (with the profile's activation scale).
+    if calibration is not None and not strategy.config.activation_offload:
         measured_lines = _measured_lines(strategy, calibration, held_gradient_bytes=phases.held_gradient_bytes)
         held = calibration.curve(strategy, held=True)
         if measured_lines is None and held is not None:
@@ -344,6 +376,7 @@ def memory_terms(shape: Shape, strategy: Strategy, *, calibration: Calibration |
         head_step_bytes=phases.head_step_bytes,
         block_step_bytes=phases.block_step_bytes,
         loss_extra_bytes=phases.loss_extra_bytes,
+        host_bytes_per_sample=offloaded,
     )
 
 

@@ -115,6 +115,7 @@ def strategy_from_pins(pins: StrategySpec, *, optimizer: OptimizerKind, world_si
         peft=pins.peft.method if pins.peft.method in (PeftMethod.LORA, PeftMethod.QLORA) else PeftMethod.NONE,
         optimizer_in_backward=pins.optimizer_in_backward == Toggle.ENABLED,
         chunked_loss=pins.chunked_loss == Toggle.ENABLED,
+        activation_offload=pins.activation_offload == Toggle.ENABLED,
         # auto: the library's default for the device (temporaries.implementation), as a job without memfit.
         optimizer_implementation=(None if pins.optimizer_implementation == OptimizerImplementation.AUTO
                                   else pins.optimizer_implementation),

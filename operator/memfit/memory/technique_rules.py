@@ -11,6 +11,8 @@
   to clip or unscale (no fp16 loss scaling), and a data-parallel all-reduce would have to finish before
   the hook (memfit runs it on one GPU, like torchtune's single-device recipe).
 - Chunked loss needs a language-model head (checked against the model's shape by the planner).
+- Activation offload (saved-tensor hooks on memfit_trainer's blocks) is modelled for full fine-tunes; the
+  LoRA/QLoRA terms (memory/peft.py) know no offloaded activations.
 - The optimizer implementation (fused, foreach, for-loop) picks how torch's (and DeepSpeed's GPU)
   32-bit step runs; 8-bit, bf16-pure and offloaded optimizers run their own kernels
   (`memfit.api.training_config.optimizer_implementation_problem`).
@@ -48,6 +50,8 @@ def technique_problem(strategy: Strategy) -> str | None:
             return "the optimizer step in backward cannot unscale fp16 gradients (use bf16, bf16-pure or fp32)"
         if config.peft != PeftMethod.NONE:
             return "the optimizer step in backward trains a full fine-tune, not LoRA/QLoRA"
+    if config.activation_offload and config.peft != PeftMethod.NONE:
+        return "activation offload trains a full fine-tune, not LoRA/QLoRA"
     if config.activation_checkpointing == Checkpointing.SELECTIVE_OP and config.peft != PeftMethod.NONE:
         return "selective-op checkpointing trains a full fine-tune; LoRA/QLoRA use selective or full"
     if config.optimizer_implementation is not None:

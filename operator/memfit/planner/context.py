@@ -221,7 +221,8 @@ class SearchContext:
             # Activations depend on precision and checkpointing (and autocast under DDP, and the
             # frozen base of LoRA/QLoRA) only.
             act_key = (strategy.mixed_precision, strategy.pure_bf16, choice.config.activation_checkpointing,
-                       choice.config.engine == Engine.DDP, choice.config.peft, choice.config.chunked_loss)
+                       choice.config.engine == Engine.DDP, choice.config.peft, choice.config.chunked_loss,
+                       choice.config.activation_offload)
             acts = self.activation_cache.get(act_key)
             if acts is None:
                 acts = self.activation_cache[act_key] = _activations(self.shape, strategy)
@@ -243,7 +244,7 @@ class SearchContext:
             by_compute: dict[tuple[object, ...], list[Choice]] = {}
             for c in runnable:
                 key_ = (c.config.precision, c.config.activation_checkpointing, c.config.peft,
-                        c.config.offload != Offload.NONE)
+                        c.config.offload != Offload.NONE, c.config.activation_offload)
                 by_compute.setdefault(key_, []).append(c)
             cached = [(tuple(c.rank for c in ordered), ordered)
                       for ordered in (group_order(v) for v in by_compute.values())]
@@ -271,8 +272,9 @@ class SearchContext:
         least = self.offload_cache.get(key)
         if least is None:
             accumulation = self.samples_per_gpu(layout.world_size) // micro_batch
+            samples = self.samples_per_gpu(layout.world_size)
             least = self.offload_cache[key] = min(
-                self.engine_traffic(c, layout).offload_seconds(gpu, accumulation) for c in members)
+                self.engine_traffic(c, layout).offload_seconds(gpu, accumulation, samples) for c in members)
         return least
 
     def engine_traffic(self, choice: Choice, layout: Layout) -> EngineTraffic:
@@ -286,7 +288,9 @@ class SearchContext:
         found = self.engines_cache.get(id(members))
         if found is None:
             first = members[0].config
-            found = self.engines_cache[id(members)] = (first.precision != Precision.FP32, first.peft, tuple(
+            # Activation offload moves what the checkpointing and precision leave saved (not a member's engine).
+            moved = (first.activation_checkpointing, first.precision) if first.activation_offload else None
+            found = self.engines_cache[id(members)] = (first.precision != Precision.FP32, first.peft, moved, tuple(
                 (c.config.engine, c.config.zero_stage, c.config.offload, c.config.optimizer8bit) for c in members))
         return found
 

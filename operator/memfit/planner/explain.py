@@ -81,7 +81,7 @@ class OfferFailures:
     pinned_micro_batch_layouts: int | None = None
     # (bytes or hours, configuration, world size[, micro-batch]); words are made only for the reason.
     min_memory: tuple[int, Choice, int, int] | None = None
-    min_memory_on_gpu: tuple[int, Choice, int, int] | None = None  # the same without offload
+    min_memory_on_gpu: tuple[int, Choice, int, int] | None = None  # the same moving nothing to the host
     min_host: tuple[float, Choice, int] | None = None
     min_nvme: tuple[float, Choice, int] | None = None
     min_deadline: tuple[float, Choice, int] | None = None
@@ -93,7 +93,8 @@ class OfferFailures:
         entry = (peak_bytes, choice, world_size, micro_batch)
         if self.min_memory is None or peak_bytes < self.min_memory[0]:
             self.min_memory = entry
-        if choice.config.offload == Offload.NONE and (self.min_memory_on_gpu is None or peak_bytes < self.min_memory_on_gpu[0]):
+        moves = choice.config.offload != Offload.NONE or choice.config.activation_offload
+        if not moves and (self.min_memory_on_gpu is None or peak_bytes < self.min_memory_on_gpu[0]):
             self.min_memory_on_gpu = entry
 
     def note_host(self, needed_bytes: float, choice: Choice, world_size: int) -> None:

@@ -208,6 +208,7 @@ def with_pins(template: TrainingConfig, pins: StrategySpec, *, offer: Offer,
         # What the user pinned on, the practitioner runs too (its rungs where it cannot run are left out).
         "optimizer_in_backward": pins.optimizer_in_backward == Toggle.ENABLED,
         "chunked_loss": pins.chunked_loss == Toggle.ENABLED,
+        "activation_offload": pins.activation_offload == Toggle.ENABLED,
         # The library's default step unless pinned (a pin the optimizer cannot take leaves the rung out).
         "optimizer_implementation": None if pins.optimizer_implementation == OptimizerImplementation.AUTO
         else pins.optimizer_implementation,

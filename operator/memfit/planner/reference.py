@@ -29,7 +29,7 @@ from memfit.planner.checkpoint_writes import write_seconds
 from memfit.planner.offers import resolve_offers
 from memfit.planner.plan_job import has_lm_head, resolve_shape, search_context
 from memfit.planner.search import tier
-from memfit.planner.space import precisions_allowed, strategy_choices, toggles
+from memfit.planner.space import offload_tried, precisions_allowed, strategy_choices, toggles
 from memfit.timing import estimate_step_seconds
 
 ENGINES = (Engine.DDP, Engine.FSDP, Engine.DEEPSPEED)
@@ -79,7 +79,8 @@ def _implementation(impl: OptimizerImplementation | None, pin: OptimizerImplemen
 
 def _preference(config: TrainingConfig) -> tuple[object, ...]:
     return (config.peft, config.engine, config.zero_stage, config.precision, config.activation_checkpointing,
-            config.offload, config.optimizer8bit, config.optimizer_in_backward, config.chunked_loss)
+            config.offload, config.optimizer8bit, config.optimizer_in_backward, config.chunked_loss,
+            config.activation_offload)
 
 
 def best_objective(spec: MemoryOptimizedTrainingJobSpec, pools: Sequence[GPUNodePool], *,
@@ -126,9 +127,10 @@ def best_objective(spec: MemoryOptimizedTrainingJobSpec, pools: Sequence[GPUNode
                             for offload in _pinned(pins.offload, OFFLOADS, Offload.AUTO):
                                 if offload == Offload.CPU and offer.host_bytes_per_node is None:
                                     continue
-                                for eight, in_bwd, chunked, impl, b in itertools.product(
+                                for eight, in_bwd, chunked, act_off, impl, b in itertools.product(
                                         _eight_bit(pins.optimizer8bit), toggles(pins.optimizer_in_backward),
                                         toggles(pins.chunked_loss) if lm_head else (False,),
+                                        (False,) if own else offload_tried(pins.activation_offload, ckpt),
                                         (None,) if own else _implementations(pins.optimizer_implementation),
                                         _micro_batches(per_gpu, pins.micro_batch_size)):
                                         config = TrainingConfig.model_construct(
@@ -136,6 +138,7 @@ def best_objective(spec: MemoryOptimizedTrainingJobSpec, pools: Sequence[GPUNode
                                             activation_checkpointing=ckpt, offload=offload, optimizer8bit=eight,
                                             micro_batch_size=b, gradient_accumulation_steps=per_gpu // b,
                                             peft=method, optimizer_in_backward=in_bwd, chunked_loss=chunked,
+                                            activation_offload=act_off,
                                             optimizer_implementation=_implementation(
                                                 impl, pins.optimizer_implementation, precision, offload, eight))
                                         s = Strategy(config, spec.training.optimizer, n, g, adapter=ctx.adapter)
@@ -144,7 +147,9 @@ def best_objective(spec: MemoryOptimizedTrainingJobSpec, pools: Sequence[GPUNode
                                         m = predict_memory(ctx.shape, s)
                                         if m.peak_bytes * (1 + headroom / 100) > offer.usable_bytes:
                                             continue
-                                        if offload != Offload.NONE and (
+                                        if act_off and offer.host_bytes_per_node is None:
+                                            continue
+                                        if (offload != Offload.NONE or act_off) and (
                                                 m.host_bytes * g > offer.host_usable_bytes_per_node):
                                             continue
                                         if m.nvme_bytes * g > offer.nvme_bytes_per_node:

@@ -114,7 +114,8 @@ def _lacks(offer: Offer, choice: Choice, refused: frozenset[tuple[Precision, Che
     return frozenset(lack for lack, missing in (
         (Lack.REFUSED, bool(refused) and _is_refused(config, refused)),
         (Lack.BF16, config.precision in (Precision.BF16, Precision.BF16_PURE) and not offer.supports_bf16),
-        (Lack.HOST_MEMORY, config.offload == Offload.CPU and offer.host_bytes_per_node is None),
+        (Lack.HOST_MEMORY, (config.offload == Offload.CPU or config.activation_offload)
+         and offer.host_bytes_per_node is None),
         (Lack.NVME, config.offload == Offload.NVME and offer.nvme_bytes_per_node <= 0),
     ) if missing)
 
@@ -133,9 +134,9 @@ def _offer_choices(offer: Offer, choices: Sequence[Choice],
         offer.speed.fp16_tflops <= offer.speed.bf16_tflops
     )
     # What a choice lacks depends on these three.
-    known: dict[tuple[Precision, Offload, Checkpointing], frozenset[Lack]] = {}
+    known: dict[tuple[Precision, Offload, Checkpointing, bool], frozenset[Lack]] = {}
     for c in choices:
-        needs = (c.config.precision, c.config.offload, c.config.activation_checkpointing)
+        needs = (c.config.precision, c.config.offload, c.config.activation_checkpointing, c.config.activation_offload)
         lacks = known.get(needs)
         if lacks is None:
             lacks = known[needs] = _lacks(offer, c, refused)
@@ -190,6 +191,28 @@ def _micro_batch(ctx: SearchContext, terms: MemoryTerms, per_gpu: int, usable: i
     return 0
 
 
+def _host_micro_batch(ctx: SearchContext, terms: MemoryTerms, per_gpu: int, b: int, offer: Offer, g: int, *,
+                      whole: bool) -> int:
+    """Activation offload: the largest micro-batch up to `b` (the device's choice) whose offloaded activations
+    also fit the node's host RAM, and that still fits the device (0 when none does; `whole`: only `b`)."""
+    usable = offer.host_usable_bytes_per_node
+    if terms.host_bytes_at(b) * g <= usable:
+        return b
+    if whole or ctx.pinned_micro_batch is not None:
+        return 0
+    for d in reversed(divisors(per_gpu)):
+        if d < b and terms.host_bytes_at(d) * g <= usable and ctx.fits_gpu(
+                peak_bytes_int(terms, d, per_gpu), offer.usable_bytes):
+            return d
+    return 0
+
+
+def offloads(choice: Choice) -> bool:
+    """Whether a choice moves anything to the host (ZeRO/FSDP offload or activation offload): a group is all
+    or none of these (SearchContext.groups), and its tight bound adds their least transfer time."""
+    return choice.config.offload != Offload.NONE or choice.config.activation_offload
+
+
 def _arithmetic(members: list[Choice]) -> Choice:
     """The member whose arithmetic bounds a group's: one without the chunked loss (its head computes
     less), else any (they all chunk)."""
@@ -216,7 +239,7 @@ def _bound_seconds(ctx: SearchContext, offer: Offer, layout: Layout, members: li
     traffic = ctx.least_traffic_bytes(members, layout, b) if tight else 0.0
     compute = tt.compute_seconds(offer.speed, b, floor=True, floor_traffic_bytes=traffic)
     offload = 0.0
-    if tight and choice.config.offload != Offload.NONE:  # a group offloads all or none (SearchContext.groups)
+    if tight and offloads(choice):  # a group offloads all or none (SearchContext.groups)
         offload = ctx.least_offload_seconds(members, layout, b, offer.speed)
     n = layout.world_size
     if n == 1:
@@ -293,7 +316,8 @@ def search_offer(ctx: SearchContext, prepared: PreparedOffer, *, cutoff: Key | N
     best_key = cutoff
     minimize = ctx.minimize
     # Choices that fit at the largest micro-batch allowed, by (rank, layout): their chunked-loss twins
-    # run the same step with more head compute at a micro-batch no larger, and lose every tie.
+    # run the same step with more head compute at a micro-batch no larger, and their activation-offload twins
+    # the same step plus the PCIe copies; both lose every tie.
     whole: set[tuple[int, int]] = set()
     for bound, li, _, layout, group_ranks, members in prepared.bounds:
         price = layout.price_per_hour
@@ -303,7 +327,7 @@ def search_offer(ctx: SearchContext, prepared: PreparedOffer, *, cutoff: Key | N
             break  # groups come in bound order: every later one is in a higher tier
         if _beyond(lower, best_key):
             continue
-        if best_key is not None and (members[0].config.offload != Offload.NONE
+        if best_key is not None and (offloads(members[0])
                                      or lower[0] >= best_key[0] - TIGHTEN_WITHIN_TIERS):
             # A tighter bound, computed only for the groups visited and only where it may tell: the
             # engine traffic it adds is a few percent of a step (the offload time may be anything).
@@ -325,7 +349,7 @@ def search_offer(ctx: SearchContext, prepared: PreparedOffer, *, cutoff: Key | N
         all_out_of_memory = True
         largest = ctx.pinned_micro_batch or ctx.samples_per_gpu(layout.world_size)
         for choice in members:
-            if (choice.unchunked_rank, li) in whole:
+            if (choice.unchunked_rank, li) in whole or (choice.kept_rank, li) in whole:
                 all_out_of_memory = False
                 continue
             key = choice.twin_id
@@ -401,8 +425,8 @@ def any_fit(ctx: SearchContext, prepared: PreparedOffer) -> bool:
 
 
 def _note_lean_on_gpu(ctx: SearchContext, failures: OfferFailures, members: list[Choice], layout: Layout) -> None:
-    """Also record the leanest configuration without offload (the reason may need it)."""
-    on_gpu = [c for c in members if c.config.offload == Offload.NONE and ctx.has_min_peak(c, layout)]
+    """Also record the leanest configuration that moves nothing to the host (the reason may need it)."""
+    on_gpu = [c for c in members if not offloads(c) and ctx.has_min_peak(c, layout)]
     if on_gpu:
         lean = min(on_gpu, key=lambda c: (ctx.min_peak(c, layout), c.rank))
         failures.note_memory(ctx.min_peak(lean, layout), lean, layout.world_size,
@@ -465,8 +489,13 @@ def _evaluate(ctx: SearchContext, offer: Offer, layout: Layout, choice: Choice,
         return None, True
     terms = ctx.memory(choice, n, g)
     b = _micro_batch(ctx, terms, per_gpu, offer.usable_bytes, whole=choice.config.optimizer_in_backward)
-    host_needed = terms.host_bytes * g
-    if choice.config.offload != Offload.NONE and host_needed > offer.host_usable_bytes_per_node:
+    if b and choice.config.activation_offload:
+        b = _host_micro_batch(ctx, terms, per_gpu, b, offer, g, whole=choice.config.optimizer_in_backward)
+        if not b:
+            failures.note_host(terms.host_bytes_at(1) * g, choice, n)
+            return None, False
+    host_needed = terms.host_bytes_at(b) * g
+    if offloads(choice) and host_needed > offer.host_usable_bytes_per_node:
         failures.note_host(host_needed, choice, n)
         return None, False
     nvme_needed = terms.nvme_bytes * g

@@ -1,5 +1,5 @@
 """The search space: every valid (engine, stage, precision, checkpointing, offload, 8-bit, optimizer in
-backward, chunked loss) choice that honours the job's pinned strategy fields, in a fixed preference
+backward, chunked loss, activation offload) choice that honours the job's pinned strategy fields, in a fixed preference
 order used to break ties. bf16-pure is in it only when the job allows it (`allowPureBf16`) or pins it.
 
 The optimizer implementation is not searched: where it can be chosen (a 32-bit torch or DeepSpeed GPU
@@ -46,6 +46,7 @@ class Choice:
     memory_id: int = -1  # equal for choices with identical memory (bf16 and fp16 twins)
     twin_id: int = -1  # equal for a 32-bit choice and its 8-bit twin
     unchunked_rank: int = -1  # a chunked-loss choice: the rank of the same choice without it (-1: none)
+    kept_rank: int = -1  # an activation-offload choice: the rank of the same choice keeping its activations
 
     def strategy(self, *, optimizer: OptimizerKind, world_size: int = 1, gpus_per_node: int = 1,
                  micro_batch_size: int = 1, accumulation_steps: int = 1,
@@ -68,13 +69,14 @@ class Choice:
 def choice(engine: Engine, zero_stage: int, precision: Precision, checkpointing: Checkpointing,
            offload: Offload, optimizer8bit: bool, *, rank: int, memory_id: int = -1, twin_id: int = -1,
            peft: PeftMethod = PeftMethod.NONE, optimizer_in_backward: bool = False,
-           chunked_loss: bool = False, optimizer_implementation: OptimizerImplementation | None = None) -> Choice:
+           chunked_loss: bool = False, optimizer_implementation: OptimizerImplementation | None = None,
+           activation_offload: bool = False) -> Choice:
     """A Choice from its configuration fields (micro-batch and accumulation 1)."""
     config = PLAIN_FP32_DDP.model_copy(update={
         "engine": engine, "zero_stage": zero_stage, "precision": precision,
         "activation_checkpointing": checkpointing, "offload": offload, "optimizer8bit": optimizer8bit,
         "peft": peft, "optimizer_in_backward": optimizer_in_backward, "chunked_loss": chunked_loss,
-        "optimizer_implementation": optimizer_implementation,
+        "optimizer_implementation": optimizer_implementation, "activation_offload": activation_offload,
     })
     return Choice(config, rank, memory_id, twin_id)
 
@@ -112,7 +114,8 @@ def strategy_choices(pins: StrategySpec, *, lm_head: bool = True,
     chunked = pins.chunked_loss if lm_head else Toggle.DISABLED
     pinned = Pins(pins.engine, pins.precision, pins.activation_checkpointing, pins.zero_stage, pins.offload,
                   pins.optimizer8bit, pins.peft.methods(), pins.peft.qlora.compute_dtype, pins.allow_pure_bf16,
-                  pins.optimizer_in_backward, chunked, None if own_script else pins.optimizer_implementation)
+                  pins.optimizer_in_backward, chunked, None if own_script else pins.optimizer_implementation,
+                  Toggle.DISABLED if own_script else pins.activation_offload)
     choices, problems = _choices(pinned)
     if own_script and pins.activation_checkpointing == Checkpointing.AUTO:
         choices = tuple(c for c in choices if c.config.activation_checkpointing != Checkpointing.SELECTIVE_OP)
@@ -126,7 +129,8 @@ def pinned_fields(pins: StrategySpec) -> dict[str, str]:
     fields = {"engine": pins.engine, "precision": pins.precision, "activationCheckpointing":
               pins.activation_checkpointing, "zeroStage": pins.zero_stage, "offload": pins.offload,
               "optimizer8bit": pins.optimizer8bit, "optimizerInBackward": pins.optimizer_in_backward,
-              "chunkedLoss": pins.chunked_loss, "optimizerImplementation": pins.optimizer_implementation}
+              "chunkedLoss": pins.chunked_loss, "optimizerImplementation": pins.optimizer_implementation,
+              "activationOffload": pins.activation_offload}
     out = {f"strategy.{key}": str(value) for key, value in fields.items() if value != "auto"}
     compute = pins.peft.qlora.compute_dtype
     if pins.peft.methods() == (PeftMethod.QLORA,) and compute != Precision.AUTO:
@@ -149,6 +153,19 @@ class Pins(NamedTuple):
     optimizer_in_backward: Toggle
     chunked_loss: Toggle
     optimizer_implementation: OptimizerImplementation | None = OptimizerImplementation.AUTO  # None: library's
+    activation_offload: Toggle = Toggle.DISABLED
+
+
+# Checkpointing modes `activationOffload: auto` tries offload with: torchtune's two setups (offload alone, and
+# with every block recomputed). selective and selective-op with offload run when the job pins offload.
+AUTO_OFFLOAD_CHECKPOINTING = (Checkpointing.NONE, Checkpointing.FULL)
+
+
+def offload_tried(pin: Toggle, checkpointing: Checkpointing) -> tuple[bool, ...]:
+    """The activation-offload values to try at a checkpointing mode under the job's pin."""
+    if pin == Toggle.AUTO and checkpointing not in AUTO_OFFLOAD_CHECKPOINTING:
+        return (False,)
+    return toggles(pin)
 
 
 def toggles(pin: Toggle) -> tuple[bool, ...]:
@@ -171,7 +188,8 @@ def _choices(pins: Pins) -> tuple[tuple[Choice, ...], tuple[str, ...]]:
     ckpts = _allowed(pins.checkpointing, CHECKPOINTING, Checkpointing.AUTO)
     offloads = _allowed(pins.offload, OFFLOADS, Offload.AUTO)
     eight_bits = toggles(pins.optimizer8bit)
-    techniques = tuple(itertools.product(toggles(pins.optimizer_in_backward), toggles(pins.chunked_loss)))
+    techniques = tuple(itertools.product(toggles(pins.optimizer_in_backward), toggles(pins.chunked_loss),
+                                         toggles(pins.activation_offload)))
     methods, qlora_compute = pins.methods, pins.qlora_compute
     stage_pin = pins.zero_stage
     choices: list[Choice] = []
@@ -179,35 +197,46 @@ def _choices(pins: Pins) -> tuple[tuple[Choice, ...], tuple[str, ...]]:
     memory_ids: dict[tuple[object, ...], int] = {}
     twin_ids: dict[tuple[object, ...], int] = {}
     ranks: dict[tuple[object, ...], int] = {}  # of the unchunked choices, for their chunked twins
+    kept: dict[tuple[object, ...], int] = {}  # of the choices keeping their activations, for their offloading twins
     for method, engine in itertools.product(methods, engines):
         assert isinstance(engine, Engine)
         stages = STAGES[engine] if stage_pin == "auto" else (stage_pin,)
-        for stage, offload, eight, precision, ckpt, (in_backward, chunked) in itertools.product(
+        for stage, offload, eight, precision, ckpt, (in_backward, chunked, act_offload) in itertools.product(
                 stages, offloads, eight_bits, precisions, ckpts, techniques):
             assert isinstance(offload, Offload)
             assert isinstance(precision, Precision) and isinstance(ckpt, Checkpointing)
+            if act_offload not in offload_tried(pins.activation_offload, ckpt):
+                continue
             if method == PeftMethod.QLORA and qlora_compute not in (Precision.AUTO, precision):
                 problems[f"QLoRA computes in {qlora_compute.value} (peft.qlora.computeDtype)"] = None
                 continue
             regime = "fp32" if precision == Precision.FP32 else "pure" if precision == Precision.BF16_PURE else "mixed"
-            memory_key = (method, engine, stage, regime, ckpt, offload, eight, in_backward, chunked)
+            memory_key = (method, engine, stage, regime, ckpt, offload, eight, in_backward, chunked, act_offload)
             memory_id = memory_ids.setdefault(memory_key, len(memory_ids))
-            twin_id = twin_ids.setdefault((method, engine, stage, precision, ckpt, offload, in_backward, chunked),
-                                          len(twin_ids))
+            twin_id = twin_ids.setdefault((method, engine, stage, precision, ckpt, offload, in_backward, chunked,
+                                           act_offload), len(twin_ids))
             candidate = choice(engine, int(stage), precision, ckpt, offload, eight, rank=len(choices),
                                memory_id=memory_id, twin_id=twin_id, peft=method,
                                optimizer_in_backward=in_backward, chunked_loss=chunked,
+                               activation_offload=act_offload,
                                optimizer_implementation=implementation_for(
                                    pins.optimizer_implementation, precision=precision, offload=offload,
                                    optimizer8bit=eight))
             problem = strategy_problem(candidate.strategy(optimizer=OptimizerKind.ADAMW))
             if problem is None:
+                twin_key = (method, engine, stage, precision, ckpt, offload, eight, in_backward, chunked)
+                if act_offload:
+                    candidate = replace(candidate, kept_rank=kept.get(twin_key, -1))
+                else:
+                    kept[twin_key] = len(choices)
                 if chunked:
-                    unchunked = ranks.get((method, engine, stage, precision, ckpt, offload, eight, in_backward))
+                    unchunked = ranks.get((method, engine, stage, precision, ckpt, offload, eight, in_backward,
+                                           act_offload))
                     if unchunked is not None:
                         candidate = replace(candidate, unchunked_rank=unchunked)
                 else:
-                    ranks[(method, engine, stage, precision, ckpt, offload, eight, in_backward)] = len(choices)
+                    ranks[(method, engine, stage, precision, ckpt, offload, eight, in_backward, act_offload)] = \
+                        len(choices)
                 choices.append(candidate)
             else:
                 problems[problem] = None

@@ -28,6 +28,8 @@ overlap by engine and stage, offload transfers, the optimizer step.
 - Offload: gradients and parameters cross PCIe (half overlapped), the optimizer steps on the node's
   CPUs (DeepSpeedCPUAdam rate, ZeRO-Offload, Ren et al. 2021; torch CPU Adam is slower), NVMe moves
   the optimizer state in and out once per step.
+- Activation offload: each block's saved activations cross PCIe twice per micro-step (out in forward, back
+  in backward), copied on the compute stream (memfit_trainer.activation_offload), so nothing hides them.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from functools import lru_cache
 
 from memfit.api.common import Checkpointing, Engine, Offload, OptimizerImplementation, PeftMethod, Precision
 from memfit.api.job import OptimizerKind
+from memfit.memory.activations import activation_terms
 from memfit.memory.shape import Shape
 from memfit.memory.states import optimizer_state_bytes_per_param
 from memfit.memory.strategy import Strategy
@@ -200,16 +203,17 @@ class EngineTraffic:
     cpu_optimizer_params_per_node: float = 0.0
     cpu_params_per_s: float = 1.0
     nvme_bytes_per_node: float = 0.0
+    activation_transfer_bytes_per_sample: float = 0.0  # activation offload, both directions
 
     def hbm_bytes(self, accumulation: int) -> float:
         """HBM bytes of one optimizer step of `accumulation` micro-steps."""
         return accumulation * self.param_bytes_per_micro + self.optimizer_bytes
 
-    def offload_seconds(self, gpu: GpuSpeed, accumulation: int) -> float:
-        """Seconds of one optimizer step spent on CPU/NVMe offload that nothing hides."""
+    def offload_seconds(self, gpu: GpuSpeed, accumulation: int, samples: int = 0) -> float:
+        """Seconds of one optimizer step of `samples` per GPU spent on CPU/NVMe offload that nothing hides."""
         transfer = (self.offload_transfer_bytes_per_step
                     + self.offload_transfer_bytes_per_micro * accumulation) / (gpu.pcie_gbps * 1e9)
-        offload = transfer * (1 - OVERLAP)
+        offload = transfer * (1 - OVERLAP) + samples * self.activation_transfer_bytes_per_sample / (gpu.pcie_gbps * 1e9)
         if self.cpu_optimizer_params_per_node:
             offload += self.cpu_optimizer_params_per_node / self.cpu_params_per_s
         if self.nvme_bytes_per_node:
@@ -287,7 +291,7 @@ class TimeTerms:
 
     def offload_seconds(self, gpu: GpuSpeed, micro_batch: int) -> float:
         """Seconds of one optimizer step spent on CPU/NVMe offload that nothing hides."""
-        return self.traffic.offload_seconds(gpu, self.samples_per_gpu_step // micro_batch)
+        return self.traffic.offload_seconds(gpu, self.samples_per_gpu_step // micro_batch, self.samples_per_gpu_step)
 
 
 def exposed(comm: float, window: float) -> float:
@@ -417,6 +421,8 @@ def engine_traffic(shape: Shape, strategy: Strategy) -> EngineTraffic:
         cpu_optimizer_params_per_node=cpu_params,
         cpu_params_per_s=DS_CPU_ADAM_PARAMS_PER_S if ds else TORCH_CPU_ADAM_PARAMS_PER_S,
         nvme_bytes_per_node=nvme,
+        activation_transfer_bytes_per_sample=(2 * activation_terms(shape, strategy).offloaded_bytes_per_sample
+                                              if strategy.config.activation_offload else 0.0),
     )
 
 

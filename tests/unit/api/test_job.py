@@ -166,6 +166,22 @@ CASES: dict[str, tuple[dict[str, Any], str, str]] = {
         "spec.strategy.activationCheckpointing",
         "activationCheckpointing selective-op trains a full fine-tune",
     ),
+    "activation offload with LoRA only": (
+        {"strategy": {"activationOffload": "enabled", "peft": {"method": "lora"}}},
+        "spec.strategy.activationOffload",
+        "activationOffload enabled trains a full fine-tune: peft must allow none",
+    ),
+    "activation offload of an entrypoint": (
+        {"problem": {"entrypoint": "my.train:problem"},
+         "strategy": {"activationOffload": "enabled"}},
+        "spec.strategy.activationOffload",
+        "a job's own code or entrypoint keeps its activations as it does: set it to auto or disabled",
+    ),
+    "unknown activation offload": (
+        {"strategy": {"activationOffload": "on"}},
+        "spec.strategy.activationOffload",
+        "'auto', 'enabled' or 'disabled'",
+    ),
     "unknown optimizer implementation": (
         {"strategy": {"optimizerImplementation": "apex"}},
         "spec.strategy.optimizerImplementation",

@@ -61,11 +61,11 @@ def test_describe_short_and_in_words(value: TrainingConfig, short: str, words: s
 def test_key_ignores_the_batch_split_only() -> None:
     base = config(engine=Engine.DEEPSPEED, zero_stage=2, precision=Precision.BF16)
     assert base.key() == (Engine.DEEPSPEED, 2, Precision.BF16, Checkpointing.NONE, Offload.NONE, False,
-                          PeftMethod.NONE, False, False, None)
+                          PeftMethod.NONE, False, False, None, False)
     assert config(**{**dict(base), "micro_batch_size": 4, "gradient_accumulation_steps": 2}).key() == base.key()
     changed = {"zero_stage": 3, "precision": Precision.FP16, "activation_checkpointing": Checkpointing.FULL,
                "offload": Offload.CPU, "optimizer8bit": True, "engine": Engine.FSDP, "peft": PeftMethod.LORA,
-               "optimizer_implementation": OptimizerImplementation.FUSED}
+               "optimizer_implementation": OptimizerImplementation.FUSED, "activation_offload": True}
     for name, value in changed.items():
         assert base.model_copy(update={name: value}).key() != base.key(), name
 

@@ -104,6 +104,9 @@ class S:
     def chunked(self) -> S:
         return self._config(chunked_loss=True)
 
+    def act_offload(self) -> S:
+        return self._config(activation_offload=True)
+
     def implementation(self, name: str) -> S:
         return self._config(optimizer_implementation=OptimizerImplementation(name))
 

@@ -68,12 +68,12 @@ LACKS: dict[str, tuple[JobBuilder, list[GPUNodePool], str]] = {
         "give the pool's host.memoryGiB, or pin offload none or nvme, or leave it auto"),
     "too big for a T4, precision auto": (
         make_job().hf(LLAMA_70B_CONFIG).max_nodes(1), [T4],
-        "needs 28.5 GiB per GPU (25.9 GiB predicted + 10% headroom) at micro-batch 1 even with FSDP full shard, "
-        "fp16, full checkpointing, CPU offload on 1 GPU; has 15.0 GiB"),
+        "needs 25.3 GiB per GPU (23.0 GiB predicted + 10% headroom) at micro-batch 1 even with FSDP full shard, "
+        "fp16, CPU offload, activation offload on 1 GPU; has 15.0 GiB"),
     "too big for a T4, fp16 pinned": (
         make_job().hf(LLAMA_70B_CONFIG).max_nodes(1).pin(precision="fp16"), [T4],
-        "needs 28.5 GiB per GPU (25.9 GiB predicted + 10% headroom) at micro-batch 1 even with FSDP full shard, "
-        "fp16, full checkpointing, CPU offload on 1 GPU; has 15.0 GiB"),
+        "needs 25.3 GiB per GPU (23.0 GiB predicted + 10% headroom) at micro-batch 1 even with FSDP full shard, "
+        "fp16, CPU offload, activation offload on 1 GPU; has 15.0 GiB"),
     "too big, offload auto on a pool without NVMe": (
         make_job().hf(LLAMA_7B_CONFIG).max_nodes(1), [make_pool("t4", "l4", nvme_gib=0, host_gib=16)],
         "without offload it needs 62.3 GiB per GPU (56.7 GiB predicted + 10% headroom) at micro-batch 8 even with "

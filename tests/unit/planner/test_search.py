@@ -70,6 +70,7 @@ def varied_specs_and_pools(draw: st.DrawFn) -> tuple[MemoryOptimizedTrainingJobS
     if body["strategy"]["precision"] != "fp16":
         body["strategy"]["optimizerInBackward"] = draw(st.sampled_from(["auto", "auto", "enabled", "disabled"]))
     body["strategy"]["chunkedLoss"] = draw(st.sampled_from(["auto", "auto", "disabled"]))
+    body["strategy"]["activationOffload"] = draw(st.sampled_from(["auto", "auto", "disabled", "enabled"]))
     pools = [
         make_pool(f"p{i}", product, per_node=draw(st.sampled_from([1, 2, 4])),
                   memory_mib=max(200, int(approx_parameters * draw(st.floats(1.0, 24.0)) / 2**20)), max_nodes=2,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from memfit.api.common import Engine, Offload, Precision
+from memfit.api.common import Checkpointing, Engine, Offload, Precision
 from memfit.api.job import StrategySpec
 from memfit.planner.space import divisors, pinned_fields, strategy_choices
 
@@ -14,11 +14,25 @@ def test_all_auto_space() -> None:
     # engine/stage/offload/8-bit combinations: DDP 2, FSDP 2x3, ZeRO-0 2, ZeRO-1/2 3 each, ZeRO-3 4 = 20,
     # times 3 precisions, 4 checkpointing modes and the chunked loss on or off; plus the optimizer step in
     # backward on DDP (2 optimizer widths) in bf16 and fp32 (never fp16), 4 checkpointing modes, chunked or not.
-    # bf16-pure is not in it unless allowed.
-    assert len(choices) == 20 * 12 * 2 + 2 * 2 * 4 * 2
+    # bf16-pure is not in it unless allowed. Activation offload on and off with no and with full checkpointing.
+    assert len(choices) == (20 * 12 * 2 + 2 * 2 * 4 * 2) * 3 // 2
+    offloading = [c for c in choices if c.config.activation_offload]
+    assert len(offloading) == len(choices) // 3
+    assert {c.config.activation_checkpointing for c in offloading} == {Checkpointing.NONE, Checkpointing.FULL}
+    assert all(c.kept_rank >= 0 and choices[c.kept_rank].config == c.config.model_copy(
+        update={"activation_offload": False}) for c in offloading)
     assert not any(c.config.precision == Precision.BF16_PURE for c in choices)
     assert [c.rank for c in choices] == list(range(len(choices)))
     assert len(set(choices)) == len(choices)
+
+
+def test_activation_offload_is_off_for_a_jobs_own_script_and_a_pin_keeps_one_side() -> None:
+    own, _ = strategy_choices(StrategySpec(), own_script=True)
+    assert own and not any(c.config.activation_offload for c in own)
+    pinned, _ = strategy_choices(StrategySpec.model_validate({"activationOffload": "enabled"}))
+    assert pinned and all(c.config.activation_offload for c in pinned)
+    # A pin runs offload with every checkpointing mode; auto tries it with none and full only.
+    assert {c.config.activation_checkpointing for c in pinned} == set(Checkpointing) - {Checkpointing.AUTO}
 
 
 def test_pure_bf16_only_when_allowed_and_never_on_deepspeed_or_with_offload() -> None:

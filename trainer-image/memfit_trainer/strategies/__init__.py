@@ -6,6 +6,7 @@ import torch
 from memfit.api.common import Engine
 from memfit.api.plan import Plan
 
+from memfit_trainer.activation_offload import apply_activation_offload
 from memfit_trainer.chunked_loss import apply_chunked_loss
 from memfit_trainer.problems import TrainingProblem
 from memfit_trainer.strategies.base import Runner
@@ -17,9 +18,12 @@ def make_runner(
     *, plan: Plan, problem: TrainingProblem, device: torch.device, world_size: int, seed: int = 0
 ) -> Runner:
     """Wrap the problem's model for the plan's engine (imports only that engine); `seed` seeds bf16-pure's
-    stochastic rounding. A plan with `chunked_loss` gets the problem's chunked loss here, under every engine."""
+    stochastic rounding. A plan with `chunked_loss` gets the problem's chunked loss here, and one with
+    `activation_offload` its blocks' saved-tensor hooks (memfit_trainer.activation_offload), under every engine."""
     if plan.chunked_loss:
         problem = apply_chunked_loss(problem)
+    if plan.activation_offload:
+        apply_activation_offload(problem.model, problem.blocks)
     if plan.engine == Engine.DEEPSPEED:
         from memfit_trainer.strategies.deepspeed import DeepSpeedRunner
 

@@ -9,6 +9,7 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
+from memfit_trainer.activation_offload import activation_offload_of
 from memfit_trainer.chunked_loss import loss_chunks
 from memfit_trainer.optim_in_backward import OptimizerInBackward
 from memfit_trainer.problems import Batch
@@ -106,6 +107,7 @@ def technique_facts(model: nn.Module, optimizer: Any) -> dict[str, Any]:
         "optimizer_in_backward": isinstance(optimizer, OptimizerInBackward),
         "chunked_loss": chunks > 0,
         "loss_chunks": chunks,
+        "activation_offload": activation_offload_of(model) is not None,
     }
     if isinstance(optimizer, OptimizerInBackward):
         facts |= {

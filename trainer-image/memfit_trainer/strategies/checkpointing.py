@@ -14,6 +14,7 @@ hooks on the module (FSDP2 all-gather, ZeRO-3 gather) still run around it. DeepS
 from __future__ import annotations
 
 import functools
+import inspect
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -44,6 +45,7 @@ def _keep_matmuls(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> Any:
 
 
 SAVED_OPS = _saved_ops()
+_SAC_HOOKS_KNOB = "respect_saved_tensors_hooks" in inspect.signature(torch.utils.checkpoint.checkpoint).parameters
 
 
 def _selective_op_context() -> Any:
@@ -59,6 +61,10 @@ def checkpoint_module(module: nn.Module, *, keep_matmuls: bool = False) -> None:
         return
     forward: Callable[..., Any] = module.forward
     extra: dict[str, Any] = {"context_fn": _selective_op_context} if keep_matmuls else {}
+    if keep_matmuls and _SAC_HOOKS_KNOB:
+        # What selective-op keeps stays in its own cache, never in saved-tensor hooks around it (activation
+        # offload's): torch 2.15 does so by default and warns that a later release will not.
+        extra["respect_saved_tensors_hooks"] = False
 
     @functools.wraps(forward)
     def checkpointed(*args: Any, **kwargs: Any) -> Any:
