@@ -63,6 +63,11 @@ def lack_words(lack: Lack, *, product: str, pins: Mapping[str, str]) -> str:
     """Why no allowed configuration runs on a pool that lacks `lack`, naming the pin that asks for it:
     `Tesla-T4 has no bf16 (compute capability 8.0+ needed) and strategy.precision is pinned to bf16: ...`."""
     head, who, fix = LACK_WORDS[lack]
+    if (lack == Lack.HOST_MEMORY and pins.get("strategy.activationOffload") == "enabled"
+            and pins.get("strategy.offload") != "cpu"):
+        return ("activation offload needs host.memoryGiB, which is unknown for this pool, and "
+                "strategy.activationOffload is pinned to enabled: give the pool's host.memoryGiB, or set "
+                "activationOffload auto or disabled")
     for path, value, pinned_fix in LACK_PINS[lack]:
         if pins.get(path) == value:
             who, fix = f"{path} is pinned to {value}", pinned_fix

@@ -66,6 +66,11 @@ LACKS: dict[str, tuple[JobBuilder, list[GPUNodePool], str]] = {
         make_job().pin(offload="cpu"), [make_pool("t4", "mystery-gpu", memory_mib=16384, price=1.0, bf16_tflops=50)],
         "CPU offload needs host.memoryGiB, which is unknown for this pool, and strategy.offload is pinned to cpu: "
         "give the pool's host.memoryGiB, or pin offload none or nvme, or leave it auto"),
+    "activation offload pinned on a pool of unknown host memory": (
+        make_job().pin(activationOffload="enabled"),
+        [make_pool("t4", "mystery-gpu", memory_mib=16384, price=1.0, bf16_tflops=50)],
+        "activation offload needs host.memoryGiB, which is unknown for this pool, and strategy.activationOffload is "
+        "pinned to enabled: give the pool's host.memoryGiB, or set activationOffload auto or disabled"),
     "too big for a T4, precision auto": (
         make_job().hf(LLAMA_70B_CONFIG).max_nodes(1), [T4],
         "needs 25.3 GiB per GPU (23.0 GiB predicted + 10% headroom) at micro-batch 1 even with FSDP full shard, "
