@@ -62,7 +62,9 @@ def test_a_two_node_plan_is_admitted_whole_or_not_at_all(kube: Kube, namespace: 
         train = kube.wait("the training Job", lambda: kube.batch.read_namespaced_job("gang-train-0", namespace)
                           if any(j.metadata.name == "gang-train-0" for j in kube.batch.list_namespaced_job(
                               namespace).items) else None, timeout=90)  # fmt: skip
-        plan = get_job(kube, namespace, "gang")["status"]["plan"]
+        # The status is patched after the Job is created: wait for it, not for the Job alone.
+        plan = kube.wait("the plan in the job's status", lambda: (get_job(kube, namespace, "gang").get("status")
+                                                                   or {}).get("plan"), timeout=60)
         assert (plan["nodePool"], plan["nodes"], plan["gpus"]) == ("t4-spot", 2, 2), plan
         assert train.spec.parallelism == 2 and train.spec.completions == 2
         annotations = train.metadata.annotations or {}

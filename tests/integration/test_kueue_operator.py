@@ -143,8 +143,10 @@ def test_a_job_whose_pool_loses_its_quota_moves_to_a_pool_with_quota(
         create_job(kube, namespace, spec)
         kube.wait("the training Job on t4-spot", lambda: kube.batch.list_namespaced_job(
             namespace, label_selector="memfit.dev/job=moved,memfit.dev/component=trainer").items or None, timeout=90)
-        first = get_job(kube, namespace, "moved")
-        assert first["status"]["plan"]["nodePool"] == "t4-spot", first["status"]
+        # The status is patched after the Job is created: wait for it, not for the Job alone.
+        plan = kube.wait("the plan in the job's status", lambda: (get_job(kube, namespace, "moved").get("status")
+                                                                   or {}).get("plan"), timeout=60)
+        assert plan["nodePool"] == "t4-spot", plan
         set_gpu_quota(kube, cq, {"t4-spot": 0, "l4-ondemand": 4}, stopPolicy="None")
 
         job = wait_phase(kube, namespace, "moved", ("Succeeded", "Failed"), TIMEOUT, operator)
