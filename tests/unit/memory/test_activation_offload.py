@@ -64,3 +64,18 @@ def test_the_transfers_cross_pcie_twice_per_sample_and_nothing_hides_them() -> N
 def test_lora_and_qlora_are_refused(method: PeftMethod) -> None:
     problem = strategy_problem(S().ddp().bf16().act_offload()._config(peft=method).build())
     assert problem is not None and "activation offload trains a full fine-tune" in problem
+
+
+@pytest.mark.parametrize("builder", [
+    S().ddp().bf16(), S().ddp().bf16().act_offload(), S().ddp().bf16().ckpt("full").act_offload(),
+    S().ddp().pure().in_backward().chunked(), S().fsdp(3).world(8).bf16().ckpt("selective-op"),
+    S().deepspeed(3).world(8).bf16().ckpt("full"),
+], ids=["ddp bf16", "offload", "offload full", "pure in-backward chunked", "fsdp3 selective-op", "zero3 full"])
+def test_the_planners_lines_are_the_activation_moments_exactly(builder: S) -> None:
+    """MemoryTerms builds its (fixed, per-sample) lines without moment objects on the planner's hot path; they must
+    be the activation moments' sums, bit for bit, with and without accumulation."""
+    terms = memory_terms(BIG, builder.build())
+    for accumulating, lines in ((False, terms._lines[0]), (True, terms._lines[1])):
+        moments = terms.activation_moments(2 if accumulating else 1)
+        assert lines == tuple((m.other_bytes + m.gradient_bytes,
+                               m.activation_bytes_per_sample + m.temporary_bytes_per_sample) for m in moments)
