@@ -53,9 +53,11 @@ def test_quota_exhausted_waits_queued_then_trains_on_the_flavor_of_its_pool(
                           placement={"nodePools": ["t4-spot"], "maxNodes": 1,
                                      "baseline": {"nodePool": "a100-80-ondemand", "nodes": 1}})
         create_job(kube, namespace, spec)
-        cond = kube.wait("MOTJ Queued (Pending)", lambda: _queued(kube, namespace, "qs"), timeout=90)
+        # Queued first reads "waits for Kueue's scheduler" (the Workload not yet tried), then Kueue's reason.
+        quota = "insufficient unused quota for nvidia.com/gpu in flavor t4-spot"
+        cond = kube.wait("MOTJ Queued (Pending) with Kueue's quota reason",
+                         lambda: (c := _queued(kube, namespace, "qs")) and quota in c["message"] and c, timeout=90)
         assert cond["message"].startswith("profiling Job qs-profile waits in LocalQueue gpu (Pending: ")
-        assert "insufficient unused quota for nvidia.com/gpu in flavor t4-spot" in cond["message"]
         assert get_job(kube, namespace, "qs")["status"]["phase"] == "Profiling"
         profile_job = kube.batch.read_namespaced_job("qs-profile", namespace)
         assert profile_job.spec.suspend is True

@@ -27,6 +27,29 @@ def test_regions_report_peaks_relative_to_the_session_start() -> None:
     assert regions["transient"].seconds >= 0
 
 
+def test_garbage_of_an_earlier_session_does_not_lower_the_next_one() -> None:
+    """A tensor allocated in one session and left in a reference cycle is collected before the next session
+    starts, not inside it (where its free would pull the counter below the baseline)."""
+    import gc
+
+    class Cycle:
+        def __init__(self) -> None:
+            self.me, self.data = self, torch.empty(4 << 20, dtype=torch.uint8)
+
+    gc.disable()
+    try:
+        with CpuAllocatorMeter():
+            Cycle()  # unreachable at once, freed only by the collector
+        with CpuAllocatorMeter() as meter, meter.region("step"):
+            scratch = torch.empty(1 << 20, dtype=torch.uint8)
+            gc.collect()  # where the collector would otherwise free the cycle: inside the step
+            del scratch
+    finally:
+        gc.enable()
+    step = meter.results()["step"]
+    assert (step.start_allocated_bytes, step.peak_allocated_bytes, step.end_allocated_bytes) == (0, 1 << 20, 0)
+
+
 def test_threads_are_restored_and_regions_are_unique() -> None:
     threads = torch.get_num_threads()
     with CpuAllocatorMeter() as meter:
