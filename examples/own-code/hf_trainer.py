@@ -7,8 +7,9 @@ become the arguments of the same names; with `honors: [deepspeedConfig]` the pod
 DeepSpeed config and the Trainer runs under it (the Trainer checks that the config's batch sizes match its
 own arguments, so a script that ignored memfit's micro-batch would stop here, not train another plan).
 Checkpoints go to MEMFIT_CHECKPOINT_DIR every `--save-every` steps, the newest two kept, and a restarted
-pod resumes from the newest. The model is a small GPT-2 built from its config (no download): 2 layers,
-hidden 64, 4 heads, vocabulary 512, 64 tokens, on a fixed synthetic corpus.
+pod resumes from the newest. The model is a small GPT-2 built from its config (no download): by default 2
+layers, hidden 64, 4 heads, vocabulary 512, 64 tokens (`--layers`, `--hidden`, `--heads`, `--vocab`,
+`--seq-len` change them), on a fixed synthetic corpus.
 """
 
 from __future__ import annotations
@@ -32,8 +33,8 @@ def setting(name: str, default: str) -> str:
 class Corpus(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
     """Fixed random token rows (the same on every rank and every restart)."""
 
-    def __init__(self) -> None:
-        self.tokens = torch.randint(0, VOCAB, (SAMPLES, SEQ), generator=torch.Generator().manual_seed(0))
+    def __init__(self, vocab: int = VOCAB, seq: int = SEQ) -> None:
+        self.tokens = torch.randint(0, vocab, (SAMPLES, seq), generator=torch.Generator().manual_seed(0))
 
     def __len__(self) -> int:
         return SAMPLES
@@ -87,11 +88,14 @@ def arguments(output_dir: str, save_every: int) -> TrainingArguments:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--save-every", type=int, default=5, help="steps between two checkpoints")
-    save_every = parser.parse_args().save_every
+    for name, default in (("layers", LAYERS), ("hidden", HIDDEN), ("heads", HEADS), ("vocab", VOCAB), ("seq-len", SEQ)):
+        parser.add_argument(f"--{name}", type=int, default=default, help=f"the model's {name} (default {default})")
+    cli = parser.parse_args()
     output = pathlib.Path(setting("CHECKPOINT_DIR", "/tmp/checkpoints")) / "hf-trainer"
-    args = arguments(str(output), save_every)
-    config = GPT2Config(vocab_size=VOCAB, n_positions=SEQ, n_embd=HIDDEN, n_layer=LAYERS, n_head=HEADS)
-    trainer = Trainer(model=GPT2LMHeadModel(config), args=args, train_dataset=Corpus())
+    args = arguments(str(output), cli.save_every)
+    config = GPT2Config(vocab_size=cli.vocab, n_positions=cli.seq_len, n_embd=cli.hidden, n_layer=cli.layers,
+                        n_head=cli.heads)
+    trainer = Trainer(model=GPT2LMHeadModel(config), args=args, train_dataset=Corpus(cli.vocab, cli.seq_len))
     resume = get_last_checkpoint(str(output)) if output.is_dir() else None
     result = trainer.train(resume_from_checkpoint=resume)
     if args.process_index == 0:

@@ -5,7 +5,8 @@ CPU), or DeepSpeed when the pod carries memfit's DeepSpeed config (MEMFIT_DEEPSP
 the micro-batch, gradient accumulation and precision of the plan, saves a checkpoint to
 MEMFIT_CHECKPOINT_DIR every `--save-every` steps (keeping the newest two) and resumes from the newest one,
 and prints the settings in effect.
-The model is the quickstart's: a 2-layer GPT (hidden 64, 4 heads, vocabulary 512, 64 tokens).
+The model is by default the quickstart's: a 2-layer GPT (hidden 64, 4 heads, vocabulary 512, 64 tokens;
+`--layers`, `--hidden`, `--heads`, `--vocab`, `--seq-len` change them).
 """
 
 from __future__ import annotations
@@ -25,13 +26,14 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 class TinyGPT(nn.Module):
-    def __init__(self) -> None:
+    def __init__(self, layers: int = LAYERS, hidden: int = HIDDEN, heads: int = HEADS, vocab: int = VOCAB,
+                 seq: int = SEQ) -> None:
         super().__init__()
-        self.embed = nn.Embedding(VOCAB, HIDDEN)
-        self.position = nn.Parameter(torch.zeros(SEQ, HIDDEN))
-        layer = nn.TransformerEncoderLayer(HIDDEN, HEADS, 4 * HIDDEN, dropout=0.0, batch_first=True, norm_first=True)
-        self.blocks = nn.TransformerEncoder(layer, LAYERS, enable_nested_tensor=False)
-        self.head = nn.Linear(HIDDEN, VOCAB)
+        self.embed = nn.Embedding(vocab, hidden)
+        self.position = nn.Parameter(torch.zeros(seq, hidden))
+        layer = nn.TransformerEncoderLayer(hidden, heads, 4 * hidden, dropout=0.0, batch_first=True, norm_first=True)
+        self.blocks = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
+        self.head = nn.Linear(hidden, vocab)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         mask = nn.Transformer.generate_square_subsequent_mask(tokens.shape[1])
@@ -45,7 +47,10 @@ def setting(name: str, default: str) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--save-every", type=int, default=5, help="steps between two checkpoints")
-    save_every = parser.parse_args().save_every
+    for name, default in (("layers", LAYERS), ("hidden", HIDDEN), ("heads", HEADS), ("vocab", VOCAB), ("seq-len", SEQ)):
+        parser.add_argument(f"--{name}", type=int, default=default, help=f"the model's {name} (default {default})")
+    cli = parser.parse_args()
+    save_every, vocab, seq = cli.save_every, cli.vocab, cli.seq_len
     micro = int(setting("MICRO_BATCH_SIZE", "8"))
     accumulation = int(setting("GRADIENT_ACCUMULATION_STEPS", "1"))
     precision = setting("PRECISION", "fp32")
@@ -60,7 +65,7 @@ def main() -> None:
         dist.init_process_group("nccl" if cuda else "gloo")
     device = torch.device(f"cuda:{os.environ.get('LOCAL_RANK', '0')}" if cuda else "cpu")
     torch.manual_seed(0)
-    model = TinyGPT().to(device)
+    model = TinyGPT(cli.layers, cli.hidden, cli.heads, vocab, seq).to(device)
     if deepspeed_config:
         import deepspeed
 
@@ -84,11 +89,11 @@ def main() -> None:
     loss = torch.tensor(0.0)
     for step in range(start, steps):
         for _ in range(accumulation):
-            tokens = torch.randint(0, VOCAB, (micro, SEQ + 1), generator=generator).to(device)
+            tokens = torch.randint(0, vocab, (micro, seq + 1), generator=generator).to(device)
             autocast = torch.autocast(device.type, dtype=DTYPES[precision]) if precision in DTYPES else None
             with autocast or torch.autocast(device.type, enabled=False):
                 logits = engine(tokens[:, :-1])
-                loss = nn.functional.cross_entropy(logits.float().reshape(-1, VOCAB), tokens[:, 1:].reshape(-1))
+                loss = nn.functional.cross_entropy(logits.float().reshape(-1, vocab), tokens[:, 1:].reshape(-1))
             if deepspeed_config:
                 engine.backward(loss)
                 engine.step()
