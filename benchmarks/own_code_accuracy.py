@@ -196,6 +196,10 @@ def measure(cases: list[Case], workdir: Path) -> dict[str, dict[str, Any]]:
             point = points.get(case.micro_batch)
             if proc.returncode != 0 or point is None or point.get("peakBytes") is None:
                 out[case.id] = {"error": f"probe exit {proc.returncode}: {proc.stderr[-800:]}", "point": point}
+            elif point["fedMicroBatch"] != case.micro_batch or point["finding"]:
+                # The script ran another micro-batch than memfit set, or the probe saw something wrong: no truth.
+                out[case.id] = {"error": f"probe: fed {point['fedMicroBatch']}, finding {point['finding']!r}",
+                                "point": point}
             else:
                 out[case.id] = {"truth_bytes": int(point["peakBytes"]), "first_step_bytes": point["firstStepPeakBytes"],
                                 "fed_micro_batch": point["fedMicroBatch"], "finding": point["finding"],
