@@ -28,6 +28,7 @@ def main() -> None:
     parser.add_argument("--mode", default="honest")
     parser.add_argument("--memfit-meter", action="store_true")
     parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--micro-batch", type=int, default=None, help="default: MEMFIT_MICRO_BATCH_SIZE")
     args = parser.parse_args()
     torch.set_num_threads(1)
     meter = None
@@ -36,7 +37,7 @@ def main() -> None:
 
         meter = step_meter(torch.device("cpu"), os.environ)
         meter.start()  # before the model, as memfit's trainer (and the probe) do
-    micro = int(os.environ.get(contract.ENV_MICRO_BATCH_SIZE, "2"))
+    micro = args.micro_batch or int(os.environ.get(contract.ENV_MICRO_BATCH_SIZE, "2"))
     if args.mode == "ignores":
         micro = 8
     torch.manual_seed(0)

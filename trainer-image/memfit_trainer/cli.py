@@ -42,38 +42,15 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _micro_batches(text: str) -> tuple[int, ...]:
-    values = tuple(int(part) for part in text.split(",") if part.strip())
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"expected positive integers like 1,2,4; got {text!r}")
-    return values
-
-
 def _probe_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from memfit_trainer.probe.command import USAGE, add_arguments
+
     probe = commands.add_parser(
-        "probe",
-        help="profile your own training command once per micro-batch (memfit_trainer.probe)",
-        usage="memfit-trainer probe --micro-batches 1,2,4 [--steps 3] [--timeout 300] --out PATH -- COMMAND...",
+        "probe", help="profile your own training command once per micro-batch (memfit_trainer.probe)", usage=USAGE
     )
-    probe.add_argument(
-        "--micro-batches", type=_micro_batches, required=True, help="comma-separated, e.g. 1,2,4"
-    )
-    probe.add_argument("--steps", type=int, default=3, help="optimizer steps measured per micro-batch")
-    probe.add_argument("--timeout", type=float, default=300.0, help="seconds per run before it is killed")
-    probe.add_argument("--out", type=Path, required=True, help="the summary JSON")
-    probe.add_argument("user_command", nargs=argparse.REMAINDER, help="the training command, after --")
-
-
-def _probe(args: argparse.Namespace) -> int:
-    from memfit_trainer.probe.driver import ProbeOptions, run_probe
-
-    command = args.user_command[1:] if args.user_command[:1] == ["--"] else args.user_command
-    if not command:
-        print("memfit-trainer probe: no command: pass it after --", file=sys.stderr)
-        return 2
-    options = ProbeOptions(command=tuple(command), micro_batches=args.micro_batches, steps=max(1, args.steps),
-                           timeout_seconds=args.timeout)  # fmt: skip
-    return run_probe(options, args.out)
+    add_arguments(probe)
+    bundle = commands.add_parser("probe-bundle", help="copy the probe's Python files for a user's image")
+    bundle.add_argument("--to", type=Path, required=True, help="the folder (a PYTHONPATH entry)")
 
 
 def _train(args: argparse.Namespace) -> int:
@@ -141,7 +118,14 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         return download.main(args.plan)
     if args.command == "probe":
-        return _probe(args)
+        from memfit_trainer.probe.command import run as probe
+
+        return probe(args)
+    if args.command == "probe-bundle":
+        from memfit_trainer.probe.bundle import write_bundle
+
+        print(f"memfit-trainer probe-bundle: {len(write_bundle(args.to))} files in {args.to}")
+        return 0
     if args.command == "deepspeed-config":
         from memfit_trainer.plan_check import load_plan
         from memfit_trainer.strategies.deepspeed_config import build_deepspeed_config

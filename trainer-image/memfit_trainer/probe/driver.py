@@ -22,6 +22,7 @@ from pathlib import Path
 from memfit.api import pod as contract
 
 from memfit_trainer.probe.env import ENV_PROBE_OUT, ENV_PROBE_STEPS, STARTUP_DIR
+from memfit_trainer.probe.expansion import expand_command
 from memfit_trainer.probe.findings import Outcome, RunFacts, judge, last_lines
 from memfit_trainer.probe.records import ProbeResult, write_atomic
 from memfit_trainer.probe.summary import Point, summarize
@@ -29,6 +30,7 @@ from memfit_trainer.probe.summary import Point, summarize
 PROBE_MAX_STEPS = 1_000_000  # MEMFIT_MAX_STEPS for a probed run: the probe, not the script, ends it
 KILL_GRACE_SECONDS = 5.0
 RESULT_FILE = "probe.json"
+TERMINATION_MAX = 4096  # the kubelet keeps at most 4 KiB of a container's termination message
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +39,7 @@ class ProbeOptions:
     micro_batches: tuple[int, ...]
     steps: int = 3
     timeout_seconds: float = 300.0
+    expand_variables: bool = False  # $(NAME) in the command expanded per run (memfit's profiling pod)
 
 
 def probe_env(environ: Mapping[str, str], *, micro_batch: int, steps: int, out: Path) -> dict[str, str]:
@@ -56,7 +59,8 @@ def run_once(options: ProbeOptions, micro_batch: int, folder: Path) -> tuple[Run
     out = folder / RESULT_FILE
     env = probe_env(os.environ, micro_batch=micro_batch, steps=options.steps, out=out)
     with open(folder / "stderr.log", "w+b") as stderr:
-        process = subprocess.Popen(options.command, env=env, stderr=stderr, start_new_session=True)
+        command = expand_command(options.command, env) if options.expand_variables else options.command
+        process = subprocess.Popen(command, env=env, stderr=stderr, start_new_session=True)
         try:
             exit_code: int | None = process.wait(timeout=options.timeout_seconds)
         except subprocess.TimeoutExpired:
@@ -122,11 +126,29 @@ def summary_json(options: ProbeOptions, points: Sequence[Point]) -> str:
                        "points": [p.to_wire() for p in points]}, indent=2)  # fmt: skip
 
 
-def run_probe(options: ProbeOptions, out: Path) -> int:
-    """Probe the command over the micro-batches, write the summary to `out`; 0 when it succeeded."""
+def termination_json(options: ProbeOptions, points: Sequence[Point]) -> str:
+    """The summary without the command, at most TERMINATION_MAX bytes: what memfit's operator reads from
+    the probe container's termination message (memfit.lifecycle.probe_points). A long finding (the last
+    lines of a script's stderr) is shortened from its start, so its last lines stay."""
+    wire = json.loads(summary_json(options, points))
+    wire.pop("command")
+    for point in wire["points"]:
+        point.pop("finding", None)
+    text = json.dumps(wire, separators=(",", ":"))
+    room = TERMINATION_MAX - len(text) - 16 * (len(wire["findings"]) + 1)
+    each = max(64, room // max(1, len(wire["findings"])))
+    wire["findings"] = [f if len(f) <= each else "..." + f[-(each - 3):] for f in wire["findings"]]
+    return json.dumps(wire, separators=(",", ":"))[:TERMINATION_MAX]
+
+
+def run_probe(options: ProbeOptions, out: Path, *, termination_log: Path | None = None) -> int:
+    """Probe the command over the micro-batches, write the summary to `out` (and the compact one to
+    `termination_log`); 0 when it succeeded."""
     with tempfile.TemporaryDirectory(prefix="memfit-probe-") as work:
         points = probe_ladder(options, Path(work))
     write_atomic(out, summary_json(options, points))
+    if termination_log is not None:  # /dev/termination-log: written in place, never renamed over
+        termination_log.write_text(termination_json(options, points), encoding="utf-8")
     if succeeded(points):
         return 0
     failures = [p for p in points if p.outcome is not Outcome.MEASURED]

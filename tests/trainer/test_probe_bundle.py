@@ -1,0 +1,72 @@
+"""The probe from its bundle, in a process that has torch and nothing else of memfit's (no pydantic, no
+memfit.api models): what memfit's profiling pod runs in a user's image (memfit_trainer.probe.bundle), with
+the command's $(MEMFIT_MICRO_BATCH_SIZE) expanded per run and the compact summary in the termination log."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+from probe_support import PROBE_LOOP
+from trainer_support import PYTHON, subprocess_env
+
+from memfit_trainer.probe.bundle import write_bundle
+from memfit_trainer.probe.expansion import escape, expand
+
+BLOCKED = ("pydantic", "deepspeed", "transformers")
+
+
+def bundle_env(tmp: Path) -> tuple[Path, dict[str, str]]:
+    """The bundle, and an environment whose Python sees only it (and torch): memfit's packages from the repo
+    are off the path, and importing what a user's image need not have fails."""
+    bundle = tmp / "bundle"
+    write_bundle(bundle)
+    blocked = tmp / "blocked"
+    for name in BLOCKED:
+        (blocked / name).mkdir(parents=True)
+        (blocked / name / "__init__.py").write_text(f"raise ImportError('{name} is not in the user image')\n")
+    env = subprocess_env(tmp)
+    env["PYTHONPATH"] = f"{blocked}:{bundle}"
+    return bundle, env
+
+
+def test_the_bundle_holds_the_probe_and_only_pydantic_free_api_modules(tmp_path: Path) -> None:
+    files = {str(p.relative_to(tmp_path)) for p in write_bundle(tmp_path)}
+    assert {"memfit/api/pod.py", "memfit/api/termination.py", "memfit_trainer/probe/__main__.py",
+            "memfit_trainer/probe/startup/sitecustomize.py", "memfit_trainer/meters/cpu.py"} <= files
+    assert not any(f.startswith("memfit/api/") and f not in
+                   ("memfit/api/__init__.py", "memfit/api/pod.py", "memfit/api/termination.py") for f in files)
+
+
+def test_the_probe_runs_from_its_bundle_and_expands_the_micro_batch_per_run(tmp_path: Path) -> None:
+    bundle, env = bundle_env(tmp_path)
+    check = subprocess.run([PYTHON, "-c", "import memfit_trainer, memfit.api.pod; print(memfit_trainer.__file__)"],
+                           env=env, capture_output=True, text=True, check=True)  # fmt: skip
+    assert check.stdout.strip().startswith(str(bundle))
+    refused = subprocess.run([PYTHON, "-c", "import pydantic"], env=env, capture_output=True, text=True)
+    assert refused.returncode != 0 and "pydantic is not in the user image" in refused.stderr
+
+    log = tmp_path / "termination-log"
+    # As the kubelet hands it over after `$$(` in the pod spec: the literal `$(MEMFIT_MICRO_BATCH_SIZE)`.
+    command = [PYTHON, str(PROBE_LOOP), "--micro-batch", "$(MEMFIT_MICRO_BATCH_SIZE)"]
+    proc = subprocess.run(
+        [PYTHON, "-m", "memfit_trainer.probe", "--micro-batches", "1,2", "--steps", "2", "--timeout", "120",
+         "--out", str(tmp_path / "summary.json"), "--termination-log", str(log), "--expand-variables", "--",
+         *command], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=400, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    wire = json.loads(log.read_text())
+    assert "command" not in wire and wire["findings"] == []
+    assert [(p["microBatch"], p["fedMicroBatch"], p["outcome"]) for p in wire["points"]] == [
+        (1, 1, "measured"), (2, 2, "measured")]
+    one, two = (p["peakBytes"] for p in wire["points"])
+    assert 0 < one < two  # the activations of the second sample
+    assert wire["points"][0]["memoryMeter"].startswith("cpu")
+
+
+def test_kubernetes_expansion_rules() -> None:
+    env = {"MEMFIT_MICRO_BATCH_SIZE": "4"}
+    assert expand("--bs=$(MEMFIT_MICRO_BATCH_SIZE)", env) == "--bs=4"
+    assert expand("$(UNKNOWN) $$(MEMFIT_MICRO_BATCH_SIZE) $$", env) == "$(UNKNOWN) $(MEMFIT_MICRO_BATCH_SIZE) $"
+    assert expand(expand(escape("--bs=$(MEMFIT_MICRO_BATCH_SIZE) $HOME"), {}), env) == "--bs=4 $HOME"

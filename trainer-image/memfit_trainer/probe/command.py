@@ -1,0 +1,52 @@
+"""The probe's command line: `memfit-trainer probe ...` and, from the bundle in a user's image,
+`python3 -m memfit_trainer.probe ...` (the same arguments)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+USAGE = ("memfit-trainer probe --micro-batches 1,2,4 [--steps 3] [--timeout 300] --out PATH "
+         "[--termination-log PATH] [--expand-variables] -- COMMAND...")
+
+
+def micro_batches(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        values = ()
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive integers like 1,2,4; got {text!r}")
+    return values
+
+
+def add_arguments(probe: argparse.ArgumentParser) -> None:
+    probe.add_argument("--micro-batches", type=micro_batches, required=True, help="comma-separated, e.g. 1,2,4")
+    probe.add_argument("--steps", type=int, default=3, help="optimizer steps measured per micro-batch")
+    probe.add_argument("--timeout", type=float, default=300.0, help="seconds per run before it is killed")
+    probe.add_argument("--out", type=Path, required=True, help="the summary JSON")
+    probe.add_argument("--termination-log", type=Path, default=None,
+                       help="also write the compact summary the operator reads (at most 4 KiB) here")
+    probe.add_argument("--expand-variables", action="store_true",
+                       help="expand $(NAME) in the command per run, as Kubernetes does (memfit_trainer.probe.expansion)")
+    probe.add_argument("user_command", nargs=argparse.REMAINDER, help="the training command, after --")
+
+
+def run(args: argparse.Namespace) -> int:
+    from memfit_trainer.probe.driver import ProbeOptions, run_probe
+
+    command = args.user_command[1:] if args.user_command[:1] == ["--"] else args.user_command
+    if not command:
+        print("memfit-trainer probe: no command: pass it after --", file=sys.stderr)
+        return 2
+    options = ProbeOptions(command=tuple(command), micro_batches=args.micro_batches, steps=max(1, args.steps),
+                           timeout_seconds=args.timeout, expand_variables=args.expand_variables)  # fmt: skip
+    return run_probe(options, args.out, termination_log=args.termination_log)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python3 -m memfit_trainer.probe", usage=USAGE,
+                                     description="profile your own training command once per micro-batch")
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
