@@ -22,6 +22,7 @@ from operator_ready import module_operator
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 TIMEOUT = 420.0
 SCRIPT = Path(__file__).resolve().parents[2] / "examples" / "own-code" / "train_loop.py"
+PROBE_LOOP = Path(__file__).resolve().parents[2] / "tests" / "trainer" / "probe_loop.py"  # misbehaves on request
 WORKSPACE = {
     "volumes": [{"name": "workspace", "configMap": {"name": "own-loop"}}],
     "volumeMounts": [{"name": "workspace", "mountPath": "/workspace", "readOnly": True}],
@@ -38,8 +39,8 @@ def operator(cluster: Any, kube: Kube, tmp_path_factory: pytest.TempPathFactory,
 
 def _create(kube: Kube, namespace: str, name: str, container: dict[str, Any],
             strategy: dict[str, Any] | None = None, **spec: Any) -> None:
-    kube.core.create_namespaced_config_map(namespace, {"metadata": {"name": "own-loop"},
-                                                       "data": {"train_loop.py": SCRIPT.read_text()}})
+    scripts = {"train_loop.py": SCRIPT.read_text(), "probe_loop.py": PROBE_LOOP.read_text()}
+    kube.core.create_namespaced_config_map(namespace, {"metadata": {"name": "own-loop"}, "data": scripts})
     create_job(kube, namespace, quickstart(name, container=container, podTemplate=WORKSPACE,
                                            strategy={**LOOP_PINS, **(strategy or {})}, **spec))
 
@@ -74,6 +75,38 @@ def test_a_plain_torchrun_loop_runs_memfits_plan_and_succeeds(
     for pod in pods:
         trainer = pod["spec"]["containers"][0]
         assert trainer["name"] == "trainer" and trainer["command"] == LOOP["command"]
+    # The profiling pod ran memfit's profiler, then the script itself under the probe at micro-batches 1 and 2.
+    [profiling] = kube.pods(namespace, "memfit.dev/job=own-loop,memfit.dev/component=profiler")
+    ended = {s["name"]: s["state"]["terminated"] for s in (profiling["status"]["initContainerStatuses"]
+                                                         + profiling["status"]["containerStatuses"])}
+    assert [ended[n]["exitCode"] for n in ("memfit-probe", "profiler", "probe")] == [0, 0, 0]
+    probe = json.loads(ended["probe"]["message"])
+    assert probe["findings"] == [] and [p["fedMicroBatch"] for p in probe["points"]] == [1, 2]
+    cache = kube.core.read_namespaced_config_map(job["status"]["profile"]["configMap"], namespace).data
+    learned = {o["job"]: o for o in json.loads(cache["observations.json"])}
+    one, two = learned["own-loop/probe/1"], learned["own-loop/probe/2"]
+    assert one["device"] == "cpu" and 0 < one["measuredPeakBytes"] < two["measuredPeakBytes"]
+    precision = next(e["value"] for e in profiling["spec"]["containers"][0]["env"] if e["name"] == "MEMFIT_PRECISION")
+    no_bf16 = profiling["metadata"]["labels"]["memfit.dev/pool"] == "t4-spot"  # a T4 has no bf16: fp16
+    assert precision == ("fp16" if no_bf16 else "bf16")
+    assert one["configKey"] == f"ddp/0/{precision}/none/none/0/1/1/1/1"
+    profiled = next(c for c in job["status"]["conditions"] if c["type"] == "Profiled")
+    assert f"spec.container probed (DDP {precision}, one process, CPU allocator) at micro-batch 1: " in profiled["message"]
+
+
+def test_a_script_that_ignores_the_planned_micro_batch_fails_profiling_naming_it(
+    kube: Kube, namespace: str, operator: tuple[Path, int]
+) -> None:
+    name = "own-ignores"
+    container = {**LOOP, "command": ["python3", "/workspace/probe_loop.py", "--mode", "ignores"]}
+    _create(kube, namespace, name, container)
+    job = wait_phase(kube, namespace, name, ("Succeeded", "Failed"), TIMEOUT, operator[0])
+    assert job["status"]["phase"] == "Failed"
+    failed = next(c for c in job["status"]["conditions"] if c["reason"] == "ProfilingFailed")
+    assert failed["message"] == ("spec.container under memfit's probe: the script ran micro-batch 8 where memfit "
+                                 "planned 1: it does not honor microBatchSize")
+    assert len(kube.pods(namespace, f"memfit.dev/job={name},memfit.dev/component=profiler")) == 1  # not rerun
+    assert kube.pods(namespace, f"memfit.dev/job={name},memfit.dev/component=trainer") == []
 
 
 def test_a_script_taking_memfits_deepspeed_config_runs_deepspeed_and_succeeds(

@@ -8,11 +8,10 @@ import json
 import subprocess
 from pathlib import Path
 
-from probe_support import PROBE_LOOP
-from trainer_support import PYTHON, subprocess_env
-
 from memfit_trainer.probe.bundle import write_bundle
 from memfit_trainer.probe.expansion import escape, expand
+from probe_support import PROBE_LOOP
+from trainer_support import PYTHON, subprocess_env
 
 BLOCKED = ("pydantic", "deepspeed", "transformers")
 
@@ -34,7 +33,7 @@ def bundle_env(tmp: Path) -> tuple[Path, dict[str, str]]:
 def test_the_bundle_holds_the_probe_and_only_pydantic_free_api_modules(tmp_path: Path) -> None:
     files = {str(p.relative_to(tmp_path)) for p in write_bundle(tmp_path)}
     assert {"memfit/api/pod.py", "memfit/api/termination.py", "memfit_trainer/probe/__main__.py",
-            "memfit_trainer/probe/startup/sitecustomize.py", "memfit_trainer/meters/cpu.py"} <= files
+            "memfit_trainer/probe/startup/sitecustomize.py", "memfit_trainer/meters/cpu.py", "memfit_probe.py"} <= files
     assert not any(f.startswith("memfit/api/") and f not in
                    ("memfit/api/__init__.py", "memfit/api/pod.py", "memfit/api/termination.py") for f in files)
 
@@ -50,8 +49,9 @@ def test_the_probe_runs_from_its_bundle_and_expands_the_micro_batch_per_run(tmp_
     log = tmp_path / "termination-log"
     # As the kubelet hands it over after `$$(` in the pod spec: the literal `$(MEMFIT_MICRO_BATCH_SIZE)`.
     command = [PYTHON, str(PROBE_LOOP), "--micro-batch", "$(MEMFIT_MICRO_BATCH_SIZE)"]
+    env["PYTHONPATH"] = str(tmp_path / "blocked")  # the image's own; the launcher finds its folder itself
     proc = subprocess.run(
-        [PYTHON, "-m", "memfit_trainer.probe", "--micro-batches", "1,2", "--steps", "2", "--timeout", "120",
+        [PYTHON, str(bundle / "memfit_probe.py"), "--micro-batches", "1,2", "--steps", "2", "--timeout", "120",
          "--out", str(tmp_path / "summary.json"), "--termination-log", str(log), "--expand-variables", "--",
          *command], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=400, check=False,
     )  # fmt: skip

@@ -29,6 +29,7 @@ def problem_hash(problem: Problem) -> str:
 def profile_cache_key(
     problem: Problem, *, optimizer: str, optimizer8bit: str, image: str, gpu_product: str, depth: str = "full",
     peft: str = "",
+    script: str = "",
 ) -> str:
     """The profile cache key: the problem and everything else a profile's numbers depend on.
 
@@ -38,7 +39,8 @@ def profile_cache_key(
     LoRA/QLoRA, whose adapters the profile measures too -- the adapter settings (`peft`, empty for other
     jobs, which keeps their keys). Jobs that differ in any of them must not share a profile. `depth` is
     `full` (the whole model measured: the key of older profiles, unchanged), `reduced` (1 and 2 of its
-    blocks measured) or `analytic` (nothing measured). 16 hex digits of SHA-256, like `problem_hash`.
+    blocks measured) or `analytic` (nothing measured). `script`: a job whose own container is probed names it
+(memfit.lifecycle.probe_points.script_key): its measured peaks are that script's. 16 hex digits of SHA-256, like `problem_hash`.
     """
     key = {
         "problem": problem_config(problem),
@@ -51,5 +53,7 @@ def profile_cache_key(
         key["depth"] = depth
     if peft:
         key["peft"] = peft
+    if script:  # a probed spec.container: the script's own peaks are stored with the profile
+        key["script"] = script
     text = json.dumps(key, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:HASH_HEX_DIGITS]

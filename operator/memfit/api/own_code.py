@@ -56,6 +56,12 @@ class OwnContainer(ApiModel):
         "activationCheckpointing, optimizer8bit, deepspeedConfig). The planner varies only these; a knob not "
         "listed is planned at the value spec.strategy pins (what the script does).")
 
+    probe: bool = Field(
+        default=True,
+        description="Profile the script itself: the profiling pod also runs this container's command under memfit's "
+        "probe at micro-batches 1 and 2 (needs `command`, python3 >= 3.11 and torch in the image), and the plan is "
+        "calibrated by the peaks it measures. false: planned from spec.problem's profile only.")
+
     def applies(self, knob: Knob) -> bool:
         """The script applies `knob`: listed, or carried by a DeepSpeed config it takes."""
         return knob in self.honors or (Knob.DEEPSPEED_CONFIG in self.honors and knob in DEEPSPEED_CARRIES)

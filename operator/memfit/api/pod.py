@@ -68,6 +68,8 @@ ENV_SIMULATED_GPU = "MEMFIT_SIMULATED_GPU"
 # process, whose sitecustomize then installs the probe's hooks.
 ENV_PROBE_OUT = "MEMFIT_PROBE_OUT"  # where the hooks write their JSON result (rank 0; other ranks beside it)
 ENV_PROBE_STEPS = "MEMFIT_PROBE_STEPS"  # optimizer steps to measure before the probe ends the process
+PROBE_MOUNT = "/memfit/probe"  # the probe's bundle in the profiling pod (memfit_trainer.probe.bundle)
+PROBE_LAUNCHER = "memfit_probe.py"  # the bundle's entry: `python3 /memfit/probe/memfit_probe.py ARGS`
 # torchrun's own variables (torch.distributed.run reads PET_<flag>)
 ENV_NNODES = "PET_NNODES"
 ENV_NPROC_PER_NODE = "PET_NPROC_PER_NODE"
@@ -104,9 +106,13 @@ TRAINER_CONTAINER = "trainer"
 PROFILER_CONTAINER = "profiler"
 FETCH_CONTAINER = "fetch-model"  # the download step's init container (memfit-trainer fetch)
 CONFIG_CONTAINER = "memfit-config"  # writes the generated files of a user's container (the DeepSpeed config)
-OWNED_CONTAINERS = (TRAINER_CONTAINER, PROFILER_CONTAINER, FETCH_CONTAINER, CONFIG_CONTAINER)
+PROBE_CONTAINER = "probe"  # the profiling pod's run of a user's own container under the probe
+PROBE_BUNDLE_CONTAINER = "memfit-probe"  # copies the probe's Python files for the user's image
+OWNED_CONTAINERS = (TRAINER_CONTAINER, PROFILER_CONTAINER, FETCH_CONTAINER, CONFIG_CONTAINER, PROBE_CONTAINER,
+                    PROBE_BUNDLE_CONTAINER)
 # Volumes memfit declares (source-<n>: the model and data claims, one each)
-OWNED_VOLUMES = ("plan", "problem", "shm", "tmp", "checkpoints", "output", "nvme", "model", "memfit-config")
+OWNED_VOLUMES = ("plan", "problem", "shm", "tmp", "checkpoints", "output", "nvme", "model", "memfit-config",
+                 "memfit-probe")
 OWNED_VOLUME_PREFIX = "source-"
 # Paths memfit mounts (a mount at one of them or inside one would shadow memfit's files)
 OWNED_MOUNTS = (PLAN_MOUNT, CHECKPOINT_MOUNT, OUTPUT_MOUNT, NVME_MOUNT, "/memfit", "/dev/shm", "/tmp")

@@ -30,6 +30,7 @@ from memfit.kube.names import (
     profile_job_name,
 )
 from memfit.kube.pod_template import apply_pod_template
+from memfit.kube.probe_pod import ProbeRun, with_probe
 
 PROFILE_BACKOFF_LIMIT = 1  # one retry for a flaky node; a deterministic failure fails fast
 
@@ -64,6 +65,7 @@ def build_profile_job(
     queue: str = "",
     model: HuggingFaceProblem | None = None,
     template: PodTemplate | None = None,
+    probe: ProbeRun | None = None,
 ) -> Manifest:
     """Job `<job>-profile`: runs `memfit-trainer profile` on one GPU of the profiling pool.
 
@@ -78,7 +80,9 @@ def build_profile_job(
     training Job is; Kueue admits it against the profiling pool's flavor. `model`: the job's Hugging Face
     model; without an inline config the profiler reads its config.json from the model's claim (mounted
     read-only) or from the hub (memfit.kube.hub.profile_model_access). `template`: the job's
-    spec.podTemplate, added to the pod (memfit.kube.pod_template).
+    spec.podTemplate, added to the pod (memfit.kube.pod_template). `probe`: a job's own container
+    measured after the profiler (memfit.kube.probe_pod): the profiler becomes an init container and the
+    user's container, under the probe, the pod's one container; both use the one GPU.
     """
     model_mounts, model_volumes, model_env = profile_model_access(model, pod)
     peft_args: list[str] = []
@@ -125,8 +129,12 @@ def build_profile_job(
     }
     if pod.service_account:
         pod_spec["serviceAccountName"] = pod.service_account
+    gpu_containers = [container]
+    if probe is not None:
+        gpu_containers.append(with_probe(pod_spec, pod, probe))
     if placement.dra is not None:  # one device of the pool's class by claim (profile_claim_template)
-        use_claim(pod_spec, container, claim_template_name(profile_job_name(owner.name)))
+        for gpu_container in gpu_containers:
+            use_claim(pod_spec, gpu_container, claim_template_name(profile_job_name(owner.name)))
     job_labels_ = labels | ({LABEL_QUEUE: queue} if queue else {})
     return {
         "apiVersion": "batch/v1",

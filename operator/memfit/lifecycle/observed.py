@@ -41,6 +41,11 @@ class PodSummary:
     config_problem: str = ""  # CreateContainerConfigError: the kubelet's message (a Secret or key missing)
     created_at: datetime | None = None  # metadata.creationTimestamp
     failed_init_container: str = ""  # the init container whose exit is exit_code, "" for the main container
+    init_messages: tuple[tuple[str, str], ...] = ()  # (name, termination message) of init containers that ended
+
+    def init_message(self, container: str) -> str | None:
+        """The termination message of init container `container`, None when it has not ended."""
+        return next((message for name, message in self.init_messages if name == container), None)
 
     @property
     def waits_for_claim(self) -> bool:
@@ -194,6 +199,11 @@ def summarize_pod(pod: Manifest) -> PodSummary:
         if waiting.get("reason") == CONFIG_ERROR and not config_problem:
             config_problem = str(waiting.get("message") or CONFIG_ERROR)[:400]
     failed_init = ""
+    init_messages = []
+    for cs in status.get("initContainerStatuses") or []:
+        ended = (cs.get("state") or {}).get("terminated")
+        if ended:
+            init_messages.append((str(cs.get("name") or ""), str(ended.get("message") or "")))
     for cs in status.get("initContainerStatuses") or []:
         # A failed download step (memfit-trainer fetch) or config writer is why the pod failed: its message
         # says which field; the failure names that container and its image, not the main one's.
@@ -225,6 +235,7 @@ def summarize_pod(pod: Manifest) -> PodSummary:
         config_problem=config_problem,
         created_at=parse_time((pod.get("metadata") or {}).get("creationTimestamp")),
         failed_init_container=failed_init,
+        init_messages=tuple(init_messages),
     )
 
 

@@ -49,6 +49,15 @@ def config_key(p: Plan) -> str:
     chunked loss follow the precision (`bf16~optim-in-bwd~chunked-loss`), and so does a chosen optimizer
     implementation (`bf16~impl-fused`), so keys stored before them parse as they were.
     """
+    adapter = (p.adapter.rank, tuple(p.adapter.target_modules)) if p.adapter is not None else None
+    return training_config_key(p, world_size=p.nodes * p.gpus_per_node, gpus_per_node=p.gpus_per_node,
+                               adapter=adapter)
+
+
+def training_config_key(p: TrainingConfig, *, world_size: int, gpus_per_node: int,
+                        adapter: tuple[int, Sequence[str]] | None = None) -> str:
+    """`config_key` of a configuration run on `world_size` ranks (the probe's: one), `adapter` its LoRA
+    rank and targets."""
     techniques = [tag for tag, on in ((_IN_BACKWARD, p.optimizer_in_backward), (_CHUNKED, p.chunked_loss),
                                       (_ACT_OFFLOAD, p.activation_offload)) if on]
     if p.optimizer_implementation is not None:
@@ -62,14 +71,14 @@ def config_key(p: Plan) -> str:
             p.activation_checkpointing.value,
             p.offload.value,
             int(p.optimizer8bit),
-            p.nodes * p.gpus_per_node,
-            p.gpus_per_node,
+            world_size,
+            gpus_per_node,
             p.micro_batch_size,
             p.gradient_accumulation_steps,
         )
     ]
-    if p.peft != PeftMethod.NONE and p.adapter is not None:
-        parts.append(_adapter_tag(p.peft, p.adapter.rank, p.adapter.target_modules))
+    if p.peft != PeftMethod.NONE and adapter is not None:
+        parts.append(_adapter_tag(p.peft, adapter[0], adapter[1]))
     return "/".join(parts)
 
 

@@ -16,17 +16,28 @@ from memfit.api.job import (
     ProfileSummary,
 )
 from memfit.api.peft_layers import resolve_targets
+from memfit.api.pod import PROFILER_CONTAINER
 from memfit.api.pool import GPUNodePool
 from memfit.api.profile import Profile
-from memfit.catalog import GpuCatalog
+from memfit.catalog import GpuCatalog, GPUModel
 from memfit.kube.common import DeviceRequest, Placement
 from memfit.kube.names import LABEL_POOL, profile_cache_name, profile_job_name
-from memfit.kube.profile_cache import CachedProfile, build_profile_cache
+from memfit.kube.profile_cache import CachedProfile, Observation, build_profile_cache
 from memfit.kube.profile_job import build_profile_input, build_profile_job, profile_claim_template
 from memfit.lifecycle import conditions as c
 from memfit.lifecycle.draft import Draft
 from memfit.lifecycle.images import BLOCKER_REASONS, pod_blocker
 from memfit.lifecycle.observed import JobSummary
+from memfit.lifecycle.probe_points import (
+    probe_config,
+    probe_failure,
+    probe_observations,
+    probe_run,
+    probe_words,
+    probed,
+    read_probe,
+    script_key,
+)
 from memfit.lifecycle.profile_fit import (
     ANALYTIC,
     ANALYTIC_HEADROOM_PERCENT,
@@ -87,6 +98,7 @@ def profile_keys(
             gpu_product=product,
             depth=depth,
             peft=_peft_key(spec),
+            script=script_key(spec),
         )
 
     return (key(FULL), key(choice.depth)) if choice.depth != FULL else (key(FULL),)
@@ -181,6 +193,7 @@ def profile_step(
                     queue=spec.scheduling.kueue_queue,
                     model=spec.problem.huggingface,
                     template=spec.pod_template,
+                    probe=probe_run(spec, _gpu(world, placement.pool)),
                     **_lora_check(spec),
                 )
             )
@@ -210,21 +223,58 @@ def profile_step(
         _profiling(draft, pool, name, choice)
         return None
     profile, error = profile_from(job)
+    probe_points: tuple[Observation, ...] = ()
+    note = ""
+    if profile is not None and probed(spec) is not None:
+        probe_points, error = _probe_points(snap, spec, job, pool)
+        if error:
+            profile = None
+        else:
+            note = probe_words(probe_points, probe_config(spec, _gpu(world, pool)))
     _record_spend(draft, snap, job, pool, "Profiled" if profile is not None else c.PROFILING_FAILED)
     if profile is None:
         draft.fail(c.PROFILING_FAILED, error)
         return None
     if profile.compute == ANALYTIC:  # the profiler could not reduce the model: it says why
-        return _store_analytic(draft, snap, spec, digest, profile.compute_reason or "", cached, profile=profile)
+        return _store_analytic(draft, snap, spec, digest, profile.compute_reason or "", cached, profile=profile,
+                               extra=probe_points)
     fresh = CachedProfile(
-        profile.model_copy(update={"problem_hash": digest[:16]}), cached.observations if cached else ()
+        profile.model_copy(update={"problem_hash": digest[:16]}), _with(cached, probe_points)
     )
     draft.effects.append(
         WriteData(build_profile_cache(namespace=snap.job.namespace, problem_hash=digest, cached=fresh))
     )
     draft.profile_seconds = profile.seconds
-    mark_profiled(draft, digest, fresh.profile, measured=True)
+    mark_profiled(draft, digest, fresh.profile, measured=True, note=note)
     return fresh.profile
+
+
+def _gpu(world: World, pool_name: str) -> GPUModel | None:
+    pool = world.pool(pool_name)
+    return world.catalog.find(pool.spec.gpu.product) if pool is not None else None
+
+
+def _with(cached: CachedProfile | None, extra: tuple[Observation, ...]) -> tuple[Observation, ...]:
+    """The cache's observations and `extra` (the probe's), each job's once."""
+    kept = tuple(o for o in (cached.observations if cached else ()) if o.job not in {e.job for e in extra})
+    return (*kept, *extra)
+
+
+def _probe_points(snap: Snapshot, spec: MemoryOptimizedTrainingJobSpec, job: JobSummary,
+                  pool: str) -> tuple[tuple[Observation, ...], str]:  # fmt: skip
+    """The probe's measured points as observations, or why the script cannot be planned from them."""
+    reading, error = read_probe(job)
+    if reading is None:
+        return (), error
+    if failure := probe_failure(reading):
+        return (), failure
+    world = snap.pools()
+    gpu = _gpu(world, pool)
+    config = probe_config(spec, gpu)
+    memory = gpu.usable_mib * 2**20 if gpu is not None else 0
+    product = gpu.product if gpu is not None else pool
+    return probe_observations(reading, config, gpu_product=product, gpu_memory_bytes=memory,
+                              job=snap.job.name), ""  # fmt: skip
 
 
 def _record_spend(draft: Draft, snap: Snapshot, job: JobSummary, pool: str, outcome: str) -> None:
@@ -319,7 +369,7 @@ def _reschedule(
 
 def _store_analytic(
     draft: Draft, snap: Snapshot, spec: MemoryOptimizedTrainingJobSpec, digest: str, reason: str,
-    cached: CachedProfile | None, *, profile: Profile | None = None,
+    cached: CachedProfile | None, *, profile: Profile | None = None, extra: tuple[Observation, ...] = (),
 ) -> Profile | None:
     """Nothing can be measured: plan from the analytic shape (stored like a profile, so that measured
     peaks of the attempts are learned as for any other job)."""
@@ -331,7 +381,7 @@ def _store_analytic(
             return None
         profile = Profile(problem_hash=digest[:16], shape=shape, compute=ANALYTIC, compute_reason=reason[:256])
     profile = profile.model_copy(update={"problem_hash": digest[:16]})
-    fresh = CachedProfile(profile, cached.observations if cached else ())
+    fresh = CachedProfile(profile, _with(cached, extra))
     draft.effects.append(
         WriteData(build_profile_cache(namespace=snap.job.namespace, problem_hash=digest, cached=fresh))
     )
@@ -352,7 +402,7 @@ def mark_analytic(draft: Draft, digest: str, profile: Profile) -> None:
     draft.set(c.PROFILED, False, c.ANALYTIC_ONLY, msg)
 
 
-def mark_profiled(draft: Draft, digest: str, profile: Profile, *, measured: bool) -> None:
+def mark_profiled(draft: Draft, digest: str, profile: Profile, *, measured: bool, note: str = "") -> None:
     source = "measured" if measured else "cached"
     draft.profile = ProfileSummary(
         problem_hash=digest[:16],
@@ -367,6 +417,8 @@ def mark_profiled(draft: Draft, digest: str, profile: Profile, *, measured: bool
         msg += f"; depth-reduced: {blocks} of {profile.depth.layers} blocks measured, scaled to {profile.depth.layers}"
     if profile.skipped:
         msg += "; " + skipped_words(profile)
+    if note:
+        msg += "; " + note
     draft.set(c.PROFILED, True, reason, msg)
     draft.event(reason, msg)
 
@@ -383,10 +435,13 @@ def skipped_words(profile: Profile) -> str:
 def profile_from(summary: JobSummary) -> tuple[Profile | None, str]:
     """The Profile from the profiler pod's termination message, or why there is none."""
     for pod in reversed(summary.pods):
-        if not pod.raw_message:
+        # A probed job's profiler is an init container (memfit.kube.probe_pod); its message is the Profile.
+        raw = pod.init_message(PROFILER_CONTAINER)
+        raw = pod.raw_message if raw is None else raw
+        if not raw:
             continue
         try:
-            profile = Profile.model_validate_json(pod.raw_message)
+            profile = Profile.model_validate_json(raw)
         except ValidationError as error:
             if pod.phase == "Failed" or (pod.exit_code or 0) != 0:  # a crash, not a profiler's answer
                 failed = f"; Job {summary.failure_reason}" if summary.failure_reason else ""

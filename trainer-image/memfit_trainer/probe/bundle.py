@@ -1,8 +1,9 @@
 """The probe as a folder of plain Python files, for a user's image that has torch but nothing of memfit.
 
 memfit's profiling pod copies it (`memfit-trainer probe-bundle --to DIR`, an init container of memfit's
-trainer image) into a volume the user's container mounts, and runs `python3 -m memfit_trainer.probe` from
-there with the folder on PYTHONPATH. The probe imports only the standard library, torch, its own meters and
+trainer image) into a volume the user's container mounts, and runs `python3 DIR/memfit_probe.py ARGS` there
+(the image's PYTHONPATH stays as it is: the folder is the launcher's own sys.path[0]; in the script's
+processes the probe's sitecustomize finds it). The probe imports only the standard library, torch, its own meters and
 two modules of memfit's API without pydantic (the pod contract and the termination words), so the bundle is
 those files and a package marker for `memfit.api` that imports nothing.
 """
@@ -13,10 +14,18 @@ import shutil
 from pathlib import Path
 
 import memfit
+
 import memfit_trainer
 
 API_MODULES = ("pod.py", "termination.py")
 TRAINER_PACKAGES = ("probe", "meters")
+LAUNCHER = "memfit_probe.py"  # memfit.api.pod.PROBE_LAUNCHER
+LAUNCHER_TEXT = (
+    '"""`python3 memfit_probe.py ARGS`: the probe\'s driver from this folder (memfit_trainer.probe.command)."""\n'
+    "import sys\n\n"
+    "from memfit_trainer.probe.command import main  # this folder is sys.path[0] when run as a script\n\n"
+    "sys.exit(main())\n"
+)
 BUNDLE_API_INIT = '"""memfit API: the pod contract and termination words only (the probe\'s bundle)."""\n'
 
 
@@ -36,4 +45,5 @@ def write_bundle(dest: Path) -> list[Path]:
     (dest / "memfit" / "api" / "__init__.py").write_text(BUNDLE_API_INIT, encoding="utf-8")
     for module in API_MODULES:
         shutil.copy2(api_root / "api" / module, dest / "memfit" / "api" / module)
+    (dest / LAUNCHER).write_text(LAUNCHER_TEXT, encoding="utf-8")
     return sorted(p for p in dest.rglob("*.py"))

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 USAGE = ("memfit-trainer probe --micro-batches 1,2,4 [--steps 3] [--timeout 300] --out PATH "
-         "[--termination-log PATH] [--expand-variables] -- COMMAND...")
+         "[--termination-log PATH] [--expand-variables] [--report-only] -- COMMAND...")
 
 
 def micro_batches(text: str) -> tuple[int, ...]:
@@ -30,6 +30,9 @@ def add_arguments(probe: argparse.ArgumentParser) -> None:
                        help="also write the compact summary the operator reads (at most 4 KiB) here")
     probe.add_argument("--expand-variables", action="store_true",
                        help="expand $(NAME) in the command per run, as Kubernetes does (memfit_trainer.probe.expansion)")
+    probe.add_argument("--report-only", action="store_true",
+                       help="exit 0 once the summary is written, findings or not (memfit's profiling pod: the operator "
+                       "reads them from the termination log; a failed pod would only be retried)")
     probe.add_argument("user_command", nargs=argparse.REMAINDER, help="the training command, after --")
 
 
@@ -42,7 +45,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     options = ProbeOptions(command=tuple(command), micro_batches=args.micro_batches, steps=max(1, args.steps),
                            timeout_seconds=args.timeout, expand_variables=args.expand_variables)  # fmt: skip
-    return run_probe(options, args.out, termination_log=args.termination_log)
+    code = run_probe(options, args.out, termination_log=args.termination_log)
+    return 0 if args.report_only else code
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -48,6 +48,9 @@ def probe_env(environ: Mapping[str, str], *, micro_batch: int, steps: int, out: 
     env[contract.ENV_MICRO_BATCH_SIZE] = str(micro_batch)
     env[contract.ENV_GRADIENT_ACCUMULATION_STEPS] = "1"
     env[contract.ENV_MAX_STEPS] = str(PROBE_MAX_STEPS)
+    for folder in (contract.ENV_CHECKPOINT_DIR, contract.ENV_OUTPUT_DIR):
+        if env.get(folder):  # a folder of this run's own: a probed run never resumes from another's checkpoint
+            env[folder] = f"{env[folder].rstrip('/')}/micro-batch-{micro_batch}"
     env[ENV_PROBE_OUT] = str(out)
     env[ENV_PROBE_STEPS] = str(steps)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(STARTUP_DIR), environ.get("PYTHONPATH", "")) if p)
