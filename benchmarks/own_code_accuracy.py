@@ -12,7 +12,13 @@ counts, its dataset and buffers included. The prediction is what the operator pl
 model for the `spec.problem` a user writes for that script (an inline GPT-2 config for the Trainer, the
 `builtin` GPT the example manifest names for the loop), calibrated by memfit's profile of that problem
 (`memfit-trainer profile`, what the profiling Job runs), at the plan's settings, on a CPU. The analytic
-model without a profile is reported beside it (`analytic`).
+model without a profile is reported beside it (`analytic`), and so is the prediction once the script itself is
+probed as the operator's profiling pod probes it (`probed`: the script run under the probe at micro-batches 1
+and 2 of the probed configuration, memfit.lifecycle.probe_points: bf16, no checkpointing, the 32-bit
+optimizer; its peaks become measured peaks and the planner's own corrections, memfit.planner.measured, scale
+each case's prediction: the probed configuration by the script's measured / predicted ratio, every other by
+the largest ratio above 1). Profiling seconds are reported per problem: memfit's profiler, and the probe's runs
+it adds.
 
 Split, fixed before any figure was looked at: held out = the larger model of each script. Nothing in the
 memory model was tuned on this section; both splits are reported so later tuning stays honest.
@@ -41,7 +47,8 @@ from provenance import stamp  # noqa: E402
 
 RESULT = ROOT / "results" / "own_code_accuracy.json"
 MEASURES = ["operator/memfit/memory", "operator/memfit/api/problem.py", "operator/memfit/api/profile.py",
-            "operator/memfit/api/training_config.py", "trainer-image/memfit_trainer",
+            "operator/memfit/api/training_config.py", "operator/memfit/planner/measured.py",
+            "operator/memfit/lifecycle/probe_points.py", "trainer-image/memfit_trainer",
             "examples/own-code/hf_trainer.py", "examples/own-code/train_loop.py", "benchmarks/own_code_accuracy.py"]
 SCRIPTS = {"hf-trainer": REPO / "examples" / "own-code" / "hf_trainer.py",
            "plain-loop": REPO / "examples" / "own-code" / "train_loop.py"}
@@ -126,6 +133,7 @@ def profile_problems(cases: list[Case], workdir: Path) -> dict[str, Any]:
             continue
         problem, out = workdir / f"problem-{key}.json", workdir / f"profile-{key}.json"
         problem.write_text(json.dumps(problem_of(case)))
+        started = time.monotonic()
         env = _env(workdir, case) | {contract.ENV_TERMINATION_MESSAGE_PATH: str(workdir / f"termination-{key}")}
         proc = subprocess.run([sys.executable, "-m", "memfit_trainer.cli", "profile", "--problem", str(problem),
                                "--out", str(out), "--optimizer", "adamw"], env=env, capture_output=True, text=True,
@@ -133,22 +141,64 @@ def profile_problems(cases: list[Case], workdir: Path) -> dict[str, Any]:
         if proc.returncode != 0:
             raise RuntimeError(f"profiling {key} failed ({proc.returncode}): {proc.stderr[-2000:]}")
         profiles[key] = Profile.model_validate_json(out.read_text())
+        PROFILE_SECONDS[key] = round(time.monotonic() - started, 1)
     return profiles
+
+
+PROFILE_SECONDS: dict[str, float] = {}
+PROBED = ("bf16", "none", (1, 2))  # memfit.lifecycle.probe_points.probe_config on a CPU, PROBE_MICRO_BATCHES
+
+
+def probe_cases(cases: list[Case]) -> list[Case]:
+    """The runs the operator's profiling pod adds for each script and model: the probed configuration at
+    micro-batches 1 and 2."""
+    precision, ckpt, batches = PROBED
+    seen = {(c.script, c.model.name): c.model for c in cases}
+    return [Case(script, model, precision, ckpt, b) for (script, _), model in seen.items() for b in batches]
+
+
+def probed_predict(case: Case, profile: Any, points: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
+    """The profiled prediction once the probe's points are learned, by the planner's own corrections."""
+    from memfit.api.job import OptimizerKind
+    from memfit.memory import Device, Shape, Strategy, calibrate
+    from memfit.memory.predict import memory_terms
+    from memfit.planner.measured import MeasuredPeak, PeakKind, peak_corrections
+
+    shape = Shape.of(profile.shape)
+    calibration = calibrate(profile, shape)
+    peaks = []
+    for probe in probe_cases([case]):
+        measured = points.get(probe.id, {})
+        if "truth_bytes" not in measured:
+            return None
+        strategy = Strategy(config=_config(probe), optimizer=OptimizerKind.ADAMW, device=Device.CPU)
+        peaks.append(MeasuredPeak(strategy, measured["truth_bytes"], PeakKind.ALLOCATED))
+    corrections = peak_corrections(peaks, shape, calibration=calibration)
+    strategy = Strategy(config=_config(case), optimizer=OptimizerKind.ADAMW, device=Device.CPU)
+    factor = corrections.factor(strategy)
+    # The planner scales the tensor bytes by the factor (MemoryTerms.scaled: peak = fragmentation x allocated x
+    # factor + overhead); on a CPU the allocated bytes are the whole figure.
+    allocated = memory_terms(shape, strategy, calibration=calibration).allocated_bytes(case.micro_batch, 1)
+    return {"bytes": int(allocated * factor), "factor": round(factor, 4)}
+
+
+def _config(case: Case) -> Any:
+    from memfit.api.common import Checkpointing, Engine, Offload, Precision
+    from memfit.api.training_config import TrainingConfig
+
+    return TrainingConfig(engine=Engine.DDP, zero_stage=0, precision=Precision(case.precision),
+                          activation_checkpointing=Checkpointing(case.checkpointing), offload=Offload.NONE,
+                          optimizer8bit=False, micro_batch_size=case.micro_batch, gradient_accumulation_steps=1)
 
 
 def predict(case: Case, profile: Any | None) -> dict[str, Any]:
     """memfit's per-GPU peak (allocated bytes on a CPU) and its breakdown: calibrated by `profile`, or
     analytic without one."""
-    from memfit.api.common import Checkpointing, Engine, Offload, Precision
     from memfit.api.job import OptimizerKind
     from memfit.api.problem import Problem
-    from memfit.api.training_config import TrainingConfig
     from memfit.memory import Device, Shape, Strategy, calibrate, predict_memory, shape_from_problem
 
-    config = TrainingConfig(engine=Engine.DDP, zero_stage=0, precision=Precision(case.precision),
-                            activation_checkpointing=Checkpointing(case.checkpointing), offload=Offload.NONE,
-                            optimizer8bit=False, micro_batch_size=case.micro_batch, gradient_accumulation_steps=1)
-    strategy = Strategy(config=config, optimizer=OptimizerKind.ADAMW, device=Device.CPU)
+    strategy = Strategy(config=_config(case), optimizer=OptimizerKind.ADAMW, device=Device.CPU)
     if profile is None:
         estimate = predict_memory(shape_from_problem(Problem.model_validate(problem_of(case))), strategy)
     else:
@@ -221,7 +271,8 @@ def section(rows: list[dict[str, Any]], key: str = "error_pct") -> dict[str, Any
             "max_under_pct": round(max(0.0, -min(errors)), 2), "median_error_pct": round(statistics.median(errors), 2)}
 
 
-def build_report(cases: list[Case], truth: dict[str, dict[str, Any]], profiles: dict[str, Any]) -> dict[str, Any]:
+def build_report(cases: list[Case], truth: dict[str, dict[str, Any]], profiles: dict[str, Any],
+                 probes: dict[str, dict[str, Any]]) -> dict[str, Any]:  # fmt: skip
     rows = []
     for case in cases:
         row: dict[str, Any] = {"id": case.id, "script": case.script, "model": case.model.name,
@@ -229,10 +280,14 @@ def build_report(cases: list[Case], truth: dict[str, dict[str, Any]], profiles: 
                                "checkpointing": case.checkpointing, "micro_batch": case.micro_batch}
         measured = truth.get(case.id, {})
         predicted, analytic = predict(case, profiles.get(problem_key(case))), predict(case, None)
-        row |= {"predicted": predicted, "analytic": analytic, **measured}
+        profile = profiles.get(problem_key(case))
+        probed = probed_predict(case, profile, probes) if profile is not None else None
+        row |= {"predicted": predicted, "analytic": analytic, "probed": probed, **measured}
         if "truth_bytes" in measured:
             row["error_pct"] = round(error_pct(measured["truth_bytes"], predicted["bytes"]), 2)
             row["analytic_error_pct"] = round(error_pct(measured["truth_bytes"], analytic["bytes"]), 2)
+            if probed is not None:
+                row["probed_error_pct"] = round(error_pct(measured["truth_bytes"], probed["bytes"]), 2)
         rows.append(row)
     groups = {"all": rows, **{split: [r for r in rows if r["split"] == split] for split in ("dev", "held_out")}}
     for script in SCRIPTS:
@@ -241,23 +296,35 @@ def build_report(cases: list[Case], truth: dict[str, dict[str, Any]], profiles: 
             groups[f"{script}-{split}"] = [r for r in groups[script] if r["split"] == split]
     sections = {name: section(group) for name, group in groups.items()}
     analytic_sections = {name: section(group, "analytic_error_pct") for name, group in groups.items()}
+    probed_sections = {name: section(group, "probed_error_pct") for name, group in groups.items()}
+    seconds = {}
+    for key, profile_s in PROFILE_SECONDS.items():
+        probe_s = [v.get("probe_seconds") for k, v in probes.items() if k.startswith(key + "-")]
+        added = max((v for v in probe_s if v is not None), default=None)  # one ladder run per problem
+        seconds[key] = {"profile_s": profile_s, "probe_s": added,
+                        "probed_over_profile": round((profile_s + added) / profile_s, 2) if added else None}
     return {"benchmark": "own_code_accuracy", "truth": "memfit-trainer probe, CPU allocator counter, steady step peak",
             "split_rule": "held_out = the larger model of each script (gpt-6x384); dev = gpt-4x256. Fixed before "
                           "any figure was looked at; nothing was tuned on either.",
-            "sections": sections, "analytic_sections": analytic_sections, "cases": rows}
+            "sections": sections, "analytic_sections": analytic_sections, "probed_sections": probed_sections,
+            "profiling_seconds": seconds, "probe_points": probes, "cases": rows}
 
 
 def print_table(report: dict[str, Any]) -> None:
     nan = float("nan")
-    print(f"{'case':<48} {'measured MiB':>12} {'profiled MiB':>12} {'error %':>8} {'analytic %':>10}")
+    print(f"{'case':<48} {'measured MiB':>12} {'profiled MiB':>12} {'error %':>8} {'analytic %':>10} {'probed %':>9}")
     for row in report["cases"]:
         truth = row.get("truth_bytes")
         print(f"{row['id']:<48} {truth / 2**20 if truth else nan:12.2f} {row['predicted']['bytes'] / 2**20:12.2f} "
-              f"{row.get('error_pct', nan):8.2f} {row.get('analytic_error_pct', nan):10.2f}")
+              f"{row.get('error_pct', nan):8.2f} {row.get('analytic_error_pct', nan):10.2f} "
+              f"{row.get('probed_error_pct', nan):9.2f}")
     for name, s in report["sections"].items():
-        a = report["analytic_sections"][name]
+        a, p = report["analytic_sections"][name], report["probed_sections"][name]
         print(f"{name:<22} cases {s['cases']:>3}  profiled: MAPE {s['mape']} max under {s['max_under_pct']}  "
-              f"analytic: MAPE {a['mape']} max under {a['max_under_pct']}")
+              f"analytic: MAPE {a['mape']} max under {a['max_under_pct']}  "
+              f"probed: MAPE {p['mape']} max under {p['max_under_pct']}")
+    for key, t in report["profiling_seconds"].items():
+        print(f"{key:<22} profile {t['profile_s']} s, probe adds {t['probe_s']} s: x{t['probed_over_profile']}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -273,7 +340,8 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="memfit-own-code-") as tmp:
         profiles = profile_problems(cases, Path(tmp))
         truth = measure(cases, Path(tmp))
-    report = build_report(cases, truth, profiles)
+        probes = measure(probe_cases(cases), Path(tmp) / "probes")
+    report = build_report(cases, truth, profiles, probes)
     report["seconds"] = round(time.monotonic() - started, 1)
     report["provenance"] = stamp(MEASURES)
     print_table(report)

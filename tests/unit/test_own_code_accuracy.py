@@ -67,8 +67,37 @@ def test_errors_are_signed_and_sections_name_the_worst_under_prediction() -> Non
 def test_a_report_without_profiles_or_truth_still_names_every_case() -> None:
     cases = CASES[:3]
     truth = {cases[0].id: {"truth_bytes": 2 * bench.predict(cases[0], None)["bytes"]}}
-    report = bench.build_report(cases, truth, {})
+    report = bench.build_report(cases, truth, {}, {})
     assert [r["id"] for r in report["cases"]] == [c.id for c in cases]
+    assert report["cases"][0]["probed"] is None and "probed_error_pct" not in report["cases"][0]
     assert report["cases"][0]["error_pct"] == pytest.approx(-50.0, abs=0.01)
     assert "error_pct" not in report["cases"][1]
     assert report["sections"]["all"]["cases"] == 1
+
+
+def test_the_probe_runs_the_operators_configuration_and_its_ratio_scales_the_prediction() -> None:
+    """The probed runs are the profiling pod's (memfit.lifecycle.probe_points on a CPU: bf16, no checkpointing,
+    micro-batches 1 and 2), and a script measured at 1.25x the prediction scales its family by 1.25x and
+    every other case by at least that (planner.measured)."""
+    from memfit.api.job import MemoryOptimizedTrainingJobSpec
+    from memfit.lifecycle.probe_points import PROBE_MICRO_BATCHES, probe_config
+    from memfit.memory.problems import shape_from_problem
+    from memfit.api.problem import Problem
+    from memfit.api.profile import Profile
+    from memfit_testbed.own_code_cases import LOOP, job_spec
+
+    config = probe_config(MemoryOptimizedTrainingJobSpec.model_validate(job_spec(LOOP)), None)
+    assert bench.PROBED == (config.precision.value, config.activation_checkpointing.value, PROBE_MICRO_BATCHES)
+    case = next(c for c in CASES if c.script == "plain-loop" and c.precision == "bf16" and c.micro_batch == 8)
+    probes = bench.probe_cases([case])
+    assert [(p.precision, p.checkpointing, p.micro_batch) for p in probes] == [("bf16", "none", 1), ("bf16", "none", 2)]
+    shape = shape_from_problem(Problem.model_validate(bench.problem_of(case)))
+    profile = Profile(problem_hash="x", shape=shape)
+    unscaled = {p.id: bench.predict(p, profile)["bytes"] for p in probes}
+    points = {pid: {"truth_bytes": int(1.25 * b)} for pid, b in unscaled.items()}
+    probed = bench.probed_predict(case, profile, points)
+    assert probed is not None and probed["factor"] == pytest.approx(1.25, abs=1e-3)
+    assert probed["bytes"] == pytest.approx(1.25 * bench.predict(case, profile)["bytes"], rel=1e-3)
+    fp32 = next(c for c in CASES if c.script == "plain-loop" and c.precision == "fp32" and c.model == case.model)
+    other = bench.probed_predict(fp32, profile, points)
+    assert other is not None and other["factor"] >= 1.25
