@@ -122,6 +122,14 @@ def test_a_script_taking_memfits_deepspeed_config_runs_deepspeed_and_succeeds(
                                                                    plan["gradientAccumulationSteps"])
     statuses = {s["name"]: s for p in pods for s in p["status"]["initContainerStatuses"]}
     assert statuses["memfit-config"]["state"]["terminated"]["exitCode"] == 0
+    # Probed under DeepSpeed too: the loop takes its micro-batch from the config, which the probe rewrote per run.
+    [profiling] = kube.pods(namespace, "memfit.dev/job=own-ds,memfit.dev/component=profiler")
+    assert [c["name"] for c in profiling["spec"]["initContainers"]] == ["memfit-probe", "memfit-config", "profiler"]
+    probe = json.loads(profiling["status"]["containerStatuses"][0]["state"]["terminated"]["message"])
+    assert probe["findings"] == [] and [p["fedMicroBatch"] for p in probe["points"]] == [1, 2]
+    cache = kube.core.read_namespaced_config_map(job["status"]["profile"]["configMap"], namespace).data
+    keys = {o["configKey"] for o in json.loads(cache["observations.json"]) if o["job"].startswith("own-ds/probe/")}
+    assert keys and all(k.startswith("deepspeed/0/") for k in keys), keys
 
 
 def test_a_killed_pod_of_a_plain_loop_resumes_from_the_scripts_own_checkpoint(

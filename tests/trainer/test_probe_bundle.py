@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sysconfig
 from pathlib import Path
 
 from memfit_trainer.probe.bundle import write_bundle
@@ -25,6 +26,10 @@ def bundle_env(tmp: Path) -> tuple[Path, dict[str, str]]:
     for name in BLOCKED:
         (blocked / name).mkdir(parents=True)
         (blocked / name / "__init__.py").write_text(f"raise ImportError('{name} is not in the user image')\n")
+    # The test venv installs memfit editable (make venv): its .pth imports a finder module that maps memfit and
+    # memfit_trainer to this repository. A module of the same name earlier on the path installs nothing.
+    for finder in Path(sysconfig.get_paths()["purelib"]).glob("__editable__*finder.py"):
+        (blocked / finder.name).write_text("def install():\n    pass\n")
     env = subprocess_env(tmp)
     env["PYTHONPATH"] = f"{blocked}:{bundle}"
     return bundle, env
@@ -70,3 +75,23 @@ def test_kubernetes_expansion_rules() -> None:
     assert expand("--bs=$(MEMFIT_MICRO_BATCH_SIZE)", env) == "--bs=4"
     assert expand("$(UNKNOWN) $$(MEMFIT_MICRO_BATCH_SIZE) $$", env) == "$(UNKNOWN) $(MEMFIT_MICRO_BATCH_SIZE) $"
     assert expand(expand(escape("--bs=$(MEMFIT_MICRO_BATCH_SIZE) $HOME"), {}), env) == "--bs=4 $HOME"
+
+
+def test_each_run_gets_the_deepspeed_config_at_its_own_micro_batch(tmp_path: Path) -> None:
+    from memfit_trainer.probe.driver import deepspeed_config_for
+
+    source = tmp_path / "deepspeed.json"
+    source.write_text(json.dumps({"train_batch_size": 8, "train_micro_batch_size_per_gpu": 4,
+                                  "gradient_accumulation_steps": 2, "zero_optimization": {"stage": 0}}))
+    env = {"MEMFIT_DEEPSPEED_CONFIG": str(source), "PET_NPROC_PER_NODE": "1"}
+    run = tmp_path / "micro-batch-2"
+    run.mkdir()
+    deepspeed_config_for(env, 2, run)
+    assert env["MEMFIT_DEEPSPEED_CONFIG"] == str(run / "deepspeed.json")
+    written = json.loads((run / "deepspeed.json").read_text())
+    assert (written["train_batch_size"], written["train_micro_batch_size_per_gpu"],
+            written["gradient_accumulation_steps"]) == (2, 2, 1)
+    assert written["zero_optimization"] == {"stage": 0}  # the rest as memfit wrote it
+    untouched = {"PET_NPROC_PER_NODE": "1"}
+    deepspeed_config_for(untouched, 2, run)  # no config: nothing to do
+    assert untouched == {"PET_NPROC_PER_NODE": "1"}

@@ -80,14 +80,14 @@ def test_the_probe_runs_the_operators_configuration_and_its_ratio_scales_the_pre
     micro-batches 1 and 2), and a script measured at 1.25x the prediction scales its family by 1.25x and
     every other case by at least that (planner.measured)."""
     from memfit.api.job import MemoryOptimizedTrainingJobSpec
-    from memfit.lifecycle.probe_points import PROBE_MICRO_BATCHES, probe_config
-    from memfit.memory.problems import shape_from_problem
     from memfit.api.problem import Problem
     from memfit.api.profile import Profile
+    from memfit.lifecycle.probe_points import PROBE_MICRO_BATCHES, probe_config
+    from memfit.memory.problems import shape_from_problem
     from memfit_testbed.own_code_cases import LOOP, job_spec
 
     config = probe_config(MemoryOptimizedTrainingJobSpec.model_validate(job_spec(LOOP)), None)
-    assert bench.PROBED == (config.precision.value, config.activation_checkpointing.value, PROBE_MICRO_BATCHES)
+    assert (config.precision.value, config.activation_checkpointing.value, PROBE_MICRO_BATCHES) == bench.PROBED
     case = next(c for c in CASES if c.script == "plain-loop" and c.precision == "bf16" and c.micro_batch == 8)
     probes = bench.probe_cases([case])
     assert [(p.precision, p.checkpointing, p.micro_batch) for p in probes] == [("bf16", "none", 1), ("bf16", "none", 2)]

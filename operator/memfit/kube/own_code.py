@@ -67,12 +67,13 @@ WRITE_CONFIG = ('if [ "$MEMFIT_DEVICE" = cpu ]; then device=--no-cuda; else devi
                 'memfit-trainer deepspeed-config --plan "$0" "$device" > "$1"')
 
 
-def config_writer(pod: PodSettings, *, plan_path: str, env: list[Manifest]) -> Manifest:
+def config_writer(pod: PodSettings, *, plan_path: str, env: list[Manifest], plan_volume: str = "plan") -> Manifest:
     """The init container that writes the plan's DeepSpeed config where the user's container reads it.
 
     It runs memfit's trainer image under the trainer's security context (read-only root), so it gets the
     trainer's writable /tmp (Python and torch write there on import) and the trainer's variables
-    (MEMFIT_DEVICE from spec.podTemplate.env picks the CPU config)."""
+    (MEMFIT_DEVICE from spec.podTemplate.env picks the CPU config). `plan_volume`: the volume holding the plan at
+    memfit's plan mount (the profiling pod's is the problem ConfigMap, with the probe's plan)."""
     return {
         "name": contract.CONFIG_CONTAINER,
         "image": pod.image,
@@ -81,7 +82,7 @@ def config_writer(pod: PodSettings, *, plan_path: str, env: list[Manifest]) -> M
         "env": list(env),
         "securityContext": container_security_context(),
         "volumeMounts": [
-            {"name": "plan", "mountPath": contract.PLAN_MOUNT, "readOnly": True},
+            {"name": plan_volume, "mountPath": contract.PLAN_MOUNT, "readOnly": True},
             {"name": "tmp", "mountPath": "/tmp"},
             {"name": CONFIG_VOLUME, "mountPath": contract.CONFIG_MOUNT},
         ],

@@ -17,11 +17,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from memfit.api import pod as contract
-from memfit.api.own_code import OwnContainer
+from memfit.api.own_code import Knob, OwnContainer
 from memfit.kube.common import Manifest, PodSettings, container_security_context
+from memfit.kube.own_code import CONFIG_VOLUME, DEEPSPEED_PATH, config_writer
 
 PROBE_VOLUME = "memfit-probe"
 PROBE_SUMMARY = "/tmp/memfit-probe.json"
+PROBE_PLAN_FILE = "probe-plan.json"  # in the profiling pod's problem ConfigMap: the probed configuration as a Plan
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +36,11 @@ class ProbeRun:
     micro_batches: tuple[int, ...]
     steps: int
     run_timeout_seconds: int
+    plan_json: str = ""  # the probed configuration as a Plan, for a script that takes memfit's DeepSpeed config
+
+    @property
+    def deepspeed(self) -> bool:
+        return Knob.DEEPSPEED_CONFIG in self.own.honors
 
 
 def _escaped(parts: Sequence[str] | None) -> list[str]:
@@ -62,6 +69,11 @@ def probe_container(profiler: Manifest, run: ProbeRun) -> Manifest:
             "--", *_escaped(own.command), *_escaped(own.args)]  # fmt: skip
     env = [e for e in profiler.get("env", []) if e.get("name") == contract.ENV_JOB]
     env += [{"name": name, "value": value} for name, value in run.env]
+    mounts = [{"name": "tmp", "mountPath": "/tmp"},
+              {"name": PROBE_VOLUME, "mountPath": contract.PROBE_MOUNT, "readOnly": True}]
+    if run.deepspeed:  # the probe gives each run its copy at that micro-batch (memfit_trainer.probe.driver)
+        env.append({"name": contract.ENV_DEEPSPEED_CONFIG, "value": DEEPSPEED_PATH})
+        mounts.append({"name": CONFIG_VOLUME, "mountPath": contract.CONFIG_MOUNT, "readOnly": True})
     container: Manifest = {
         "name": contract.PROBE_CONTAINER,
         "image": own.image,
@@ -75,8 +87,7 @@ def probe_container(profiler: Manifest, run: ProbeRun) -> Manifest:
         # its last log lines instead.
         "terminationMessagePolicy": "FallbackToLogsOnError",
         "securityContext": container_security_context(),
-        "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"},
-                         {"name": PROBE_VOLUME, "mountPath": contract.PROBE_MOUNT, "readOnly": True}],
+        "volumeMounts": mounts,
     }
     if own.working_dir:
         container["workingDir"] = own.working_dir
@@ -88,7 +99,14 @@ def with_probe(pod_spec: Manifest, pod: PodSettings, run: ProbeRun) -> Manifest:
     bundle copier and the profiler become init containers, the probe the pod's container. Returns the probe."""
     (profiler,) = pod_spec["containers"]
     probe = probe_container(profiler, run)
-    pod_spec["initContainers"] = [*pod_spec.get("initContainers", []), bundle_copier(pod), profiler]
+    writers = []
+    volumes = [{"name": PROBE_VOLUME, "emptyDir": {}}]
+    if run.deepspeed:  # the DeepSpeed config of the probed configuration, by the mapping training pods use
+        writers.append(config_writer(pod, plan_path=f"{contract.PLAN_MOUNT}/{PROBE_PLAN_FILE}",
+                                     env=[e for e in profiler.get("env", []) if e.get("name") == contract.ENV_JOB],
+                                     plan_volume="problem"))  # fmt: skip
+        volumes.append({"name": CONFIG_VOLUME, "emptyDir": {}})
+    pod_spec["initContainers"] = [*pod_spec.get("initContainers", []), bundle_copier(pod), *writers, profiler]
     pod_spec["containers"] = [probe]
-    pod_spec["volumes"] = [*pod_spec.get("volumes", []), {"name": PROBE_VOLUME, "emptyDir": {}}]
+    pod_spec["volumes"] = [*pod_spec.get("volumes", []), *volumes]
     return probe

@@ -30,19 +30,23 @@ from memfit.kube.names import (
     profile_job_name,
 )
 from memfit.kube.pod_template import apply_pod_template
-from memfit.kube.probe_pod import ProbeRun, with_probe
+from memfit.kube.probe_pod import PROBE_PLAN_FILE, ProbeRun, with_probe
 
 PROFILE_BACKOFF_LIMIT = 1  # one retry for a flaky node; a deterministic failure fails fast
 
 
-def build_profile_input(*, owner: Owner, problem: Problem, problem_hash: str) -> Manifest:
-    """ConfigMap with the problem JSON the profiler reads."""
+def build_profile_input(*, owner: Owner, problem: Problem, problem_hash: str, probe: ProbeRun | None = None) -> Manifest:
+    """ConfigMap with the problem JSON the profiler reads (and the probed configuration as a Plan, for a script
+    that takes memfit's DeepSpeed config: memfit.kube.probe_pod)."""
     labels = job_labels(owner.name, COMPONENT_PROFILER) | {LABEL_PROBLEM: problem_hash[:16]}
+    data = {contract.PROBLEM_FILE: json.dumps(problem.to_wire(), sort_keys=True)}
+    if probe is not None and probe.plan_json:
+        data[PROBE_PLAN_FILE] = probe.plan_json
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": metadata(name=profile_input_name(owner.name), owner=owner, labels=labels),
-        "data": {contract.PROBLEM_FILE: json.dumps(problem.to_wire(), sort_keys=True)},
+        "data": data,
     }
 
 

@@ -3,7 +3,8 @@
 The profiling pod runs memfit's profiler on `spec.problem`, then the user's command under the probe
 (memfit.kube.probe_pod) at micro-batches 1 and 2 of one configuration: the precision, checkpointing and
 8-bit choice the job pins, else bf16 (fp16 on a GPU without bf16), no checkpointing, 32-bit optimizer, one
-process. Each measured step peak is stored with the profile as an observation of that configuration, like an
+process (for a script that takes memfit's DeepSpeed config, that configuration's config, ZeRO stage 0, which the
+probe rewrites per micro-batch). Each measured step peak is stored with the profile as an observation of that configuration, like an
 attempt's measured peak (memfit.lifecycle.learning), and the planner learns it the same way
 (memfit.planner.measured): the probed configuration's predictions are scaled by the script's measured /
 predicted ratio, every other configuration by the largest ratio above 1 (a script that allocates more than
@@ -23,6 +24,7 @@ from memfit.api import pod as contract
 from memfit.api.common import Checkpointing, Offload, Precision, Toggle
 from memfit.api.job import MemoryOptimizedTrainingJobSpec
 from memfit.api.own_code import Knob, OwnContainer
+from memfit.api.plan import MemoryBreakdown, Plan
 from memfit.api.termination import DEVICE_CPU
 from memfit.api.training_config import TrainingConfig
 from memfit.catalog import GPUModel
@@ -48,9 +50,6 @@ def not_probed(spec: MemoryOptimizedTrainingJobSpec) -> str:
         return "spec.container.probe is false"
     if not own.command:
         return "spec.container.command is not set (the probe runs the command; it cannot know the image's entrypoint)"
-    if Knob.DEEPSPEED_CONFIG in own.honors:
-        return ("the probe does not write a DeepSpeed config per micro-batch yet (deepspeedConfig in "
-                "spec.container.honors)")
     return ""
 
 
@@ -99,8 +98,21 @@ def probe_run(spec: MemoryOptimizedTrainingJobSpec, gpu: GPUModel | None) -> Pro
     batches = probe_micro_batches(spec)
     # The profiler runs first; each probed run gets an equal share of what is left of the deadline at most.
     timeout = max(MIN_RUN_TIMEOUT_SECONDS, spec.profiling.timeout_seconds // (len(batches) + 1))
+    plan_json = probe_plan(spec, config, gpu).model_dump_json(by_alias=True, exclude_none=True) if (
+        Knob.DEEPSPEED_CONFIG in own.honors) else ""
     return ProbeRun(own=own, env=tuple(env.items()), micro_batches=batches, steps=PROBE_STEPS,
-                    run_timeout_seconds=timeout)  # fmt: skip
+                    run_timeout_seconds=timeout, plan_json=plan_json)  # fmt: skip
+
+
+def probe_plan(spec: MemoryOptimizedTrainingJobSpec, config: TrainingConfig, gpu: GPUModel | None) -> Plan:
+    """The probed configuration as a Plan, from which memfit's config writer derives the DeepSpeed config
+    (`memfit-trainer deepspeed-config`, the mapping of the training pods); the probe sets each run's batch."""
+    zero = MemoryBreakdown(parameters_bytes=0, gradients_bytes=0, optimizer_bytes=0, activations_bytes=0,
+                           temporaries_bytes=0, overhead_bytes=0, peak_bytes=0)  # fmt: skip
+    return Plan(**config.model_dump(), nodes=1, gpus_per_node=1, node_pool="profiling",
+                gpu_product=gpu.product if gpu is not None else "any", gpu_memory_bytes=0, memory=zero,
+                headroom_percent=0, price_per_hour=0.0, step_seconds=0.0, estimated_hours=0.0, estimated_cost=0.0,
+                training=spec.training)  # fmt: skip
 
 
 def script_key(spec: MemoryOptimizedTrainingJobSpec) -> str:

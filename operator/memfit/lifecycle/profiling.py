@@ -174,8 +174,9 @@ def profile_step(
     name = profile_job_name(snap.job.name)
     if job is None or not job.exists:
         owner = snap.job.owner()
+        probe = probe_run(spec, _gpu(world, placement.pool))
         draft.effects.append(
-            Ensure(build_profile_input(owner=owner, problem=spec.problem, problem_hash=digest))
+            Ensure(build_profile_input(owner=owner, problem=spec.problem, problem_hash=digest, probe=probe))
         )
         if (claims := profile_claim_template(owner=owner, placement=placement)) is not None:
             draft.effects.append(Ensure(claims))  # a DRA pool's device claim, before the Job
@@ -193,7 +194,7 @@ def profile_step(
                     queue=spec.scheduling.kueue_queue,
                     model=spec.problem.huggingface,
                     template=spec.pod_template,
-                    probe=probe_run(spec, _gpu(world, placement.pool)),
+                    probe=probe,
                     **_lora_check(spec),
                 )
             )

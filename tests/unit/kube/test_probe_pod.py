@@ -7,10 +7,12 @@ from __future__ import annotations
 from typing import Any
 
 from factories import OWNER, PLACEMENT, POD
+from memfit.api.common import Engine, Precision
 from memfit.api.job import MemoryOptimizedTrainingJobSpec
+from memfit.api.plan import Plan
 from memfit.catalog import CATALOG
 from memfit.kube.common import DeviceRequest, Placement
-from memfit.kube.profile_job import build_profile_job
+from memfit.kube.profile_job import build_profile_input, build_profile_job
 from memfit.lifecycle.probe_points import not_probed, probe_run, script_key
 from memfit_testbed.own_code_cases import LOOP, job_spec
 
@@ -82,7 +84,6 @@ def test_a_dra_pool_gives_the_profiler_and_the_probe_the_one_claimed_device() ->
 def test_what_is_not_probed_says_why_and_runs_the_profiler_alone() -> None:
     assert not_probed(_spec({**LOOP, "probe": False})) == "spec.container.probe is false"
     assert "command is not set" in not_probed(_spec({k: v for k, v in LOOP.items() if k != "command"}))
-    assert "DeepSpeed config" in not_probed(_spec({**LOOP, "honors": ["deepspeedConfig"]}))
     pod = _pod(_spec({**LOOP, "probe": False}))
     assert [c["name"] for c in pod["containers"]] == ["profiler"] and "initContainers" not in pod
 
@@ -92,3 +93,24 @@ def test_the_script_is_part_of_the_profile_cache_key() -> None:
     assert base and base != script_key(_spec({**LOOP, "args": ["--layers", "4"]}))
     assert base != script_key(_spec({**LOOP, "image": "team/train:2"}))
     assert script_key(_spec({**LOOP, "probe": False})) == ""
+
+
+def test_a_script_taking_the_deepspeed_config_gets_the_probed_configurations_config() -> None:
+    spec = _spec({**LOOP, "honors": ["deepspeedConfig"]})
+    assert not_probed(spec) == ""
+    run = probe_run(spec, A100)
+    assert run is not None and run.deepspeed
+    pod = _pod(spec)
+    names = [c["name"] for c in pod["initContainers"]]
+    assert names == ["memfit-probe", "memfit-config", "profiler"]
+    writer = pod["initContainers"][1]
+    assert writer["command"][-2:] == ["/etc/memfit/probe-plan.json", "/memfit/config/deepspeed.json"]
+    assert {"name": "problem", "mountPath": "/etc/memfit", "readOnly": True} in writer["volumeMounts"]
+    probe = pod["containers"][0]
+    assert _env(probe)["MEMFIT_DEEPSPEED_CONFIG"] == "/memfit/config/deepspeed.json"
+    assert {"name": "memfit-config", "mountPath": "/memfit/config", "readOnly": True} in probe["volumeMounts"]
+    plan = Plan.model_validate_json(run.plan_json)
+    assert (plan.engine, plan.zero_stage, plan.precision, plan.nodes, plan.gpus_per_node) == (
+        Engine.DEEPSPEED, 0, Precision.BF16, 1, 1)
+    data = build_profile_input(owner=OWNER, problem=spec.problem, problem_hash="ab" * 32, probe=run)["data"]
+    assert data["probe-plan.json"] == run.plan_json

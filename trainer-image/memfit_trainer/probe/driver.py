@@ -57,10 +57,28 @@ def probe_env(environ: Mapping[str, str], *, micro_batch: int, steps: int, out: 
     return env
 
 
+def deepspeed_config_for(env: dict[str, str], micro_batch: int, folder: Path) -> None:
+    """A script that takes memfit's DeepSpeed config gets this run's copy: the config at `$MEMFIT_DEEPSPEED_CONFIG`
+    with this micro-batch, no accumulation and the matching total batch over the ranks torchrun starts
+    (DeepSpeed refuses a config whose three batch values disagree, and the HF Trainer one that disagrees with
+    its arguments). Nothing without such a file."""
+    source = env.get(contract.ENV_DEEPSPEED_CONFIG)
+    if not source or not Path(source).is_file():
+        return
+    config = json.loads(Path(source).read_text(encoding="utf-8"))
+    ranks = int(env.get(contract.ENV_NNODES) or 1) * int(env.get(contract.ENV_NPROC_PER_NODE) or 1)
+    config |= {"train_micro_batch_size_per_gpu": micro_batch, "gradient_accumulation_steps": 1,
+               "train_batch_size": micro_batch * ranks}
+    target = folder / "deepspeed.json"
+    target.write_text(json.dumps(config, indent=2), encoding="utf-8")
+    env[contract.ENV_DEEPSPEED_CONFIG] = str(target)
+
+
 def run_once(options: ProbeOptions, micro_batch: int, folder: Path) -> tuple[RunFacts, list[ProbeResult]]:
     """Run the command at one micro-batch; what was seen, and every rank's result."""
     out = folder / RESULT_FILE
     env = probe_env(os.environ, micro_batch=micro_batch, steps=options.steps, out=out)
+    deepspeed_config_for(env, micro_batch, folder)
     with open(folder / "stderr.log", "w+b") as stderr:
         command = expand_command(options.command, env) if options.expand_variables else options.command
         process = subprocess.Popen(command, env=env, stderr=stderr, start_new_session=True)
