@@ -45,8 +45,9 @@ def _create(kube: Kube, namespace: str, name: str, container: dict[str, Any],
                                            strategy={**LOOP_PINS, **(strategy or {})}, **spec))
 
 
-def _run(kube: Kube, namespace: str, log: Path, name: str, container: dict[str, Any]) -> tuple[dict, list[dict]]:
-    _create(kube, namespace, name, container)
+def _run(kube: Kube, namespace: str, log: Path, name: str, container: dict[str, Any],
+         strategy: dict[str, Any] | None = None) -> tuple[dict, list[dict]]:
+    _create(kube, namespace, name, container, strategy)
     job = wait_phase(kube, namespace, name, ("Succeeded", "Failed"), TIMEOUT, log)
     assert job["status"]["phase"] == "Succeeded", job["status"]
     pods = kube.pods(namespace, f"memfit.dev/job={name},memfit.dev/component=trainer")
@@ -113,7 +114,9 @@ def test_a_script_taking_memfits_deepspeed_config_runs_deepspeed_and_succeeds(
     kube: Kube, namespace: str, operator: tuple[Path, int]
 ) -> None:
     container = {**LOOP, "honors": ["deepspeedConfig"]}
-    job, pods = _run(kube, namespace, operator[0], "own-ds", container)
+    # fp32 pinned: the profiling pool is the simulated T4 (no bf16), where the probe runs fp16, and DeepSpeed
+    # refuses fp16 on a CPU ("Type fp16 is not supported on your device"); a real T4 runs it.
+    job, pods = _run(kube, namespace, operator[0], "own-ds", container, strategy={"precision": "fp32"})
     plan = job["status"]["plan"]
     assert plan["engine"] == "deepspeed"
     reported = _reported(pods)

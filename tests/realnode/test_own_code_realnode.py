@@ -1,7 +1,7 @@
 """A job running its own script (spec.container) on the real node: the example's plain PyTorch loop
 (examples/own-code/train_loop.py, delivered by a ConfigMap through spec.podTemplate) runs as a container
 started by the real kubelet, with the DeepSpeed config memfit's init container writes beside it, under the
-restricted Pod Security level. The image is the node's trainer image standing in for the user's (no
+restricted Pod Security level, and is profiled there under memfit's probe first. The image is the node's trainer image standing in for the user's (no
 registry is reachable here; any image with torch and DeepSpeed would do)."""
 
 from __future__ import annotations
@@ -33,7 +33,8 @@ def test_a_script_with_memfits_deepspeed_config_runs_as_a_real_container_and_suc
     rkube.core.create_namespaced_config_map(ns, {"metadata": {"name": "own-loop"},
                                                 "data": {"train_loop.py": SCRIPT.read_text()}})
     container = {**LOOP, "image": rnode.images.trainer, "honors": ["deepspeedConfig"]}
-    create_job(rkube, ns, quickstart("own-ds", container=container, podTemplate=WORKSPACE, strategy=dict(LOOP_PINS)))
+    # fp32 pinned: DeepSpeed refuses fp16 on a CPU, which the probe would run on the simulated T4 (no bf16).
+    create_job(rkube, ns, quickstart("own-ds", container=container, podTemplate=WORKSPACE, strategy={**LOOP_PINS, "precision": "fp32"}))
     job, seen = run_to_end(rkube, ns, "own-ds", 400, operator)
     assert job["status"]["phase"] == "Succeeded", "\n".join([
         f"{job['status'].get('phase')}: {job['status'].get('message')}",
@@ -54,3 +55,12 @@ def test_a_script_with_memfits_deepspeed_config_runs_as_a_real_container_and_suc
         plan["microBatchSize"], plan["gradientAccumulationSteps"], plan["gpus"])
     assert reported["micro_batch"] * reported["accumulation"] * reported["world"] == 8  # the global batch
     assert reported["steps"] == 20
+    # Profiled as a real container too: memfit's profiler (init), then the script in its image under the probe,
+    # from the bundle memfit's init container copied in, with the DeepSpeed config rewritten per micro-batch.
+    [profiling] = [p for name, p in seen.items() if "-profile-" in name]
+    ended = {c["name"]: c["state"].get("terminated") or {} for c in profiling["status"]["initContainerStatuses"]
+             + profiling["status"]["containerStatuses"]}
+    assert [ended[n].get("exitCode") for n in ("memfit-probe", "memfit-config", "profiler", "probe")] == [0, 0, 0, 0]
+    assert ended["probe"]["containerID"].startswith("containerd://")
+    probe = json.loads(ended["probe"]["message"])
+    assert probe["findings"] == [] and [p["fedMicroBatch"] for p in probe["points"]] == [1, 2], probe

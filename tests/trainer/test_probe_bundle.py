@@ -95,3 +95,18 @@ def test_each_run_gets_the_deepspeed_config_at_its_own_micro_batch(tmp_path: Pat
     untouched = {"PET_NPROC_PER_NODE": "1"}
     deepspeed_config_for(untouched, 2, run)  # no config: nothing to do
     assert untouched == {"PET_NPROC_PER_NODE": "1"}
+
+
+def test_a_finding_names_the_workers_error_above_torchruns_summary() -> None:
+    from memfit_trainer.probe.findings import last_lines
+
+    worker = ["[rank0]: Traceback (most recent call last):", "[rank0]:   File \"train.py\", line 3",
+              "[rank0]: ValueError: Type fp16 is not supported on your device."]
+    summary = ["Failures:", "  <NO_OTHER_FAILURES>", "Root Cause (first observed failure):", "[0]:",
+               "  time      : 2026-12-07_21:44:32", "  rank      : 0 (local_rank: 0)", "  exitcode  : 1 (pid: 1)",
+               "  error_file: <N/A>", "============================================================"]
+    tail = last_lines("\n".join(worker + ["torch.distributed.elastic...ChildFailedError:"] + summary))
+    assert tail.splitlines()[0] == "[rank0]: ValueError: Type fp16 is not supported on your device."
+    assert tail.splitlines()[-1] == summary[-1]
+    plain = "\n".join(["a"] * 3 + ["RuntimeError: boom"])
+    assert last_lines(plain) == plain  # already in the tail: nothing added

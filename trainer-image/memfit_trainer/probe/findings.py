@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import signal
 from dataclasses import dataclass
 from enum import StrEnum
@@ -85,5 +86,17 @@ def judge(facts: RunFacts) -> Verdict:
     )
 
 
+# The last line of a Python traceback (`ValueError: ...`), also as torchrun prefixes a worker's (`[rank0]: ...`).
+_ERROR_LINE = re.compile(r"^(\[rank\d+\]:\s*)?[A-Za-z_][\w.]*(Error|Exception|Interrupt)\b.*\S")
+
+
 def last_lines(text: str, count: int = STDERR_TAIL_LINES) -> str:
-    return "\n".join(text.rstrip().splitlines()[-count:])
+    """The last `count` lines; when the error that ended the script is above them (torchrun prints its
+    own summary after the worker's traceback), that line first."""
+    lines = text.rstrip().splitlines()
+    tail = lines[-count:]
+    error = next((line for line in reversed(lines[:-count])
+                  if _ERROR_LINE.match(line) and "ChildFailedError" not in line), None)  # not torchrun's own
+    if error is not None and not any(_ERROR_LINE.match(line) for line in tail):
+        tail = [error, "...", *tail]
+    return "\n".join(tail)
