@@ -105,7 +105,7 @@ def test_a_finding_names_the_workers_error_above_torchruns_summary() -> None:
     summary = ["Failures:", "  <NO_OTHER_FAILURES>", "Root Cause (first observed failure):", "[0]:",
                "  time      : 2026-12-07_21:44:32", "  rank      : 0 (local_rank: 0)", "  exitcode  : 1 (pid: 1)",
                "  error_file: <N/A>", "============================================================"]
-    tail = last_lines("\n".join(worker + ["torch.distributed.elastic...ChildFailedError:"] + summary))
+    tail = last_lines("\n".join([*worker, "torch.distributed.elastic...ChildFailedError:", *summary]))
     assert tail.splitlines()[0] == "[rank0]: ValueError: Type fp16 is not supported on your device."
     assert tail.splitlines()[-1] == summary[-1]
     plain = "\n".join(["a"] * 3 + ["RuntimeError: boom"])
