@@ -51,11 +51,15 @@ DEFAULT_OUT = ROOT / "results" / "memory_accuracy.json"
 QUICK_OUT = ROOT / "results" / "memory_accuracy_quick.json"
 PEFT_OUT = ROOT / "results" / "memory_accuracy_peft.json"
 # The sources this benchmark measures: the memory model, the contracts a prediction or a profile goes
-# through (not the GPUNodePool model nor the CRD generator: no case reads a pool), the trainer and profiler
-# that produce the truth and the profiles, and the benchmark itself.
+# through (not the GPUNodePool model nor the CRD generator: no case reads a pool; nor a user's own container
+# or pod template and their rules: no case runs one), the trainer and profiler that produce the truth and the
+# profiles (not the probe of a user's script, which neither imports), and the benchmark itself.
+_NOT_MEASURED = ("pool.py", "crdgen.py", "own_code.py", "own_code_rules.py", "pod_template.py", "pod_template_rules.py")
 _API = sorted(f"operator/memfit/api/{p.name}" for p in (ROOT.parent / "operator" / "memfit" / "api").glob("*.py")
-              if p.name not in ("pool.py", "crdgen.py"))
-MEASURES = ["operator/memfit/memory", *_API, "trainer-image/memfit_trainer",
+              if p.name not in _NOT_MEASURED)
+_TRAINER = sorted(f"trainer-image/memfit_trainer/{p.name}" for p in (ROOT.parent / "trainer-image" / "memfit_trainer")
+                  .iterdir() if p.name not in ("probe", "__pycache__"))
+MEASURES = ["operator/memfit/memory", *_API, *_TRAINER,
             "benchmarks/memory_accuracy.py", "benchmarks/memory_accuracy_cases.py",
             "benchmarks/memory_accuracy_peers.py", "benchmarks/memory_accuracy_worker.py"]
 WORKER = ROOT / "memory_accuracy_worker.py"

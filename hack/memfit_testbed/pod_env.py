@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from memfit_trainer.probe.expansion import expand as _kubernetes_expand
+
 LOCAL_IP = "127.0.0.1"
 DEFAULT_MASTER_PORT = "29500"
 
@@ -25,17 +27,9 @@ class ConfigError(Exception):
 
 # --- $(VAR) expansion and quantities --------------------------------------------------------------
 
-_VAR = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)")
-
-
-def expand(text: str, env: Mapping[str, str]) -> str:
-    """Kubernetes' $(VAR) expansion: known names are replaced, `$$` escapes, unknown ones stay."""
-    def sub(m: re.Match[str]) -> str:
-        if m.group(0) == "$$":
-            return "$"
-        return env.get(m.group(1), m.group(0))
-
-    return _VAR.sub(sub, text)
+# Kubernetes' $(VAR) expansion (known names replaced, `$$` escapes, unknown ones stay): the probe's, which does
+# the kubelet's part per run in memfit's profiling pod.
+expand = _kubernetes_expand
 
 
 _SUFFIX = {"": 1.0, "n": 1e-9, "u": 1e-6, "m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12,
