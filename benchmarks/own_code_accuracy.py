@@ -297,6 +297,13 @@ def build_report(cases: list[Case], truth: dict[str, dict[str, Any]], profiles: 
     sections = {name: section(group) for name, group in groups.items()}
     analytic_sections = {name: section(group, "analytic_error_pct") for name, group in groups.items()}
     probed_sections = {name: section(group, "probed_error_pct") for name, group in groups.items()}
+    # The probe's own configuration at micro-batch 2 is a probe point itself (in-sample by construction): the
+    # probed figures without those cases say what the probe teaches about the configurations it did not run.
+    precision, ckpt, batches = PROBED
+    unprobed = {name: [r for r in group if not (r["precision"] == precision and r["checkpointing"] == ckpt
+                                                and r["micro_batch"] in batches)] for name, group in groups.items()}
+    probed_elsewhere = {name: section(group, "probed_error_pct") for name, group in unprobed.items()}
+    profiled_elsewhere = {name: section(group) for name, group in unprobed.items()}
     seconds = {}
     for key, profile_s in PROFILE_SECONDS.items():
         probe_s = [v.get("probe_seconds") for k, v in probes.items() if k.startswith(key + "-")]
@@ -307,7 +314,8 @@ def build_report(cases: list[Case], truth: dict[str, dict[str, Any]], profiles: 
             "split_rule": "held_out = the larger model of each script (gpt-6x384); dev = gpt-4x256. Fixed before "
                           "any figure was looked at; nothing was tuned on either.",
             "sections": sections, "analytic_sections": analytic_sections, "probed_sections": probed_sections,
-            "profiling_seconds": seconds, "probe_points": probes, "cases": rows}
+            "probed_sections_outside_probe_points": probed_elsewhere,
+            "profiled_sections_outside_probe_points": profiled_elsewhere, "profiling_seconds": seconds, "probe_points": probes, "cases": rows}
 
 
 def print_table(report: dict[str, Any]) -> None:
@@ -323,6 +331,10 @@ def print_table(report: dict[str, Any]) -> None:
         print(f"{name:<22} cases {s['cases']:>3}  profiled: MAPE {s['mape']} max under {s['max_under_pct']}  "
               f"analytic: MAPE {a['mape']} max under {a['max_under_pct']}  "
               f"probed: MAPE {p['mape']} max under {p['max_under_pct']}")
+    for name in ("all", "dev", "held_out"):
+        p, q = report["probed_sections_outside_probe_points"][name], report["profiled_sections_outside_probe_points"][name]
+        print(f"{name:<22} outside the probe's points: cases {p['cases']:>3}  profiled: MAPE {q['mape']} max under "
+              f"{q['max_under_pct']}  probed: MAPE {p['mape']} max under {p['max_under_pct']}")
     for key, t in report["profiling_seconds"].items():
         print(f"{key:<22} profile {t['profile_s']} s, probe adds {t['probe_s']} s: x{t['probed_over_profile']}")
 

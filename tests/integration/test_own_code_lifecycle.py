@@ -144,8 +144,9 @@ def test_a_killed_pod_of_a_plain_loop_resumes_from_the_scripts_own_checkpoint(
     name, steps, every = "own-resume", 1500, 50
     training = {"globalBatchSize": 8, "maxSteps": steps, "optimizer": "adamw", "learningRate": 0.001}
     one_node = {"maxNodes": 1, "baseline": {"nodePool": "a100-80", "nodes": 1}}  # one pod: killed, replaced
-    _create(kube, namespace, name, {**LOOP, "args": ["--save-every", str(every)]}, strategy={"precision": "fp32"},
-            training=training, placement=one_node)
+    # Not probed (spec.container.probe: false): this test is about the training pod; the others probe.
+    _create(kube, namespace, name, {**LOOP, "args": ["--save-every", str(every)], "probe": False},
+            strategy={"precision": "fp32"}, training=training, placement=one_node)
     claim = cluster.workdir / "pod-runner" / "claims" / namespace / f"{name}-checkpoints"
     saved = kube.wait("the script's first checkpoint on the job's claim",
                       lambda: sorted(claim.rglob("step-*.pt")), timeout=TIMEOUT, interval=0.1)
