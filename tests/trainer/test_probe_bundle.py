@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sysconfig
+import time
 from pathlib import Path
 
 from memfit_trainer.probe.bundle import write_bundle
@@ -110,3 +111,24 @@ def test_a_finding_names_the_workers_error_above_torchruns_summary() -> None:
     assert tail.splitlines()[-1] == summary[-1]
     plain = "\n".join(["a"] * 3 + ["RuntimeError: boom"])
     assert last_lines(plain) == plain  # already in the tail: nothing added
+
+
+def test_the_budget_counts_from_the_pods_start_and_no_run_starts_after_it(tmp_path: Path) -> None:
+    """As in memfit's profiling pod: the budget began (`started-at`) 50 s before the probe, with 62 s in all,
+    so the hanging first run is killed after about 12 s and the second micro-batch never starts."""
+    started = tmp_path / "started-at"
+    started.write_text(f"{time.time() - 50:.3f}\n")
+    env = subprocess_env(tmp_path)
+    proc = subprocess.run(
+        [PYTHON, "-m", "memfit_trainer.cli", "probe", "--micro-batches", "1,2", "--steps", "3", "--timeout", "600",
+         "--budget", "62", "--started-at", str(started), "--out", str(tmp_path / "summary.json"), "--report-only",
+         "--", PYTHON, str(PROBE_LOOP), "--mode", "hangs"], env=env, cwd=tmp_path, capture_output=True, text=True,
+        timeout=300, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr  # --report-only: the findings are in the summary
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert [p["microBatch"] for p in summary["points"]] == [1]
+    (finding,) = summary["findings"]
+    seconds = int(finding.split("killed after ")[1].split("s ")[0])
+    assert 8 <= seconds <= 12, finding
+    assert "micro-batch 2" not in proc.stderr  # never started

@@ -38,7 +38,9 @@ def test_a_script_that_never_steps_an_optimizer(tmp_path: Path) -> None:
 
 
 def test_a_script_that_exits_early(tmp_path: Path) -> None:
-    rc, summary, _ = probe_mode(tmp_path, "exits")
+    rc, summary, stderr = probe_mode(tmp_path, "exits")
+    # The run's whole stderr is passed on (the probe container's log), after its micro-batch.
+    assert "memfit probe: micro-batch 2: the run's stderr:\n" in stderr and "giving up after step 1" in stderr
     assert rc != 0
     (finding,) = summary["findings"]
     assert finding.startswith(

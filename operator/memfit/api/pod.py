@@ -70,6 +70,7 @@ ENV_PROBE_OUT = "MEMFIT_PROBE_OUT"  # where the hooks write their JSON result (r
 ENV_PROBE_STEPS = "MEMFIT_PROBE_STEPS"  # optimizer steps to measure before the probe ends the process
 PROBE_MOUNT = "/memfit/probe"  # the probe's bundle in the profiling pod (memfit_trainer.probe.bundle)
 PROBE_LAUNCHER = "memfit_probe.py"  # the bundle's entry: `python3 /memfit/probe/memfit_probe.py ARGS`
+PROBE_STARTED_AT = "started-at"  # in the bundle: when the profiling pod's first container ran (epoch seconds)
 # torchrun's own variables (torch.distributed.run reads PET_<flag>)
 ENV_NNODES = "PET_NNODES"
 ENV_NPROC_PER_NODE = "PET_NPROC_PER_NODE"

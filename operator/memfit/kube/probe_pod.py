@@ -29,13 +29,15 @@ PROBE_PLAN_FILE = "probe-plan.json"  # in the profiling pod's problem ConfigMap:
 @dataclass(frozen=True, slots=True)
 class ProbeRun:
     """What the probe runs: the user's container, the variables of the probed configuration, the micro-batches,
-    the optimizer steps measured at each and the seconds one run may take before it is killed."""
+    the optimizer steps measured at each and the seconds the pod's work may take, counted from its first
+    container (the profiler's time included): a run still going then is killed as hung, before the Job's
+    deadline ends the pod."""
 
     own: OwnContainer
     env: tuple[tuple[str, str], ...]
     micro_batches: tuple[int, ...]
     steps: int
-    run_timeout_seconds: int
+    budget_seconds: int
     plan_json: str = ""  # the probed configuration as a Plan, for a script that takes memfit's DeepSpeed config
 
     @property
@@ -64,7 +66,8 @@ def probe_container(profiler: Manifest, run: ProbeRun) -> Manifest:
     context; the probed configuration's variables, then the user's own."""
     own = run.own
     args = ["--micro-batches", ",".join(str(b) for b in run.micro_batches), "--steps", str(run.steps),
-            "--timeout", str(run.run_timeout_seconds), "--out", PROBE_SUMMARY,
+            "--timeout", str(run.budget_seconds), "--budget", str(run.budget_seconds),
+            "--started-at", f"{contract.PROBE_MOUNT}/{contract.PROBE_STARTED_AT}", "--out", PROBE_SUMMARY,
             "--termination-log", "/dev/termination-log", "--expand-variables", "--report-only",
             "--", *_escaped(own.command), *_escaped(own.args)]  # fmt: skip
     env = [e for e in profiler.get("env", []) if e.get("name") == contract.ENV_JOB]

@@ -37,7 +37,8 @@ PROBE_MICRO_BATCHES = (1, 2)
 PROBE_STEPS = 3
 PROBE_CHECKPOINTS = "/tmp/memfit-probe/checkpoints"  # never the job's folder: a probed run must not resume
 PROBE_OUTPUT = "/tmp/memfit-probe/output"
-MIN_RUN_TIMEOUT_SECONDS = 30
+MIN_BUDGET_SECONDS = 30
+DEADLINE_MARGIN_SECONDS = 30
 
 
 def not_probed(spec: MemoryOptimizedTrainingJobSpec) -> str:
@@ -96,12 +97,14 @@ def probe_run(spec: MemoryOptimizedTrainingJobSpec, gpu: GPUModel | None) -> Pro
         contract.ENV_MASTER_ADDR: "127.0.0.1", contract.ENV_MASTER_PORT: "29500",
     }  # fmt: skip
     batches = probe_micro_batches(spec)
-    # The profiler runs first; each probed run gets an equal share of what is left of the deadline at most.
-    timeout = max(MIN_RUN_TIMEOUT_SECONDS, spec.profiling.timeout_seconds // (len(batches) + 1))
+    # The profiler and every probed run share the Job's deadline; the probe ends its ladder a margin before it
+    # (the pod's scheduling and image pulls come before the budget's start), reporting a run still going as hung.
+    deadline = spec.profiling.timeout_seconds
+    budget = max(MIN_BUDGET_SECONDS, deadline - max(DEADLINE_MARGIN_SECONDS, deadline // 10))
     plan_json = probe_plan(spec, config, gpu).model_dump_json(by_alias=True, exclude_none=True) if (
         Knob.DEEPSPEED_CONFIG in own.honors) else ""
     return ProbeRun(own=own, env=tuple(env.items()), micro_batches=batches, steps=PROBE_STEPS,
-                    run_timeout_seconds=timeout, plan_json=plan_json)  # fmt: skip
+                    budget_seconds=budget, plan_json=plan_json)  # fmt: skip
 
 
 def probe_plan(spec: MemoryOptimizedTrainingJobSpec, config: TrainingConfig, gpu: GPUModel | None) -> Plan:

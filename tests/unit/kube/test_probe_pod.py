@@ -50,7 +50,10 @@ def test_the_profiler_runs_first_then_the_users_command_under_the_probe_on_the_s
     assert probe["args"][separator + 1:] == ["torchrun", "/workspace/train_loop.py", "--batch=$$(MEMFIT_MICRO_BATCH_SIZE)"]
     options = probe["args"][:separator]
     assert options[options.index("--micro-batches") + 1] == "1,2" and "--expand-variables" in options
-    assert "--report-only" in options and options[options.index("--timeout") + 1] == "200"  # 600 s over 3 runs
+    assert "--report-only" in options
+    # The pod's work ends 60 s before the Job's 600-s deadline, counted from the bundle copier's start.
+    assert options[options.index("--budget") + 1] == "540" == options[options.index("--timeout") + 1]
+    assert options[options.index("--started-at") + 1] == "/memfit/probe/started-at"
     for gpu in (profiler, probe):
         assert gpu["resources"]["limits"] == {"nvidia.com/gpu": "1"}
     env = _env(probe)

@@ -11,6 +11,7 @@ those files and a package marker for `memfit.api` that imports nothing.
 from __future__ import annotations
 
 import shutil
+import time
 from pathlib import Path
 
 import memfit
@@ -20,6 +21,7 @@ import memfit_trainer
 API_MODULES = ("pod.py", "termination.py")
 TRAINER_PACKAGES = ("probe", "meters")
 LAUNCHER = "memfit_probe.py"  # memfit.api.pod.PROBE_LAUNCHER
+STARTED_AT = "started-at"  # memfit.api.pod.PROBE_STARTED_AT
 LAUNCHER_TEXT = (
     '"""`python3 memfit_probe.py ARGS`: the probe\'s driver from this folder (memfit_trainer.probe.command)."""\n'
     "import sys\n\n"
@@ -46,4 +48,7 @@ def write_bundle(dest: Path) -> list[Path]:
     for module in API_MODULES:
         shutil.copy2(api_root / "api" / module, dest / "memfit" / "api" / module)
     (dest / LAUNCHER).write_text(LAUNCHER_TEXT, encoding="utf-8")
+    # When the profiling pod's first container ran: the probe's budget counts from here (`--started-at`), so
+    # its last run ends before the Job's deadline whatever the profiler took.
+    (dest / STARTED_AT).write_text(f"{time.time():.3f}\n", encoding="utf-8")
     return sorted(p for p in dest.rglob("*.py"))

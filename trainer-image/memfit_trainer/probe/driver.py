@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +30,7 @@ from memfit_trainer.probe.summary import Point, summarize
 
 PROBE_MAX_STEPS = 1_000_000  # MEMFIT_MAX_STEPS for a probed run: the probe, not the script, ends it
 KILL_GRACE_SECONDS = 5.0
+MIN_RUN_SECONDS = 5.0  # no run starts with less time than this before the deadline
 RESULT_FILE = "probe.json"
 TERMINATION_MAX = 4096  # the kubelet keeps at most 4 KiB of a container's termination message
 
@@ -40,6 +42,7 @@ class ProbeOptions:
     steps: int = 3
     timeout_seconds: float = 300.0
     expand_variables: bool = False  # $(NAME) in the command expanded per run (memfit's profiling pod)
+    deadline: float | None = None  # time.time() by which the whole ladder must end (memfit's profiling pod)
 
 
 def probe_env(environ: Mapping[str, str], *, micro_batch: int, steps: int, out: Path) -> dict[str, str]:
@@ -74,8 +77,17 @@ def deepspeed_config_for(env: dict[str, str], micro_batch: int, folder: Path) ->
     env[contract.ENV_DEEPSPEED_CONFIG] = str(target)
 
 
+def run_timeout(options: ProbeOptions) -> float:
+    """The seconds the next run may take: `--timeout`, or less where the ladder's deadline comes first."""
+    if options.deadline is None:
+        return options.timeout_seconds
+    return max(0.0, min(options.timeout_seconds, options.deadline - time.time()))
+
+
 def run_once(options: ProbeOptions, micro_batch: int, folder: Path) -> tuple[RunFacts, list[ProbeResult]]:
-    """Run the command at one micro-batch; what was seen, and every rank's result."""
+    """Run the command at one micro-batch; what was seen, and every rank's result. The run's stderr is kept
+    for the finding's last lines and passed on to the probe's own stderr (the container's log)."""
+    timeout = run_timeout(options)
     out = folder / RESULT_FILE
     env = probe_env(os.environ, micro_batch=micro_batch, steps=options.steps, out=out)
     deepspeed_config_for(env, micro_batch, folder)
@@ -83,16 +95,19 @@ def run_once(options: ProbeOptions, micro_batch: int, folder: Path) -> tuple[Run
         command = expand_command(options.command, env) if options.expand_variables else options.command
         process = subprocess.Popen(command, env=env, stderr=stderr, start_new_session=True)
         try:
-            exit_code: int | None = process.wait(timeout=options.timeout_seconds)
+            exit_code: int | None = process.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             kill_group(process)
             exit_code = None
         stderr.seek(0)
-        tail = last_lines(stderr.read().decode("utf-8", errors="replace"))
+        text = stderr.read().decode("utf-8", errors="replace")
+        tail = last_lines(text)
+    if text:
+        print(f"memfit probe: micro-batch {micro_batch}: the run's stderr:\n{text.rstrip()}", file=sys.stderr, flush=True)
     results = read_results(out)
     rank0 = next((r for r in results if r.rank == 0), None)
     facts = RunFacts(micro_batch=micro_batch, steps_wanted=options.steps, exit_code=exit_code,
-                     timeout_seconds=options.timeout_seconds, stderr_tail=tail, result=rank0)  # fmt: skip
+                     timeout_seconds=round(timeout), stderr_tail=tail, result=rank0)  # fmt: skip
     return facts, results
 
 
@@ -117,6 +132,10 @@ def probe_ladder(options: ProbeOptions, work: Path) -> list[Point]:
     """One point per micro-batch, smallest first, up to the first out-of-memory run or finding."""
     points: list[Point] = []
     for micro_batch in sorted(set(options.micro_batches)):
+        if run_timeout(options) < MIN_RUN_SECONDS:  # the deadline is (nearly) here: what was measured stands
+            print(f"memfit probe: micro-batch {micro_batch}: not run, the probe's deadline has passed",
+                  file=sys.stderr, flush=True)  # fmt: skip
+            break
         folder = work / f"micro-batch-{micro_batch}"
         folder.mkdir(parents=True, exist_ok=True)
         facts, results = run_once(options, micro_batch, folder)
