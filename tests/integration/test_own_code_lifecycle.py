@@ -75,7 +75,12 @@ def test_a_plain_torchrun_loop_runs_memfits_plan_and_succeeds(
     assert reported["micro_batch"] * reported["accumulation"] * reported["world"] == 8  # the global batch
     for pod in pods:
         trainer = pod["spec"]["containers"][0]
-        assert trainer["name"] == "trainer" and trainer["command"] == LOOP["command"]
+        assert trainer["name"] == "trainer" and trainer["args"][-len(LOOP["command"]):] == LOOP["command"]
+        assert trainer["command"] == ["python3", "/memfit/probe/memfit_probe.py"] and trainer["args"][0] == "monitor"
+    # Under the probe's monitor: the script's own message keeps its keys, memfit's peaks beside them, and the
+    # steps the pod ran are the job's progress.
+    assert reported["reason"] == "Completed" and reported["peakBytes"] > 0 and reported["memoryMeter"]
+    assert reported["steps"] == 20 and job["status"]["progress"]["step"] == 20, job["status"].get("progress")
     # The profiling pod ran memfit's profiler, then the script itself under the probe at micro-batches 1 and 2.
     [profiling] = kube.pods(namespace, "memfit.dev/job=own-loop,memfit.dev/component=profiler")
     ended = {s["name"]: s["state"]["terminated"] for s in (profiling["status"]["initContainerStatuses"]
@@ -163,6 +168,26 @@ def test_a_killed_pod_of_a_plain_loop_resumes_from_the_scripts_own_checkpoint(
     first = int(saved[0].stem.split("-")[1])
     assert reported["steps"] == steps and first <= reported["resumed_from"] < steps, (reported, saved)
     assert reported["resumed_from"] % every == 0, reported  # a whole checkpoint, never a half-written one
+
+
+def test_a_script_whose_first_steps_measure_over_the_plan_is_replanned_before_an_oom(
+    kube: Kube, namespace: str, operator: tuple[Path, int]
+) -> None:
+    # The monitor multiplies the script's measured CPU peak by 200 in the first attempt (the operator's
+    # injection annotation, as for its own trainer): over the plan after step 1, the pod exits MemoryOverPlan.
+    name = "own-overplan"
+    scripts = {"train_loop.py": SCRIPT.read_text(), "probe_loop.py": PROBE_LOOP.read_text()}
+    kube.core.create_namespaced_config_map(namespace, {"metadata": {"name": "own-loop"}, "data": scripts})
+    doc = quickstart(name, container=LOOP, podTemplate=WORKSPACE, strategy=LOOP_PINS)
+    doc["metadata"]["annotations"] = {"memfit.dev/inject-peak-factor": "200"}
+    create_job(kube, namespace, doc)
+    job = wait_phase(kube, namespace, name, ("Succeeded", "Failed"), TIMEOUT, operator[0])
+    attempts = job["status"]["attempts"]
+    assert job["status"]["phase"] == "Succeeded", job["status"]
+    assert [a["outcome"] for a in attempts] == ["MemoryOverPlan", "Succeeded"], attempts
+    first, second = attempts
+    assert first["reason"].startswith("first-steps peak ") and first["measuredPeakBytes"] > first["predictedPeakBytes"]
+    assert second["predictedPeakBytes"] > first["predictedPeakBytes"], attempts  # learned from the measured peak
 
 
 def _running(kube: Kube, namespace: str, name: str) -> dict[str, Any] | None:

@@ -55,6 +55,9 @@ def test_a_script_with_memfits_deepspeed_config_runs_as_a_real_container_and_suc
         plan["microBatchSize"], plan["gradientAccumulationSteps"], plan["gpus"])
     assert reported["micro_batch"] * reported["accumulation"] * reported["world"] == 8  # the global batch
     assert reported["steps"] == 20
+    # Run under the probe's monitor (a real container of the image, its bundle from memfit-probe): memfit's
+    # Completed peaks beside the script's own keys.
+    assert reported["reason"] == "Completed" and reported["peakBytes"] > 0 and reported["memoryMeter"], reported
     # Profiled as a real container too: memfit's profiler (init), then the script in its image under the probe,
     # from the bundle memfit's init container copied in, with the DeepSpeed config rewritten per micro-batch.
     [profiling] = [p for name, p in seen.items() if "-profile-" in name]

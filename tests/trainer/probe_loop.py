@@ -5,6 +5,7 @@ never-steps (forward and backward, no optimizer step), checkpointed (honest, its
 activation checkpointing: recomputed in the backward pass), exits (exit code 1 after one step), hangs (sleeps
 after one step), oom (PyTorch's CUDA out-of-memory error from micro-batch 4 up). `--memfit-meter`: no
 probe; measure each step with memfit's own CPU step meter and print the peaks as JSON (the reference).
+`--gate FILE --gate-after N`: after step N, wait until FILE exists (a test reads the run's progress meanwhile).
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ def main() -> None:
     parser.add_argument("--memfit-meter", action="store_true")
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--micro-batch", type=int, default=None, help="default: MEMFIT_MICRO_BATCH_SIZE")
+    parser.add_argument("--gate", default=None)
+    parser.add_argument("--gate-after", type=int, default=0)
     args = parser.parse_args()
     torch.set_num_threads(1)
     meter = None
@@ -65,6 +68,9 @@ def main() -> None:
             sys.exit(1)
         if step == 1 and args.mode == "hangs":
             time.sleep(3600)
+        if args.gate and step == args.gate_after:
+            while not os.path.exists(args.gate):
+                time.sleep(0.05)
     if meter is not None:
         meter.stop()  # a profiler still running at interpreter exit crashes it
         print(json.dumps({"peakBytes": peaks}))

@@ -58,9 +58,11 @@ class OwnContainer(ApiModel):
 
     probe: bool = Field(
         default=True,
-        description="Profile the script itself: the profiling pod also runs this container's command under memfit's "
-        "probe at micro-batches 1 and 2 (needs `command`, python3 >= 3.11 and torch in the image), and the plan is "
-        "calibrated by the peaks it measures. false: planned from spec.problem's profile only.")
+        description="Profile and monitor the script itself: the profiling pod also runs this container's command under "
+        "memfit's probe at micro-batches 1 and 2 (needs `command`, python3 >= 3.11 and torch in the image), and the "
+        "plan is calibrated by the peaks it measures; the training pods run it under the probe too, for "
+        "status.progress, the first-steps memory check and the measured peak. false: planned from spec.problem's "
+        "profile only, and the command runs as it is.")
 
     def applies(self, knob: Knob) -> bool:
         """The script applies `knob`: listed, or carried by a DeepSpeed config it takes."""

@@ -6,6 +6,12 @@ only its image, command, arguments, working directory and environment are the us
 reaches the script as variables (`MEMFIT_MICRO_BATCH_SIZE`, ...) and, for a script that takes one, as a
 DeepSpeed config written next to it by an init container of memfit's trainer image
 (`memfit-trainer deepspeed-config`, the one mapping from a Plan to DeepSpeed's keys).
+
+With `spec.container.probe` (the default) and a `command`, the command runs under memfit's probe in monitor
+mode (`python3 /memfit/probe/memfit_probe.py monitor -- COMMAND ARGS`, memfit_trainer.probe.monitor), its
+Python files copied into an emptyDir by an init container of memfit's trainer image: the pod serves the
+script's progress where the operator reads the trainer's, stops a script whose first steps measure more than
+the plan allows with MemoryOverPlan, and reports the measured peaks when it completes.
 """
 
 from __future__ import annotations
@@ -13,11 +19,33 @@ from __future__ import annotations
 from memfit.api import pod as contract
 from memfit.api.own_code import Knob, OwnContainer
 from memfit.api.plan import Plan
+from memfit.api.termination import DEFAULT_TERMINATION_MESSAGE_PATH
 from memfit.api.training_config import TrainingConfig
 from memfit.kube.common import Manifest, PodSettings, container_security_context
 
 CONFIG_VOLUME = "memfit-config"
 DEEPSPEED_PATH = f"{contract.CONFIG_MOUNT}/{contract.DEEPSPEED_FILE}"
+PROBE_VOLUME = "memfit-probe"
+PROBE_LAUNCHER_PATH = f"{contract.PROBE_MOUNT}/{contract.PROBE_LAUNCHER}"
+
+
+def monitored(own: OwnContainer) -> bool:
+    """Whether the training pod runs the command under memfit's probe (it wraps the command: an image's
+    entrypoint without one is unknown to memfit)."""
+    return own.probe and bool(own.command)
+
+
+def bundle_copier(pod: PodSettings) -> Manifest:
+    """The init container that copies the probe's Python files (memfit's trainer image) for the user's image."""
+    return {
+        "name": contract.PROBE_BUNDLE_CONTAINER,
+        "image": pod.image,
+        "imagePullPolicy": pod.image_pull_policy,
+        "command": ["memfit-trainer", "probe-bundle", "--to", contract.PROBE_MOUNT],
+        "securityContext": container_security_context(),
+        "volumeMounts": [{"name": PROBE_VOLUME, "mountPath": contract.PROBE_MOUNT},
+                         {"name": "tmp", "mountPath": "/tmp"}],
+    }
 
 
 def plan_env(plan: Plan) -> list[Manifest]:
@@ -43,17 +71,24 @@ def own_container(trainer: Manifest, own: OwnContainer, plan: Plan) -> Manifest:
     """memfit's trainer container turned into the user's: same place in the pod, the user's process."""
     out = {k: v for k, v in trainer.items() if k not in ("command", "args", "workingDir")}
     out["image"] = own.image
-    if own.command:
-        out["command"] = list(own.command)
-    if own.args:
-        out["args"] = list(own.args)
+    if monitored(own):  # the kubelet still expands $(NAME) in the user's part, once: the pod has one plan
+        out["command"] = ["python3", PROBE_LAUNCHER_PATH]
+        out["args"] = ["monitor", "--termination-log", DEFAULT_TERMINATION_MESSAGE_PATH, "--", *(own.command or ()), *(own.args or ())]
+    else:
+        if own.command:
+            out["command"] = list(own.command)
+        if own.args:
+            out["args"] = list(own.args)
     if own.working_dir:
         out["workingDir"] = own.working_dir
     env = list(trainer.get("env", [])) + plan_env(plan)
+    mounts = list(trainer.get("volumeMounts", []))
     if Knob.DEEPSPEED_CONFIG in own.honors:
         env.append({"name": contract.ENV_DEEPSPEED_CONFIG, "value": DEEPSPEED_PATH})
-        out["volumeMounts"] = [*trainer.get("volumeMounts", []),
-                               {"name": CONFIG_VOLUME, "mountPath": contract.CONFIG_MOUNT, "readOnly": True}]
+        mounts.append({"name": CONFIG_VOLUME, "mountPath": contract.CONFIG_MOUNT, "readOnly": True})
+    if monitored(own):
+        mounts.append({"name": PROBE_VOLUME, "mountPath": contract.PROBE_MOUNT, "readOnly": True})
+    out["volumeMounts"] = mounts
     # The user's own variables last: they may refer to memfit's with $(NAME).
     out["env"] = env + [e.to_wire() for e in own.env or []]
     # A script that dies writes no termination message: its last log lines stand in for one.
@@ -101,3 +136,6 @@ def apply_own_container(pod_spec: Manifest, own: OwnContainer | None, plan: Plan
         pod_spec["volumes"] = [*pod_spec.get("volumes", []), {"name": CONFIG_VOLUME, "emptyDir": {}}]
         pod_spec["initContainers"] = [*pod_spec.get("initContainers", []),
                                       config_writer(pod, plan_path=plan_path, env=trainer_env)]
+    if monitored(own):
+        pod_spec["volumes"] = [*pod_spec.get("volumes", []), {"name": PROBE_VOLUME, "emptyDir": {}}]
+        pod_spec["initContainers"] = [*pod_spec.get("initContainers", []), bundle_copier(pod)]

@@ -19,9 +19,8 @@ from dataclasses import dataclass
 from memfit.api import pod as contract
 from memfit.api.own_code import Knob, OwnContainer
 from memfit.kube.common import Manifest, PodSettings, container_security_context
-from memfit.kube.own_code import CONFIG_VOLUME, DEEPSPEED_PATH, config_writer
+from memfit.kube.own_code import CONFIG_VOLUME, DEEPSPEED_PATH, PROBE_VOLUME, bundle_copier, config_writer
 
-PROBE_VOLUME = "memfit-probe"
 PROBE_SUMMARY = "/tmp/memfit-probe.json"
 PROBE_PLAN_FILE = "probe-plan.json"  # in the profiling pod's problem ConfigMap: the probed configuration as a Plan
 
@@ -47,18 +46,6 @@ class ProbeRun:
 
 def _escaped(parts: Sequence[str] | None) -> list[str]:
     return [part.replace("$", "$$") for part in parts or ()]
-
-
-def bundle_copier(pod: PodSettings) -> Manifest:
-    return {
-        "name": contract.PROBE_BUNDLE_CONTAINER,
-        "image": pod.image,
-        "imagePullPolicy": pod.image_pull_policy,
-        "command": ["memfit-trainer", "probe-bundle", "--to", contract.PROBE_MOUNT],
-        "securityContext": container_security_context(),
-        "volumeMounts": [{"name": PROBE_VOLUME, "mountPath": contract.PROBE_MOUNT},
-                         {"name": "tmp", "mountPath": "/tmp"}],
-    }
 
 
 def probe_container(profiler: Manifest, run: ProbeRun) -> Manifest:

@@ -25,7 +25,7 @@ def _env(container: dict[str, Any]) -> dict[str, str]:
 def test_the_users_container_takes_the_trainers_place_with_the_plan_in_its_environment() -> None:
     own = {**LOOP, "args": ["--batch=$(MEMFIT_MICRO_BATCH_SIZE)"], "workingDir": "/workspace",
            "env": [{"name": "WANDB_MODE", "value": "offline"}]}
-    pod = _pod(own)
+    pod = _pod({**own, "probe": False})
     [trainer] = pod["containers"]
     assert trainer["name"] == "trainer" and trainer["image"] == LOOP["image"]
     assert trainer["command"] == LOOP["command"] and trainer["args"] == own["args"]
@@ -44,7 +44,7 @@ def test_the_users_container_takes_the_trainers_place_with_the_plan_in_its_envir
 
 def test_a_script_taking_the_deepspeed_config_finds_it_written_by_memfits_image() -> None:
     pod = _pod({**LOOP, "honors": ["deepspeedConfig"]})
-    [writer] = pod["initContainers"]
+    writer, _ = pod["initContainers"]
     assert writer["name"] == "memfit-config" and writer["image"] == POD.image
     assert writer["command"][:2] == ["sh", "-c"] and "memfit-trainer deepspeed-config" in writer["command"][2]
     assert writer["command"][3:] == ["/etc/memfit/plan.json", "/memfit/config/deepspeed.json"]
@@ -60,9 +60,31 @@ def test_the_config_writer_runs_like_the_trainer_read_only_root_writable_tmp_sam
     on import; without the trainer's /tmp the writer exited 1 on a real kubelet. It also reads
     MEMFIT_DEVICE from the trainer's variables (spec.podTemplate.env) to write a CPU config."""
     pod = _pod({**LOOP, "honors": ["deepspeedConfig"]})
-    [writer] = pod["initContainers"]
+    writer, _ = pod["initContainers"]
     volumes = {v["name"] for v in pod["volumes"]}
     mounts = {m["mountPath"]: m["name"] for m in writer["volumeMounts"]}
     assert writer["securityContext"]["readOnlyRootFilesystem"] is True
     assert mounts["/tmp"] == "tmp" and set(mounts.values()) <= volumes
     assert writer["env"] and all(e in pod["containers"][0]["env"] for e in writer["env"])
+
+
+def test_the_script_runs_under_the_probe_monitor_from_a_bundle_memfits_image_copies() -> None:
+    """spec.container.probe (the default) with a command: the command and args are the monitor's, after `--`,
+    unescaped (the kubelet expands $(NAME) once: the pod has one plan); the bundle comes from memfit's image."""
+    own = {**LOOP, "args": ["--batch=$(MEMFIT_MICRO_BATCH_SIZE)"]}
+    pod = _pod(own)
+    [copier] = pod["initContainers"]
+    assert copier["name"] == "memfit-probe" and copier["image"] == POD.image
+    assert copier["command"] == ["memfit-trainer", "probe-bundle", "--to", "/memfit/probe"]
+    [trainer] = pod["containers"]
+    assert trainer["image"] == LOOP["image"]
+    assert trainer["command"] == ["python3", "/memfit/probe/memfit_probe.py"]
+    assert trainer["args"] == ["monitor", "--termination-log", "/dev/termination-log", "--", *LOOP["command"],
+                               "--batch=$(MEMFIT_MICRO_BATCH_SIZE)"]
+    assert {"name": "memfit-probe", "mountPath": "/memfit/probe", "readOnly": True} in trainer["volumeMounts"]
+    assert {"name": "memfit-probe", "emptyDir": {}} in pod["volumes"]
+    assert _env(trainer)["MEMFIT_METRICS_PORT"] == "9400" and _env(trainer)["MEMFIT_PLAN_PATH"]
+    assert trainer["terminationMessagePath"] == "/dev/termination-log"
+    # Without a command the image's entrypoint is unknown to memfit: it runs as it is.
+    bare = _pod({k: v for k, v in LOOP.items() if k != "command"})
+    assert "initContainers" not in bare and "command" not in bare["containers"][0]

@@ -1,5 +1,6 @@
 """The probe's command line: `memfit-trainer probe ...` and, from the bundle in a user's image,
-`python3 -m memfit_trainer.probe ...` (the same arguments)."""
+`python3 -m memfit_trainer.probe ...` (the same arguments); `... monitor -- COMMAND` runs a training pod's
+command once under the probe (memfit_trainer.probe.monitor)."""
 
 from __future__ import annotations
 
@@ -69,6 +70,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["monitor"]:  # a training pod: run the command once under the probe (probe.monitor)
+        from memfit_trainer.probe.monitor import main as monitor
+
+        return monitor(argv[1:])
     parser = argparse.ArgumentParser(prog="python3 -m memfit_trainer.probe", usage=USAGE,
                                      description="profile your own training command once per micro-batch")
     add_arguments(parser)

@@ -10,9 +10,14 @@ from pathlib import Path
 
 from memfit.api.pod import ENV_PROBE_OUT, ENV_PROBE_STEPS
 
-__all__ = ["DEFAULT_PROBE_STEPS", "ENV_PROBE_OUT", "ENV_PROBE_STEPS", "STARTUP_DIR", "rank_result_path"]
+__all__ = ["DEFAULT_PROBE_STEPS", "ENV_PROBE_BUDGET_BYTES", "ENV_PROBE_MONITOR", "ENV_PROBE_OUT", "ENV_PROBE_STEPS",
+           "STARTUP_DIR", "rank_result_path"]
 
 DEFAULT_PROBE_STEPS = 3
+# Between the monitor of a training pod (memfit_trainer.probe.monitor) and the hooks in its script's processes
+# only (not the pod contract: the operator sets neither).
+ENV_PROBE_MONITOR = "MEMFIT_PROBE_MONITOR"  # "1": count every step, never end the process at MEMFIT_PROBE_STEPS
+ENV_PROBE_BUDGET_BYTES = "MEMFIT_PROBE_BUDGET_BYTES"  # the first MEMFIT_PROBE_STEPS steps' peak limit
 STARTUP_DIR = Path(__file__).resolve().parent / "startup"  # the folder the driver prepends to PYTHONPATH
 
 

@@ -15,6 +15,12 @@ CPU meter's profiler cycle there corrupts the profiler (segfaults within ~50 ste
 The micro-batch the script fed is the leading dimension of the first tensor argument of the step's first
 outermost `nn.Module` call (global forward hooks, call depth tracked so inner modules do not count).
 After MEMFIT_PROBE_STEPS steps every rank writes its result and ends the process with exit code 0.
+
+Monitoring a training pod (MEMFIT_PROBE_MONITOR=1, memfit_trainer.probe.monitor) the process runs to its own
+end: the first MEMFIT_PROBE_STEPS steps are kept and checked against MEMFIT_PROBE_BUDGET_BYTES (the plan's
+prediction plus headroom; a peak above it ends the process with MemoryOverPlan's exit code before an
+out-of-memory, as memfit's trainer does), and every step after them only counts (steps, seconds, largest
+peak), written at most once a second.
 """
 
 from __future__ import annotations
@@ -29,14 +35,24 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from memfit.api import pod as contract
+from memfit.api.termination import EXIT_MEMORY_OVER_PLAN
 from torch.nn.modules import module as torch_module
 from torch.optim import optimizer as torch_optimizer
 
-from memfit_trainer.probe.env import DEFAULT_PROBE_STEPS, ENV_PROBE_OUT, ENV_PROBE_STEPS, rank_result_path
+from memfit_trainer.probe.env import (
+    DEFAULT_PROBE_STEPS,
+    ENV_PROBE_BUDGET_BYTES,
+    ENV_PROBE_MONITOR,
+    ENV_PROBE_OUT,
+    ENV_PROBE_STEPS,
+    rank_result_path,
+)
 from memfit_trainer.probe.readers import StepReader, reader_for
 from memfit_trainer.probe.records import (
     ENDED_AT_EXIT,
     ENDED_AT_STEPS,
+    OVER_PLAN,
     RUNNING,
     ProbeResult,
     StepRecord,
@@ -44,6 +60,7 @@ from memfit_trainer.probe.records import (
 )
 
 DEEPSPEED_ENGINE_MODULE = "deepspeed.runtime.engine"
+MONITOR_WRITE_SECONDS = 1.0  # a monitored process writes its counts at most this often after the first steps
 
 
 def leading_dimension(values: Iterable[Any]) -> int | None:
@@ -66,13 +83,23 @@ class Probe:
     """The probe's state in one process: step records, module call depth, optimizer step depth."""
 
     def __init__(self, *, out: Path, steps_wanted: int, rank: int, reader: StepReader,
-                 exit_process: Callable[[int], None] = os._exit) -> None:  # fmt: skip
+                 exit_process: Callable[[int], None] = os._exit, monitor: bool = False,
+                 budget_bytes: int | None = None, inject_factor: float = 1.0) -> None:  # fmt: skip
         self.out = out
         self.steps_wanted = steps_wanted
         self.rank = rank
         self.reader = reader
         self.exit_process = exit_process
+        self.monitor = monitor  # a training pod's process: runs to its end (the module docstring)
+        self.budget_bytes = budget_bytes if monitor else None
+        self.inject_factor = inject_factor  # tests and drills: the measured peak times this (first_steps.py)
         self.records: list[StepRecord] = []
+        self.steps_read = 0
+        self.seconds_sum = 0.0
+        self.max_peak = 0
+        self.max_reserved: int | None = None
+        self.over_plan_bytes: int | None = None
+        self._last_write = 0.0
         self.forward_calls = 0
         self.steps_ended = 0
         self.optimizer_steps = 0
@@ -151,7 +178,7 @@ class Probe:
         """One training step ended: its reading is taken at the next safe point (`settle`)."""
         self._ended_at = time.perf_counter()
         self.steps_ended += 1
-        if self.steps_ended < self.steps_wanted:
+        if self.steps_ended < self.steps_wanted and not self.monitor:
             self.write(RUNNING)  # what a process that hangs before its next step leaves behind
 
     def settle(self) -> None:
@@ -160,18 +187,25 @@ class Probe:
             return
         seconds, self._ended_at = self._ended_at - self._last_step_end, None
         memory = self.reader.read()
-        self.records.append(
-            StepRecord(
-                step=len(self.records) + 1,
-                peak_bytes=memory.peak_bytes,
-                step_seconds=round(seconds, 6),
-                micro_batch=self._fed,
-                reserved_peak_bytes=memory.reserved_peak_bytes,
-            )
+        self.steps_read += 1
+        record = StepRecord(
+            step=self.steps_read,
+            peak_bytes=memory.peak_bytes,
+            step_seconds=round(seconds, 6),
+            micro_batch=self._fed,
+            reserved_peak_bytes=memory.reserved_peak_bytes,
         )
+        self.seconds_sum += seconds
+        self.max_peak = max(self.max_peak, memory.peak_bytes)
+        if memory.reserved_peak_bytes is not None:
+            self.max_reserved = max(self.max_reserved or 0, memory.reserved_peak_bytes)
         self._fed = None
         self._first_call_of_step = True
         self._last_step_end = time.perf_counter()  # the reading's own time belongs to no step
+        if self.monitor:
+            self.monitored(record)
+            return
+        self.records.append(record)
         if len(self.records) < self.steps_wanted:
             self.write(RUNNING)
             return
@@ -180,15 +214,38 @@ class Probe:
         sys.stderr.flush()
         self.exit_process(0)
 
+    def monitored(self, record: StepRecord) -> None:
+        """A training pod's step: the first ones are kept and checked against the plan, every one counted."""
+        if self.steps_read <= self.steps_wanted:
+            self.records.append(record)
+            if self.budget_bytes is not None and self.measured(record) > self.budget_bytes:
+                self.over_plan_bytes = self.measured(record)
+                self.write(OVER_PLAN)
+                sys.stdout.flush()
+                sys.stderr.flush()
+                self.exit_process(EXIT_MEMORY_OVER_PLAN)
+                return
+        if self.steps_read <= self.steps_wanted or time.monotonic() - self._last_write >= MONITOR_WRITE_SECONDS:
+            self.write(RUNNING)
+
+    def measured(self, record: StepRecord) -> int:
+        """What the first-steps check compares with the plan: the device's view (the allocator's reservation
+        on a GPU), times the injected factor of tests and drills."""
+        return int(max(record.peak_bytes, record.reserved_peak_bytes or 0) * self.inject_factor)
+
     def result(self, ended: str) -> ProbeResult:
         return ProbeResult(rank=self.rank, device=self.reader.device, memory_meter=self.reader.meter_name,
                            steps_wanted=self.steps_wanted, ended=ended, forward_calls=self.forward_calls,
                            steps=tuple(self.records), steps_ended=self.steps_ended,
-                           optimizer_steps=self.optimizer_steps)  # fmt: skip
+                           optimizer_steps=self.optimizer_steps, steps_read=self.steps_read,
+                           step_seconds_sum=round(self.seconds_sum, 6), max_peak_bytes=self.max_peak,
+                           max_reserved_peak_bytes=self.max_reserved, budget_bytes=self.budget_bytes,
+                           over_plan_bytes=self.over_plan_bytes)  # fmt: skip
 
     def write(self, ended: str) -> None:
         write_atomic(rank_result_path(self.out, self.rank), self.result(ended).to_json())
-        self.finished = ended != RUNNING
+        self._last_write = time.monotonic()
+        self.finished = ended not in (RUNNING,)
 
     def write_at_exit(self) -> None:
         """The script ended before the last wanted step: the result so far, when it trained at all (a
@@ -217,6 +274,13 @@ def install_from_env(environ: Mapping[str, str]) -> Probe | None:
         return None
     steps = int(environ.get(ENV_PROBE_STEPS, "") or DEFAULT_PROBE_STEPS)
     rank = int(environ.get("RANK", "0") or 0)  # torchrun's rank of this process
-    probe = Probe(out=Path(out), steps_wanted=max(1, steps), rank=rank, reader=reader_for(environ))
+    budget = environ.get(ENV_PROBE_BUDGET_BYTES, "").strip()
+    try:
+        factor = max(0.0, float(environ.get(contract.ENV_INJECT_PEAK_FACTOR, "") or 1.0))
+    except ValueError:
+        factor = 1.0
+    probe = Probe(out=Path(out), steps_wanted=max(1, steps), rank=rank, reader=reader_for(environ),
+                  monitor=environ.get(ENV_PROBE_MONITOR) == "1", budget_bytes=int(budget) if budget.isdigit() else None,
+                  inject_factor=factor)  # fmt: skip
     install(probe)
     return probe

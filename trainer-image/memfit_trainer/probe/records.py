@@ -12,6 +12,9 @@ from typing import Any
 ENDED_AT_STEPS = "steps"  # reached MEMFIT_PROBE_STEPS and ended the process itself
 ENDED_AT_EXIT = "exit"  # the script ended first (the result so far, written at interpreter exit)
 RUNNING = "running"  # written after every step: what a killed (hung) process leaves
+# Monitoring a training pod (memfit_trainer.probe.monitor): a first step measured more than the plan allows,
+# and the process ended itself before an out-of-memory.
+OVER_PLAN = "over-plan"
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +43,13 @@ class ProbeResult:
     optimizer_steps: int = (
         0  # torch.optim steps run (DeepSpeed runs one per parameter group or ZeRO-3 sub-group)
     )
+    # Monitoring a training pod: `steps` holds the first-steps window only; these count every step read.
+    steps_read: int = 0
+    step_seconds_sum: float = 0.0
+    max_peak_bytes: int = 0
+    max_reserved_peak_bytes: int | None = None
+    budget_bytes: int | None = None  # the plan's prediction plus headroom the first steps are checked against
+    over_plan_bytes: int | None = None  # OVER_PLAN: what the check measured (x the injected factor of tests)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1)
