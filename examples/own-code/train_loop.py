@@ -4,7 +4,7 @@ Run by `torchrun` (which reads memfit's PET_* variables): one process per GPU, D
 CPU), or DeepSpeed when the pod carries memfit's DeepSpeed config (MEMFIT_DEEPSPEED_CONFIG). It applies
 the micro-batch, gradient accumulation and precision of the plan, saves a checkpoint to
 MEMFIT_CHECKPOINT_DIR every `--save-every` steps (keeping the newest two) and resumes from the newest one,
-and prints the settings in effect.
+and prints the settings in effect; under memfit's probe it reports each step's loss (the job's progress).
 The model is by default the quickstart's: a 2-layer GPT (hidden 64, 4 heads, vocabulary 512, 64 tokens;
 `--layers`, `--hidden`, `--heads`, `--vocab`, `--seq-len` change them).
 """
@@ -19,6 +19,13 @@ import pathlib
 import torch
 import torch.distributed as dist
 from torch import nn
+
+try:  # the loss in the job's status.progress, under memfit's probe (docs/own-code.md); a no-op anywhere else
+    from memfit_trainer.probe.report import report_loss
+except ImportError:
+
+    def report_loss(value: float) -> None: ...
+
 
 VOCAB, SEQ, HIDDEN, HEADS, LAYERS = 512, 64, 64, 4, 2
 KEEP_CHECKPOINTS = 2
@@ -102,6 +109,7 @@ def main() -> None:
         if not deepspeed_config:
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
+        report_loss(loss.item())
         if rank == 0 and not deepspeed_config and ((step + 1) % save_every == 0 or step + 1 == steps):
             folder.mkdir(parents=True, exist_ok=True)
             saved = folder / f"step-{step + 1}.pt"

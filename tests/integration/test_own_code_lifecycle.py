@@ -80,7 +80,8 @@ def test_a_plain_torchrun_loop_runs_memfits_plan_and_succeeds(
     # Under the probe's monitor: the script's own message keeps its keys, memfit's peaks beside them, and the
     # steps the pod ran are the job's progress.
     assert reported["reason"] == "Completed" and reported["peakBytes"] > 0 and reported["memoryMeter"]
-    assert reported["steps"] == 20 and job["status"]["progress"]["step"] == 20, job["status"].get("progress")
+    progress = job["status"]["progress"]
+    assert reported["steps"] == 20 and progress["step"] == 20 and progress["loss"] > 0, progress  # report_loss
     # The profiling pod ran memfit's profiler, then the script itself under the probe at micro-batches 1 and 2.
     [profiling] = kube.pods(namespace, "memfit.dev/job=own-loop,memfit.dev/component=profiler")
     ended = {s["name"]: s["state"]["terminated"] for s in (profiling["status"]["initContainerStatuses"]

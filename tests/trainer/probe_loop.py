@@ -6,6 +6,8 @@ activation checkpointing: recomputed in the backward pass), exits (exit code 1 a
 after one step), oom (PyTorch's CUDA out-of-memory error from micro-batch 4 up). `--memfit-meter`: no
 probe; measure each step with memfit's own CPU step meter and print the peaks as JSON (the reference).
 `--gate FILE --gate-after N`: after step N, wait until FILE exists (a test reads the run's progress meanwhile).
+`--report-loss`: report each step's loss through the probe's API (memfit_trainer.probe.report), as docs/own-code.md
+shows a script doing it.
 """
 
 from __future__ import annotations
@@ -21,6 +23,13 @@ from memfit.api import pod as contract
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+try:
+    from memfit_trainer.probe.report import report_loss
+except ImportError:  # not under memfit's probe
+
+    def report_loss(value: float) -> None: ...
+
+
 SEQ, WIDTH, HIDDEN = 16, 128, 512
 
 
@@ -32,6 +41,7 @@ def main() -> None:
     parser.add_argument("--micro-batch", type=int, default=None, help="default: MEMFIT_MICRO_BATCH_SIZE")
     parser.add_argument("--gate", default=None)
     parser.add_argument("--gate-after", type=int, default=0)
+    parser.add_argument("--report-loss", action="store_true")
     args = parser.parse_args()
     torch.set_num_threads(1)
     meter = None
@@ -62,6 +72,8 @@ def main() -> None:
             optimizer.step()
         if meter is not None:
             peaks.append(meter.end_step().peak_bytes)
+        if args.report_loss:
+            report_loss(loss.item())
         optimizer.zero_grad(set_to_none=True)
         if step == 1 and args.mode == "exits":
             print("probe_loop: giving up after step 1 on purpose", file=sys.stderr)

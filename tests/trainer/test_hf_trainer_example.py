@@ -75,3 +75,19 @@ def test_the_probe_measures_the_trainer_at_the_micro_batches_memfit_asks(tmp_pat
     assert (one["fedMicroBatch"], four["fedMicroBatch"]) == (1, 4)
     assert one["stepsSeen"] == four["stepsSeen"] == 3
     assert one["peakBytes"] < four["peakBytes"]
+
+
+def test_under_the_probes_monitor_the_trainers_logged_loss_is_the_jobs(tmp_path: Path) -> None:
+    """A training pod of a `spec.container` job runs the script under memfit's monitor (memfit.kube.own_code):
+    the loss the Trainer logs reaches the termination message the operator reads (and the progress it serves)."""
+    log = tmp_path / "termination-log"
+    env = _pod_env(tmp_path, deepspeed=False, steps=3)
+    proc = subprocess.run([PYTHON, "-m", "memfit_trainer.probe", "monitor", "--metrics-port", "0",
+                           "--termination-log", str(log), "--", PYTHON, str(SCRIPT)],
+                          env=subprocess_env(tmp_path, **env), cwd=REPO, capture_output=True, text=True, timeout=300,
+                          check=False)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    message = json.loads(log.read_text())
+    assert message["reason"] == "Completed" and message["steps"] == 3, message
+    printed = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert message["finalLoss"] > 0 and printed["steps"] == 3

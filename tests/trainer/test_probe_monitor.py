@@ -61,8 +61,8 @@ def read_progress(port: int) -> dict[str, float] | None:
 
 def test_the_operator_reads_a_running_scripts_progress_and_learns_its_peaks_at_the_end(tmp_path: Path) -> None:
     port, gate = free_port(), tmp_path / "gate"
-    proc = monitored(tmp_path, ["--steps", "5", "--micro-batch", "2", "--gate", str(gate), "--gate-after", "3"],
-                     port=port)
+    proc = monitored(tmp_path, ["--steps", "5", "--micro-batch", "2", "--gate", str(gate), "--gate-after", "3",
+                                "--report-loss"], port=port)
     try:
         values = None
         deadline = time.monotonic() + 120
@@ -76,7 +76,7 @@ def test_the_operator_reads_a_running_scripts_progress_and_learns_its_peaks_at_t
         assert values is not None, proc.stderr.read() if proc.poll() is not None else "no progress served"
         sample = trainer_sample(values, attempt=1, pod="p")
         assert sample is not None and sample.step == 2 and sample.step_count == 2
-        assert sample.step_seconds_sum > 0 and sample.loss is None  # the probe does not see the script's loss
+        assert sample.step_seconds_sum > 0 and sample.loss is not None and sample.loss > 0  # report_loss
     finally:
         gate.touch()
         _, stderr = proc.communicate(timeout=120)
@@ -85,6 +85,20 @@ def test_the_operator_reads_a_running_scripts_progress_and_learns_its_peaks_at_t
     assert message["reason"] == "Completed" and message["steps"] == 5
     assert message["memoryMeter"] == "cpu-allocator-profiler" and message["device"] == "cpu"
     assert message["peakBytes"] == max(message["rankPeaks"]) > 0 and message["stepSeconds"] > 0
+    assert message["finalLoss"] > 0
+
+
+def test_without_a_reported_loss_none_is_served(tmp_path: Path) -> None:
+    from memfit_trainer.probe.monitor import exposition
+    from memfit_trainer.probe.records import RUNNING, ProbeResult
+
+    result = ProbeResult(rank=0, device="cpu", memory_meter="cpu-allocator-profiler", steps_wanted=3, ended=RUNNING,
+                         forward_calls=4, steps_read=4, step_seconds_sum=2.0)  # fmt: skip
+    values = parse_trainer_metrics(exposition(result, job=JOB), job=JOB)
+    assert values is not None and "memfit_trainer_loss" not in values
+    sample = trainer_sample(values, attempt=1)
+    assert sample is not None and (sample.step, sample.loss, sample.step_seconds_sum) == (4, None, 2.0)
+    assert parse_trainer_metrics(exposition(result, job=JOB), job="another-job") is None
 
 
 def test_a_first_step_over_the_plan_stops_the_script_with_memory_over_plan(tmp_path: Path) -> None:

@@ -20,7 +20,7 @@ Monitoring a training pod (MEMFIT_PROBE_MONITOR=1, memfit_trainer.probe.monitor)
 end: the first MEMFIT_PROBE_STEPS steps are kept and checked against MEMFIT_PROBE_BUDGET_BYTES (the plan's
 prediction plus headroom; a peak above it ends the process with MemoryOverPlan's exit code before an
 out-of-memory, as memfit's trainer does), and every step after them only counts (steps, seconds, largest
-peak), written at most once a second.
+peak), read (a CUDA synchronize) and written at most once a second.
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ from memfit.api.termination import EXIT_MEMORY_OVER_PLAN
 from torch.nn.modules import module as torch_module
 from torch.optim import optimizer as torch_optimizer
 
+from memfit_trainer.probe import report
 from memfit_trainer.probe.env import (
     DEFAULT_PROBE_STEPS,
     ENV_PROBE_BUDGET_BYTES,
@@ -58,8 +59,10 @@ from memfit_trainer.probe.records import (
     StepRecord,
     write_atomic,
 )
+from memfit_trainer.probe.report import EVAL_LOSS, LOSS
 
 DEEPSPEED_ENGINE_MODULE = "deepspeed.runtime.engine"
+HF_TRAINER_MODULE = "transformers.trainer"
 MONITOR_WRITE_SECONDS = 1.0  # a monitored process writes its counts at most this often after the first steps
 
 
@@ -99,6 +102,8 @@ class Probe:
         self.max_peak = 0
         self.max_reserved: int | None = None
         self.over_plan_bytes: int | None = None
+        self.losses: dict[str, float] = {}  # the script's latest loss and eval loss (memfit_trainer.probe.report)
+        self._patched_trainer: type | None = None
         self._last_write = 0.0
         self.forward_calls = 0
         self.steps_ended = 0
@@ -122,6 +127,7 @@ class Probe:
             self.settle()
             self.forward_calls += 1
             self.patch_deepspeed()
+            self.patch_hf_trainer()
             if self._first_call_of_step:
                 self._fed = leading_dimension(args)
         self._module_depth += 1
@@ -172,6 +178,30 @@ class Probe:
         engine_class.step = step
         self._patched_engine = engine_class
 
+    def patch_hf_trainer(self) -> None:
+        """Read the losses the Hugging Face Trainer logs (`Trainer.log`, which its subclasses call), once
+        transformers' trainer is imported (checked at each outermost module call)."""
+        trainer_class = getattr(sys.modules.get(HF_TRAINER_MODULE), "Trainer", None)
+        if trainer_class is None or trainer_class is self._patched_trainer:
+            return
+        original = trainer_class.log
+        probe = self
+
+        @functools.wraps(original)
+        def log(trainer: Any, logs: dict[str, float], *args: Any, **kwargs: Any) -> Any:
+            for key in (LOSS, EVAL_LOSS):
+                if isinstance(logs.get(key), int | float):
+                    probe.report(key, float(logs[key]))
+            return original(trainer, logs, *args, **kwargs)
+
+        trainer_class.log = log
+        self._patched_trainer = trainer_class
+
+    def report(self, series: str, value: float) -> None:
+        """A loss the script reported (memfit_trainer.probe.report): served with the next write."""
+        if value == value and abs(value) != float("inf"):  # NaN or infinite: not shown
+            self.losses[series] = value
+
     # --- readings and the result --------------------------------------------------------------------
 
     def end_step(self) -> None:
@@ -186,6 +216,15 @@ class Probe:
         if self._ended_at is None:
             return
         seconds, self._ended_at = self._ended_at - self._last_step_end, None
+        if self.monitor and self.steps_read >= self.steps_wanted and not self._due():
+            # Past the first steps a reading (a CUDA synchronize) is taken at most once a second: the
+            # allocator's peak since the last one covers the steps in between.
+            self.steps_read += 1
+            self.seconds_sum += seconds
+            self._fed = None
+            self._first_call_of_step = True
+            self._last_step_end = time.perf_counter()
+            return
         memory = self.reader.read()
         self.steps_read += 1
         record = StepRecord(
@@ -214,6 +253,10 @@ class Probe:
         sys.stderr.flush()
         self.exit_process(0)
 
+    def _due(self) -> bool:
+        """A monitored process's counts are due to be read and written (once a second after the first steps)."""
+        return time.monotonic() - self._last_write >= MONITOR_WRITE_SECONDS
+
     def monitored(self, record: StepRecord) -> None:
         """A training pod's step: the first ones are kept and checked against the plan, every one counted."""
         if self.steps_read <= self.steps_wanted:
@@ -225,8 +268,7 @@ class Probe:
                 sys.stderr.flush()
                 self.exit_process(EXIT_MEMORY_OVER_PLAN)
                 return
-        if self.steps_read <= self.steps_wanted or time.monotonic() - self._last_write >= MONITOR_WRITE_SECONDS:
-            self.write(RUNNING)
+        self.write(RUNNING)  # a first step, or a reading that was due
 
     def measured(self, record: StepRecord) -> int:
         """What the first-steps check compares with the plan: the device's view (the allocator's reservation
@@ -240,7 +282,8 @@ class Probe:
                            optimizer_steps=self.optimizer_steps, steps_read=self.steps_read,
                            step_seconds_sum=round(self.seconds_sum, 6), max_peak_bytes=self.max_peak,
                            max_reserved_peak_bytes=self.max_reserved, budget_bytes=self.budget_bytes,
-                           over_plan_bytes=self.over_plan_bytes)  # fmt: skip
+                           over_plan_bytes=self.over_plan_bytes, loss=self.losses.get(LOSS),
+                           eval_loss=self.losses.get(EVAL_LOSS))  # fmt: skip
 
     def write(self, ended: str) -> None:
         write_atomic(rank_result_path(self.out, self.rank), self.result(ended).to_json())
@@ -251,6 +294,7 @@ class Probe:
         """The script ended before the last wanted step: the result so far, when it trained at all (a
         launcher such as torchrun, which runs no model, writes nothing). Then stop the meter."""
         try:
+            self._last_write = float("-inf")  # the last steps' reading is due now (a monitored process)
             self.settle()
             if not self.finished and (self.records or self.forward_calls):
                 self.write(ENDED_AT_EXIT)
@@ -265,6 +309,7 @@ def install(probe: Probe) -> None:
     torch_optimizer.register_optimizer_step_pre_hook(probe.on_optimizer_step)
     torch_optimizer.register_optimizer_step_post_hook(probe.on_optimizer_stepped)
     atexit.register(probe.write_at_exit)
+    report.install(probe.report)
 
 
 def install_from_env(environ: Mapping[str, str]) -> Probe | None:

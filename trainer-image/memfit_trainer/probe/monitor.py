@@ -5,8 +5,9 @@ docs/own-code.md) runs the user's command once, unchanged, with the probe's hook
 it starts (memfit_trainer.probe.hooks, monitor mode) and:
 
 - serves rank 0's progress on `$MEMFIT_METRICS_PORT` in the series memfit's trainer serves (steps, step
-  seconds, largest peak; memfit.api.pod), so the operator's `status.progress` reads a script as it reads its
-  own trainer. The steps are the optimizer steps this pod ran (a script that resumed from its own
+  seconds, largest peak, and the loss and eval loss when the script reports them: the Hugging Face Trainer's
+  logs, or memfit_trainer.probe.report; memfit.api.pod), so the operator's `status.progress` reads a script
+  as it reads its own trainer. The steps are the optimizer steps this pod ran (a script that resumed from its own
   checkpoint counts from there: the probe cannot see the script's step counter);
 - checks the first `$MEMFIT_FIRST_STEPS` steps against the plan's prediction plus headroom (the Plan at
   `$MEMFIT_PLAN_PATH`): a rank whose peak is above it ends the script, and the pod exits with
@@ -127,6 +128,10 @@ def exposition(result: ProbeResult | None, *, job: str) -> str:
         f"# TYPE {contract.METRIC_RESUMED_FROM_STEP} gauge", f"{contract.METRIC_RESUMED_FROM_STEP}{labels} -1",
         "# TYPE memfit_trainer_peak_bytes gauge", f"memfit_trainer_peak_bytes{labels} {peak}",
     ]  # fmt: skip
+    for name, value in ((contract.METRIC_LOSS, result.loss if result else None),
+                        (contract.METRIC_EVAL_LOSS, result.eval_loss if result else None)):  # fmt: skip
+        if value is not None:
+            lines += [f"# TYPE {name} gauge", f"{name}{labels} {value}"]
     return "\n".join(lines) + "\n"
 
 
@@ -224,7 +229,8 @@ def termination(results: Sequence[ProbeResult], exit_code: int) -> tuple[Termina
     return TerminationMessage(
         reason=TerminationReason.COMPLETED, rank=first.rank, steps=first.steps_read, peak_bytes=max(peaks),
         memory_meter=first.memory_meter, rank_peaks=peaks, reserved_peak_bytes=max(reserved) if reserved else None,
-        device=device_of(first), step_seconds=round(mean, 6) if mean is not None else None), 0  # fmt: skip
+        device=device_of(first), step_seconds=round(mean, 6) if mean is not None else None,
+        final_loss=first.loss, eval_loss=first.eval_loss), 0  # fmt: skip
 
 
 def run_monitored(command: Sequence[str], *, port: int | None, termination_log: Path | None,

@@ -50,6 +50,8 @@ class ProbeResult:
     max_reserved_peak_bytes: int | None = None
     budget_bytes: int | None = None  # the plan's prediction plus headroom the first steps are checked against
     over_plan_bytes: int | None = None  # OVER_PLAN: what the check measured (x the injected factor of tests)
+    loss: float | None = None  # the latest the script reported (memfit_trainer.probe.report, the HF Trainer's log)
+    eval_loss: float | None = None
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1)
