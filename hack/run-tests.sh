@@ -2,8 +2,9 @@
 # `make test`: every tier this machine supports, without the `extended` tests (docs/testing.md).
 #
 # Two pytest processes side by side: the computing tiers (unit, then trainer: torch and DeepSpeed on the CPU,
-# no cluster) and the cluster tiers (integration, e2e, reliability, realnode: one local control plane, mostly
-# waiting on it).
+# no cluster), then the real-node tier (its own control plane and kubelet: it starts when the computing tiers
+# end, about 20 minutes before the others would), and the cluster tiers (integration, e2e, reliability: one
+# local control plane, mostly waiting on it).
 # Each has its own --basetemp (pytest's numbered temp folders are not safe across concurrent sessions)
 # and its own log; the computing tiers' log is printed when both are done, and the run fails when either
 # fails. MEMFIT_TEST_SERIAL=1 runs the same selection as one process, as before.
@@ -25,14 +26,15 @@ if [ "${MEMFIT_TEST_SERIAL:-0}" = "1" ]; then
 fi
 
 start=$(date +%s)
-"$PY" -m pytest tests/unit tests/trainer "${COMMON[@]}" --basetemp="$TMP/trainer" -p no:cacheprovider \
+"$PY" -m pytest tests/unit tests/trainer tests/realnode "${COMMON[@]}" --basetemp="$TMP/trainer" -p no:cacheprovider \
   >"$TMP/trainer.log" 2>&1 &
 trainer=$!
-"$PY" -m pytest tests --ignore=tests/trainer --ignore=tests/unit "${COMMON[@]}" --basetemp="$TMP/cluster"
+"$PY" -m pytest tests --ignore=tests/trainer --ignore=tests/unit --ignore=tests/realnode "${COMMON[@]}" \
+  --basetemp="$TMP/cluster"
 cluster_rc=$?
-echo "== cluster tiers (integration, e2e, reliability, realnode): exit $cluster_rc after $(( $(date +%s) - start )) s"
+echo "== cluster tiers (integration, e2e, reliability): exit $cluster_rc after $(( $(date +%s) - start )) s"
 wait "$trainer"
 trainer_rc=$?
-echo "== unit and trainer tiers (run beside them; their output follows): exit $trainer_rc after $(( $(date +%s) - start )) s"
+echo "== unit, trainer and realnode tiers (run beside them; their output follows): exit $trainer_rc after $(( $(date +%s) - start )) s"
 cat "$TMP/trainer.log"
 [ "$cluster_rc" -eq 0 ] && [ "$trainer_rc" -eq 0 ]
