@@ -149,3 +149,11 @@ def test_a_scripts_own_json_termination_message_keeps_its_keys_beside_memfits(tm
     log.write_text("finished fine")  # not JSON: the script's words stay
     write_termination(log, done)
     assert log.read_text() == "finished fine"
+
+
+def test_a_script_that_never_stepped_reports_no_peak_to_learn_from(tmp_path: Path) -> None:
+    """A zero peak would teach the planner that the script needs nothing: no Completed message then."""
+    proc = monitored(tmp_path, ["--mode", "never-steps", "--steps", "2", "--micro-batch", "2"])
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 0, stderr
+    assert not (tmp_path / "termination-log").exists()

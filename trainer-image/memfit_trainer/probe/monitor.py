@@ -203,8 +203,8 @@ def device_of(result: ProbeResult) -> str:
 
 def termination(results: Sequence[ProbeResult], exit_code: int) -> tuple[TerminationMessage | None, int]:
     """The termination message and exit code of the pod: MemoryOverPlan when a rank's first steps measured
-    more than the plan allows, Completed with every rank's peak when the script succeeded, else none and
-    the script's own code."""
+    more than the plan allows, Completed with every rank's peak when the script succeeded after at least one
+    measured step, else none and the script's own code."""
     ranks = sorted(results, key=lambda r: r.rank)
     over = next((r for r in ranks if r.ended == OVER_PLAN), None)
     peaks = [r.max_peak_bytes for r in ranks][:MAX_RANK_PEAKS]
@@ -220,8 +220,8 @@ def termination(results: Sequence[ProbeResult], exit_code: int) -> tuple[Termina
             peak_bytes=measured, memory_meter=over.memory_meter, rank_peaks=peaks or None,
             reserved_peak_bytes=max(reserved) if reserved else None, device=device_of(over), message=text,
             extra={KEY_BUDGET_BYTES: budget}), EXIT_MEMORY_OVER_PLAN  # fmt: skip
-    if exit_code != 0 or not ranks:
-        return None, exit_code
+    if exit_code != 0 or not any(r.steps_read for r in ranks):
+        return None, exit_code  # nothing measured (a script that never stepped): nothing to learn from
     first = ranks[0]
     timed = first.steps_read - 1  # the first step builds optimizer state and warms up: left out, as the trainer does
     first_seconds = first.steps[0].step_seconds if first.steps else 0.0
